@@ -1,0 +1,483 @@
+"""JSON payloads for the journal: step results, workflow inputs and outputs, and errors.
+
+Values are stored as compact JSON text. Plain JSON data (dicts with str keys, lists,
+str, int, float, bool, None) is written as is; every other supported type becomes a
+tagged object ``{"__durably__": "<tag>", ...}`` so it comes back with the same type:
+tuple, set, frozenset, dicts with non-str keys (or a ``"__durably__"`` key), bytes,
+datetime, date, time, timedelta, Decimal, UUID, pathlib paths, Enum members,
+dataclass instances and pydantic v2 models. Timezones are kept as fixed UTC offsets.
+
+There is no pickle, and nothing read from storage is imported or executed by name.
+A class recorded in the journal (``"module:qualname"`` for values, ``"module.QualName"``
+for errors) is looked up in ``sys.modules`` only, never imported, and it must be of
+the kind its tag promises (dataclass, pydantic ``BaseModel`` subclass, Enum, exception).
+The only code that runs while decoding is that class's own constructor (or
+``model_validate``). So the modules that define your payload classes must be imported
+before a workflow resumes; otherwise decoding raises ``DecodeError`` saying so.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import enum
+import json
+import math
+import pathlib
+import reprlib
+import sys
+import traceback
+import uuid
+from collections.abc import Callable
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from types import ModuleType
+from typing import Any, TypeVar
+
+from durably import errors
+
+__all__ = ["decode", "decode_error", "encode", "encode_error"]
+
+_MARK = "__durably__"
+_MARK_TEXT = '"__durably__"'
+_STR: frozenset[type] = frozenset({str})
+_LEAF: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+# json's C encoder writes these (and their subclasses) itself, without the default hook.
+_NATIVE = (str, int, float, list, dict, tuple)
+_BASES = (
+    dict,
+    list,
+    tuple,
+    set,
+    frozenset,
+    str,
+    bytes,
+    int,
+    float,
+    datetime,
+    date,
+    time,
+    timedelta,
+    Decimal,
+    uuid.UUID,
+    pathlib.PurePath,
+)
+_PATH_TYPES: dict[str, type[pathlib.PurePath]] = {
+    c.__name__: c
+    for c in (
+        pathlib.PurePath,
+        pathlib.PurePosixPath,
+        pathlib.PureWindowsPath,
+        pathlib.Path,
+        pathlib.PosixPath,
+        pathlib.WindowsPath,
+    )
+}
+_SUPPORTED = (
+    "plain JSON data, tuple, set, frozenset, bytes, datetime, date, time, "
+    "timedelta, Decimal, UUID, pathlib path, Enum, dataclass or pydantic model"
+)
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 40
+_CLASS_PATHS: dict[type, str] = {}
+_T = TypeVar("_T")
+
+
+class _Fail(Exception):
+    """A value cannot be encoded; ``path`` collects the way to it while unwinding."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.path: list[str] = []
+
+
+class _Bad(Exception):
+    """A stored payload cannot be decoded; ``decode`` adds where it came from."""
+
+
+# --- encoding ----------------------------------------------------------------
+
+
+def encode(value: object, *, where: str) -> str:
+    """JSON text for ``value``, tagging non-JSON types so they decode to the same type.
+
+    Raises EncodeError naming ``where``, the offending type and its path in the value.
+    """
+    try:
+        if _plain(value):
+            try:
+                return _ENCODER.encode(value)
+            except (_Fail, ValueError):
+                pass  # walk the value again below, which finds the path to the culprit
+        return _ENCODER.encode(_to_json(value))
+    except _Fail as e:
+        last = where.rsplit(" ", 1)[-1]
+        root = last if last.isidentifier() else "value"
+        at = root + "".join(reversed(e.path))
+        raise errors.EncodeError(f"cannot encode {where}: {at} {e.reason}") from None
+    except RecursionError:
+        raise errors.EncodeError(
+            f"cannot encode {where}: it is nested too deeply or contains a reference cycle"
+        ) from None
+    except ValueError as e:
+        raise errors.EncodeError(f"cannot encode {where}: {e}") from None
+
+
+def _plain(v: object) -> bool:
+    """True when json's C encoder plus the default hook writes ``v`` exactly.
+
+    That rules out tuples, subclasses of JSON types, non-str keys and the tag key,
+    which json would silently turn into something else.
+    """
+    if type(v) is dict:
+        if _MARK in v or not _STR.issuperset(map(type, v)):
+            return False
+        return _LEAF.issuperset(map(type, v.values())) or all(map(_plain, v.values()))
+    if type(v) is list:
+        return _LEAF.issuperset(map(type, v)) or all(map(_plain, v))
+    return type(v) in _LEAF or not isinstance(v, _NATIVE)
+
+
+def _to_json(v: object) -> object:
+    """The JSON tree (plain dicts, lists and scalars) that stands for ``v``."""
+    t = type(v)
+    if t in _LEAF:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise _Fail(f"is the float {v!r}; JSON has no NaN or infinity")
+        return v
+    convert = _CONVERTERS.get(t)
+    if convert is not None:
+        return convert(v)
+    if isinstance(v, enum.Enum):
+        return {_MARK: "enum", "class": _class_path(t), "value": _child(v.value, "value", ".")}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        fields = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
+        return {_MARK: "dataclass", "class": _class_path(t), "fields": _fields(fields)}
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(v, pydantic.BaseModel):
+        dumped = v.model_dump(mode="python", round_trip=True)
+        return {_MARK: "pydantic", "class": _class_path(t), "fields": _fields(dumped)}
+    raise _Fail(_why(v))
+
+
+def _child(value: object, key: object, style: str = "[]") -> object:
+    """``_to_json(value)``, adding ``key`` to the error path if it fails."""
+    try:
+        return _to_json(value)
+    except _Fail as e:
+        e.path.append(f".{key}" if style == "." else f"{style[0]}{_REPR.repr(key)}{style[1]}")
+        raise
+
+
+def _fields(fields: dict[str, object]) -> object:
+    """Encoded attribute values of a dataclass or model, by name."""
+    out = {name: _child(value, name, ".") for name, value in fields.items()}
+    return _dict_pairs(out) if _MARK in out else out
+
+
+def _dict(d: dict[Any, Any]) -> object:
+    if _MARK not in d and _STR.issuperset(map(type, d)):
+        return {k: _child(x, k) for k, x in d.items()}
+    return _dict_pairs(d)
+
+
+def _dict_pairs(d: dict[Any, Any]) -> object:
+    return {_MARK: "dict", "items": [[_child(k, k), _child(x, k)] for k, x in d.items()]}
+
+
+def _set(s: set[Any] | frozenset[Any]) -> object:
+    items = [_child(x, x, "{}") for x in s]
+    items.sort(key=_SORTER.encode)  # stable text whatever the hash seed
+    return {_MARK: type(s).__name__, "items": items}
+
+
+def _why(v: object) -> str:
+    """Why ``v`` cannot be stored, for the EncodeError message."""
+    if isinstance(v, type):
+        return f"is the class {_type_name(v)}; only instances can be stored"
+    name = _type_name(type(v))
+    for base in _BASES:
+        if isinstance(v, base):
+            return (
+                f"is a {name}, a subclass of {base.__name__}; convert it to a plain "
+                f"{base.__name__} (or use a dataclass) before storing it"
+            )
+    return f"is a {name}, which durably cannot store as JSON (supported: {_SUPPORTED})"
+
+
+def _type_name(t: type) -> str:
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _class_path(cls: type) -> str:
+    """``module:qualname`` of ``cls``, checked to lead back to ``cls`` when decoding."""
+    path = _CLASS_PATHS.get(cls)
+    if path is None:
+        path = f"{cls.__module__}:{cls.__qualname__}"
+        if _lookup(cls.__module__, cls.__qualname__) is not cls:
+            raise _Fail(
+                f"is a {_type_name(cls)}, which cannot be found again as {path!r} "
+                "(classes defined inside functions cannot be restored); "
+                "define it at module level"
+            )
+        _CLASS_PATHS[cls] = path
+    return path
+
+
+def _lookup(module_name: str, qualname: str) -> object:
+    """The object at ``qualname`` in an already-loaded module, or None; imports nothing."""
+    obj: object = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        if not isinstance(obj, (type, ModuleType)):
+            return None
+        obj = vars(obj).get(part)
+    return obj
+
+
+_CONVERTERS: dict[type, Callable[[Any], object]] = {
+    dict: _dict,
+    list: lambda v: [_child(x, i) for i, x in enumerate(v)],
+    tuple: lambda v: {_MARK: "tuple", "items": [_child(x, i) for i, x in enumerate(v)]},
+    set: _set,
+    frozenset: _set,
+    bytes: lambda v: {_MARK: "bytes", "b64": base64.b64encode(v).decode("ascii")},
+    datetime: lambda v: {_MARK: "datetime", "iso": v.isoformat()},
+    date: lambda v: {_MARK: "date", "iso": v.isoformat()},
+    time: lambda v: {_MARK: "time", "iso": v.isoformat()},
+    timedelta: lambda v: {
+        _MARK: "timedelta",
+        "days": v.days,
+        "seconds": v.seconds,
+        "microseconds": v.microseconds,
+    },
+    Decimal: lambda v: {_MARK: "decimal", "value": str(v)},
+    uuid.UUID: lambda v: {_MARK: "uuid", "hex": v.hex},
+    **{
+        c: lambda v: {_MARK: "path", "kind": type(v).__name__, "path": str(v)}
+        for c in _PATH_TYPES.values()
+    },
+}
+_ENCODER = json.JSONEncoder(
+    separators=(",", ":"),
+    ensure_ascii=False,
+    allow_nan=False,
+    check_circular=False,
+    default=_to_json,
+)
+_SORTER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+# --- decoding ----------------------------------------------------------------
+
+
+def decode(text: str, *, where: str) -> object:
+    """The value ``encode`` was given. Corrupt JSON or a bad tag raises DecodeError."""
+    try:
+        if _MARK_TEXT not in text:
+            return _PLAIN_DECODER.decode(text)
+        return _TAGGED_DECODER.decode(text)
+    except _Bad as e:
+        raise errors.DecodeError(f"cannot decode {where}: {e}") from e.__cause__
+    except json.JSONDecodeError as e:
+        raise errors.DecodeError(f"cannot decode {where}: corrupt JSON ({e})") from None
+    except RecursionError:
+        raise errors.DecodeError(f"cannot decode {where}: nested too deeply") from None
+
+
+def _untag(d: dict[str, Any]) -> object:
+    """Rebuild the value a tagged JSON object stands for."""
+    tag = d[_MARK]
+    rebuild = _REBUILDERS.get(tag) if isinstance(tag, str) else None
+    if rebuild is None:
+        raise _Bad(f"unknown tag {tag!r}")
+    try:
+        return rebuild(d)
+    except _Bad:
+        raise
+    except Exception as e:
+        what = f"{tag} {d['class']!r}" if isinstance(d.get("class"), str) else f"a {tag}"
+        raise _Bad(f"could not rebuild {what}: {type(e).__name__}: {e}") from e
+
+
+def _from_tree(node: object) -> object:
+    """Decode a JSON tree (as ``json.loads`` returns it) that ``_to_json`` produced."""
+    if isinstance(node, list):
+        return [_from_tree(x) for x in node]
+    if isinstance(node, dict):
+        d = {k: _from_tree(x) for k, x in node.items()}
+        return _untag(d) if _MARK in d else d
+    return node
+
+
+def _get(d: dict[str, Any], key: str, kind: type[_T]) -> _T:
+    value = d.get(key)
+    if not isinstance(value, kind):
+        raise _Bad(f"tag {d[_MARK]!r} needs {key!r} to be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _resolve(d: dict[str, Any], kind: str, ok: Callable[[Any], bool]) -> Any:
+    """The class a tagged object names, found in ``sys.modules`` only and checked."""
+    path = _get(d, "class", str)
+    module_name, _, qualname = path.partition(":")
+    if module_name not in sys.modules:
+        raise _Bad(
+            f"class {path!r} is not loaded in this process; import its module before resuming"
+        )
+    cls = _lookup(module_name, qualname)
+    if cls is None:
+        raise _Bad(f"class {path!r} is not defined: module {module_name!r} has no {qualname!r}")
+    if not (isinstance(cls, type) and ok(cls)):
+        raise _Bad(f"class {path!r} is not a {kind}; refusing to build it from storage")
+    return cls
+
+
+def _dataclass(d: dict[str, Any]) -> object:
+    cls = _resolve(d, "dataclass", dataclasses.is_dataclass)
+    fields = _get(d, "fields", dict)
+    late = {f.name for f in dataclasses.fields(cls) if not f.init}
+    obj = cls(**{k: v for k, v in fields.items() if k not in late})
+    for name in late & fields.keys():
+        object.__setattr__(obj, name, fields[name])
+    return obj
+
+
+def _pydantic(d: dict[str, Any]) -> object:
+    pydantic = sys.modules.get("pydantic")
+    base = getattr(pydantic, "BaseModel", None) if pydantic is not None else None
+    cls = _resolve(d, "pydantic BaseModel", lambda c: base is not None and issubclass(c, base))
+    return cls.model_validate(_get(d, "fields", dict))
+
+
+def _path(d: dict[str, Any]) -> object:
+    cls = _PATH_TYPES.get(_get(d, "kind", str))
+    if cls is None:
+        raise _Bad(f"unknown path kind {d['kind']!r}")
+    return cls(_get(d, "path", str))
+
+
+def _pairs(d: dict[str, Any]) -> dict[Any, Any]:
+    return {k: v for k, v in _get(d, "items", list)}
+
+
+def _bad_constant(name: str) -> object:
+    raise _Bad(f"{name} is not valid JSON")
+
+
+_REBUILDERS: dict[str, Callable[[dict[str, Any]], object]] = {
+    "tuple": lambda d: tuple(_get(d, "items", list)),
+    "set": lambda d: set(_get(d, "items", list)),
+    "frozenset": lambda d: frozenset(_get(d, "items", list)),
+    "dict": _pairs,
+    "bytes": lambda d: base64.b64decode(_get(d, "b64", str), validate=True),
+    "datetime": lambda d: datetime.fromisoformat(_get(d, "iso", str)),
+    "date": lambda d: date.fromisoformat(_get(d, "iso", str)),
+    "time": lambda d: time.fromisoformat(_get(d, "iso", str)),
+    "timedelta": lambda d: timedelta(
+        days=_get(d, "days", int),
+        seconds=_get(d, "seconds", int),
+        microseconds=_get(d, "microseconds", int),
+    ),
+    "decimal": lambda d: Decimal(_get(d, "value", str)),
+    "uuid": lambda d: uuid.UUID(hex=_get(d, "hex", str)),
+    "path": _path,
+    "enum": lambda d: _resolve(d, "Enum", lambda c: issubclass(c, enum.Enum))(d.get("value")),
+    "dataclass": _dataclass,
+    "pydantic": _pydantic,
+}
+_PLAIN_DECODER = json.JSONDecoder(parse_constant=_bad_constant)
+_TAGGED_DECODER = json.JSONDecoder(
+    parse_constant=_bad_constant, object_hook=lambda d: _untag(d) if _MARK in d else d
+)
+
+
+# --- errors ------------------------------------------------------------------
+
+
+def encode_error(exc: BaseException) -> dict[str, object]:
+    """A JSON-safe record of ``exc``: type path, message, constructor args, traceback.
+
+    Never raises: parts that cannot be captured become None or placeholder text.
+    """
+    t = type(exc)
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<unprintable {t.__qualname__}>"
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except Exception:
+        tb = ""
+    args: object
+    try:
+        args = _to_json(list(_constructor_args(exc)))
+    except Exception:
+        args = None
+    return {
+        "type": f"{t.__module__}.{t.__qualname__}",
+        "message": message,
+        "args": args,
+        "traceback": tb,
+    }
+
+
+def _constructor_args(exc: BaseException) -> tuple[object, ...]:
+    """What ``type(exc)`` was called with, as ``__reduce__`` reports it (pickle's view)."""
+    try:
+        reduced = exc.__reduce__()
+    except Exception:
+        return exc.args
+    if (
+        isinstance(reduced, tuple)
+        and len(reduced) >= 2
+        and reduced[0] is type(exc)
+        and isinstance(reduced[1], tuple)
+    ):
+        return reduced[1]
+    return exc.args
+
+
+def decode_error(data: dict[str, object]) -> BaseException:
+    """The exception ``encode_error`` recorded, rebuilt when its class is already loaded.
+
+    Falls back to StepError (type name, message, traceback) when the class is not in
+    ``sys.modules``, is not an exception, or cannot be built from the recorded args.
+    """
+    type_name = data.get("type")
+    type_name = type_name if isinstance(type_name, str) else "<unknown>"
+    message = str(data.get("message", ""))
+    tb = data.get("traceback")
+    tb = tb if isinstance(tb, str) else ""
+    cls = _exception_class(type_name)
+    if cls is not None:
+        attempts: list[tuple[object, ...]] = []
+        try:
+            args = _from_tree(data.get("args"))
+            if isinstance(args, (list, tuple)):
+                attempts.append(tuple(args))
+        except Exception:
+            pass
+        attempts.append((message,))
+        for args in attempts:
+            try:
+                exc = cls(*args)
+            except Exception:
+                continue
+            if isinstance(exc, cls):
+                if tb:
+                    exc.add_note(f"[durably] recorded traceback:\n{tb.rstrip()}")
+                return exc
+    return errors.StepError(type_name, message, tb)
+
+
+def _exception_class(type_name: str) -> type[BaseException] | None:
+    """The exception class named ``module.QualName``, from loaded modules only."""
+    parts = type_name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:i])
+        if module_name in sys.modules:
+            cls = _lookup(module_name, ".".join(parts[i:]))
+            if isinstance(cls, type) and issubclass(cls, BaseException):
+                return cls
+    return None

@@ -1,0 +1,66 @@
+"""The context variables through which workflow-side calls reach the engine.
+
+User code never imports the engine: ``durably.now()`` or a step call looks up
+the current run here. A step body runs with a :class:`StepContext`, which is
+also how nested step calls know to run plainly.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from typing import TYPE_CHECKING
+
+from durably import errors
+
+if TYPE_CHECKING:
+    from durably.runtime import Run
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepContext:
+    """What a running step may ask about itself."""
+
+    workflow_id: str
+    seq: int
+    name: str
+    attempt: int
+    idempotency_key: str
+
+
+current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
+    "durably_run", default=None
+)
+current_step: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar(
+    "durably_step", default=None
+)
+
+
+def require_run(what: str) -> Run:
+    """The running workflow, or NotInWorkflow naming the call that needs one."""
+    run = current_run.get()
+    if run is None or current_step.get() is not None:
+        where = "inside a step" if run is not None else "outside a workflow"
+        raise errors.NotInWorkflow(
+            f"durably.{what}() was called {where}; it is only valid in a workflow's own code"
+        )
+    return run
+
+
+def idempotency_key() -> str:
+    """The idempotency key of the step now running: stable across its attempts and recoveries.
+
+    It is ``"<workflow_id>:<seq>"``, so it differs for every call of every step.
+    """
+    step = current_step.get()
+    if step is None:
+        raise errors.NotInWorkflow("durably.idempotency_key() is only valid inside a step")
+    return step.idempotency_key
+
+
+def step_info() -> StepContext:
+    """The context of the step now running (workflow id, seq, name, attempt, key)."""
+    step = current_step.get()
+    if step is None:
+        raise errors.NotInWorkflow("durably.step_info() is only valid inside a step")
+    return step

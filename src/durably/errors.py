@@ -1,0 +1,139 @@
+"""One exception tree for everything durably raises.
+
+Every class carries a default message in its docstring-like ``default``; callers
+pass a specific message that says what went wrong and where.
+"""
+
+from __future__ import annotations
+
+
+class DurablyError(Exception):
+    """Base class of every error raised by durably."""
+
+
+# --- workflow outcomes -------------------------------------------------------
+
+
+class NonDeterminismError(DurablyError):
+    """The code asked for a different durable call than the journal recorded.
+
+    The workflow is marked ``diverged`` and nothing more of it runs.
+    """
+
+    def __init__(
+        self,
+        workflow_id: str,
+        seq: int,
+        recorded: str | None,
+        asked: str | None,
+    ) -> None:
+        self.workflow_id = workflow_id
+        self.seq = seq
+        self.recorded = recorded
+        self.asked = asked
+        super().__init__(workflow_id, seq, recorded, asked)
+
+    def __str__(self) -> str:
+        return (
+            f"workflow {self.workflow_id!r} diverged from its journal at seq {self.seq}: "
+            f"the journal recorded {self.recorded or 'nothing'}, "
+            f"the code asked for {self.asked or 'nothing (it returned)'}"
+        )
+
+
+class StepError(DurablyError):
+    """A recorded step error whose original exception type cannot be rebuilt.
+
+    Carries the original type name, message and traceback text so nothing the
+    journal holds is lost.
+    """
+
+    def __init__(self, type_name: str, message: str, traceback_text: str = "") -> None:
+        self.type_name = type_name
+        self.message = message
+        self.traceback_text = traceback_text
+        super().__init__(type_name, message, traceback_text)
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message}"
+
+
+class StepTimeout(DurablyError):
+    """A step attempt ran longer than its ``timeout``."""
+
+
+class Cancelled(DurablyError):
+    """The workflow was cancelled; raised at its next durable call."""
+
+
+class WorkflowFailed(DurablyError):
+    """A workflow ended ``failed`` and its error could not be re-raised as is."""
+
+
+# --- payloads ----------------------------------------------------------------
+
+
+class EncodeError(DurablyError, TypeError):
+    """A value cannot be stored as a JSON payload."""
+
+
+class DecodeError(DurablyError, ValueError):
+    """A stored payload is corrupt or names a type that is not allowed."""
+
+
+# --- workflows and registry -------------------------------------------------
+
+
+class WorkflowNotFound(DurablyError, LookupError):
+    """No workflow with that id exists in the database."""
+
+
+class WorkflowIdConflict(DurablyError):
+    """The workflow id is already taken by a different workflow."""
+
+
+class WorkflowNotRegistered(DurablyError, LookupError):
+    """The journal names a workflow whose code is not imported in this process."""
+
+
+class DefinitionError(DurablyError, TypeError):
+    """A decorator was applied to something it cannot make durable."""
+
+
+class NotInWorkflow(DurablyError, RuntimeError):
+    """A workflow-only call was made outside a running workflow."""
+
+
+# --- storage -------------------------------------------------------------------
+
+
+class StoreError(DurablyError):
+    """The database could not do what was asked."""
+
+
+class NotADurablyDatabase(StoreError):
+    """The file exists but is not a durably database."""
+
+
+class DatabaseLocked(StoreError):
+    """The database stayed locked by another process past the busy timeout."""
+
+
+class DatabaseReadOnly(StoreError):
+    """The database cannot be written (file permissions or a read-only mount)."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database cannot be reached or opened."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was migrated by a newer durably than this one."""
+
+
+class FencedError(StoreError):
+    """This executor lost its lease: another executor owns the workflow now.
+
+    The write was rejected by the store; the caller must stop touching the
+    workflow.
+    """

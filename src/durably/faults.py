@@ -1,0 +1,80 @@
+"""Crash injection at the engine's commit boundaries, for tests of real SIGKILLs.
+
+Off unless the environment asks for it, and then it kills its own process with
+SIGKILL exactly where it was told, so crash tests exercise the real recovery
+path rather than a simulated one:
+
+- ``DURABLY_CRASH_AT=POINT[:STEP][@N]``: die the Nth time (default 1st) the
+  engine reaches POINT (for STEP, when given). Points: ``engine_start``,
+  ``before_call``, ``after_call``, ``after_receipt``, ``in_backoff``,
+  ``before_finish``.
+- ``DURABLY_CRASH_AT=#N``: die at the Nth boundary of any kind.
+- ``DURABLY_CRASH_ONCE=PATH``: only if PATH does not exist; it is created just
+  before dying, so a restarted process goes through.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = (
+    "engine_start",
+    "before_call",
+    "after_call",
+    "after_receipt",
+    "in_backoff",
+    "before_finish",
+)
+
+
+class _Plan:
+    __slots__ = ("count", "nth", "point", "step")
+
+    def __init__(self, spec: str) -> None:
+        self.count = 0
+        head, _, nth = spec.partition("@")
+        self.nth = int(nth) if nth else 1
+        if head.startswith("#"):
+            self.point, self.step, self.nth = None, None, int(head[1:])
+            return
+        point, _, step = head.partition(":")
+        if point not in POINTS:
+            raise ValueError(
+                f"DURABLY_CRASH_AT={spec!r}: unknown point {point!r}; use one of {POINTS}"
+            )
+        self.point = point
+        self.step = step or None
+
+
+_plan: _Plan | None = None
+
+
+def configure(spec: str | None) -> None:
+    """Set (or with None clear) the crash plan of this process."""
+    global _plan
+    _plan = _Plan(spec) if spec else None
+
+
+def reached(point: str, step: str = "") -> None:
+    """Mark that the engine reached a boundary; dies there if the plan says so."""
+    plan = _plan
+    if plan is None:
+        return
+    if plan.point is not None and (point != plan.point or (plan.step and step != plan.step)):
+        return
+    plan.count += 1
+    if plan.count != plan.nth:
+        return
+    marker = os.environ.get("DURABLY_CRASH_ONCE")
+    if marker:
+        if os.path.exists(marker):
+            return
+        with open(marker, "w") as fh:
+            fh.write(f"{point}:{step}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+configure(os.environ.get("DURABLY_CRASH_AT"))

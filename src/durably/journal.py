@@ -1,0 +1,135 @@
+"""The records durably keeps: journal entries, workflow rows, claims and executors.
+
+Pure data with no I/O. A journal entry is the current state of one durable call
+at one seq: a step's receipt (or its intent, or its last failed attempt), a
+journaled value such as ``now()``, a timer, a signal. ``(workflow_id, seq)`` is
+unique, so a step that is retried updates its own entry instead of adding one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Status(enum.StrEnum):
+    """The lifecycle of a workflow."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SLEEPING = "sleeping"
+    WAITING = "waiting"
+    NEEDS_REVIEW = "needs_review"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    DIVERGED = "diverged"
+
+    @property
+    def finished(self) -> bool:
+        """True for the statuses a workflow never leaves without a person's help."""
+        return self in _FINISHED
+
+
+_FINISHED = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.DIVERGED})
+FINISHED_STATUSES: tuple[str, ...] = tuple(sorted(s.value for s in _FINISHED))
+
+
+class Kind(enum.StrEnum):
+    """What a journal entry records."""
+
+    STEP = "step"
+    NOW = "now"
+    RANDOM = "random"
+    UUID4 = "uuid4"
+
+
+class EntryStatus(enum.StrEnum):
+    """The state of one durable call."""
+
+    STARTED = "started"  # an intent: the call may have reached the outside world
+    RETRYING = "retrying"  # the last attempt failed; the next one is due at wake_at
+    COMPLETED = "completed"  # the receipt: payload holds the result
+    FAILED = "failed"  # final: payload holds the error, re-raised on every replay
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """One journal entry: the state of the durable call at ``seq``."""
+
+    seq: int
+    kind: str
+    name: str
+    status: str
+    attempt: int = 1
+    payload: str | None = None  # JSON text: the result, or the error of a failed attempt
+    started_at: float | None = None
+    finished_at: float | None = None
+    wake_at: float | None = None  # when a retrying step may try again
+
+    def describe(self) -> str:
+        """The call as people name it: ``step 'issue_refund'``."""
+        return describe_call(self.kind, self.name)
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds the last attempt took, when both ends are known."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+
+def describe_call(kind: str, name: str) -> str:
+    """Name a durable call for error messages."""
+    return f"{kind} {name!r}" if name else kind
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowInfo:
+    """A workflow's row: identity, status, owner and outcome."""
+
+    workflow_id: str
+    name: str
+    status: str
+    input: str
+    version: str | None = None
+    source_hash: str | None = None
+    output: str | None = None
+    error: str | None = None
+    owner: str | None = None
+    epoch: int = 0
+    lease_expires_at: float | None = None
+    crash_count: int = 0
+    wake_at: float | None = None
+    parent_id: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        """True once the workflow reached a final status."""
+        return Status(self.status).finished
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim:
+    """One change of owner: who took the workflow, when, and from whom."""
+
+    workflow_id: str
+    epoch: int
+    owner: str
+    claimed_at: float
+    previous_owner: str | None
+    reason: str  # "start", "recovery" (the owner died) or "resume" (the owner let go)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExecutorInfo:
+    """A running engine as other engines see it."""
+
+    executor_id: str
+    host: str
+    pid: int
+    pid_start: str
+    started_at: float
+    heartbeat_at: float

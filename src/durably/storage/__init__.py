@@ -1,0 +1,25 @@
+"""Storage backends behind one interface, chosen by the database URL."""
+
+from __future__ import annotations
+
+import os
+
+from durably import errors
+from durably.storage import base
+
+DEFAULT_URL = "sqlite:///durably.db"
+
+
+def resolve_url(url: str | None) -> str:
+    """The URL given, else DURABLY_DATABASE_URL, else sqlite:///durably.db."""
+    return url or os.environ.get("DURABLY_DATABASE_URL") or DEFAULT_URL
+
+
+def create_store(url: str) -> base.Store:
+    """An unopened Store for the URL's scheme."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        from durably.storage import sqlite
+
+        return sqlite.SqliteStore(url)
+    raise errors.DurablyError(f"unsupported database URL {url!r}: use sqlite:///path/to/file.db")

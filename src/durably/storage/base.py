@@ -1,0 +1,169 @@
+"""The storage interface, in domain verbs.
+
+A :class:`Store` is synchronous and used from one thread at a time (the
+:class:`~durably.storage.dispatch.StoreThread` that the engine awaits). Each verb
+runs inside a transaction opened by :meth:`Store.run_batch`, which may hold the
+verbs of several workflows at once (group commit): a verb that fails is rolled
+back to its own savepoint and the others still commit. The engine never sees
+SQL; a new backend implements these verbs, or, for a SQL database, only the
+dialect hooks of :class:`~durably.storage.sql.SqlStore`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from durably import journal
+
+
+@dataclasses.dataclass(slots=True)
+class Op:
+    """One verb call queued for a batch, with its outcome once run."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    write: bool
+    result: Any = None
+    error: BaseException | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NewWorkflow:
+    """What ``start`` commits: the workflow's identity and input."""
+
+    workflow_id: str
+    name: str
+    input: str
+    version: str | None
+    source_hash: str | None
+    parent_id: str | None = None
+
+
+class Store(abc.ABC):
+    """Workflows, their journals, claims and executors."""
+
+    url: str
+
+    # --- lifecycle -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def open(self) -> None:
+        """Connect and bring the schema up to date (runs pending migrations)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the connection. Idempotent."""
+
+    @abc.abstractmethod
+    def run_batch(self, ops: Sequence[Op]) -> None:
+        """Run the ops in one transaction and commit once, filling each op's outcome.
+
+        An op that raises is rolled back alone; if the commit itself fails every
+        op gets that error.
+        """
+
+    @abc.abstractmethod
+    def schema_version(self) -> int:
+        """The newest migration applied to this database."""
+
+    # --- workflows -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_workflow(
+        self, new: NewWorkflow, owner: str | None, lease_expires_at: float | None, now: float
+    ) -> tuple[journal.WorkflowInfo, bool]:
+        """Insert the workflow unless its id exists; return its row and whether it was new.
+
+        With an owner the row is created ``running`` at epoch 1, owned; without,
+        ``pending`` at epoch 0 for any executor to claim.
+        """
+
+    @abc.abstractmethod
+    def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
+        """The workflow's row, or None."""
+
+    @abc.abstractmethod
+    def list_workflows(
+        self, status: str | None, name: str | None, limit: int
+    ) -> list[journal.WorkflowInfo]:
+        """Workflows, newest first, optionally filtered by status and name."""
+
+    @abc.abstractmethod
+    def claimable(self, now: float, limit: int) -> list[journal.WorkflowInfo]:
+        """Unfinished workflows that no live executor holds, oldest first."""
+
+    @abc.abstractmethod
+    def claim(
+        self,
+        candidate: journal.WorkflowInfo,
+        owner: str,
+        lease_expires_at: float,
+        now: float,
+    ) -> journal.WorkflowInfo | None:
+        """Take the workflow if its epoch is still the candidate's; bump the epoch.
+
+        Counts a crash when the candidate was running under another owner, and
+        records the claim. Returns the new row, or None if someone else won.
+        """
+
+    @abc.abstractmethod
+    def load_claims(self, workflow_id: str) -> list[journal.Claim]:
+        """Every change of owner of the workflow, oldest first."""
+
+    @abc.abstractmethod
+    def release(self, workflow_id: str, epoch: int, now: float) -> None:
+        """Let go of one workflow so any executor may claim it at once."""
+
+    @abc.abstractmethod
+    def release_owned(self, owner: str, now: float) -> int:
+        """Let go of every workflow the owner holds; return how many."""
+
+    # --- the journal (every write fenced by the epoch) ---------------------------
+
+    @abc.abstractmethod
+    def load_history(self, workflow_id: str) -> list[journal.Entry]:
+        """The whole journal of the workflow in seq order, in one query."""
+
+    @abc.abstractmethod
+    def append_entries(
+        self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
+    ) -> None:
+        """Write journal entries if the epoch still owns the workflow.
+
+        Raises FencedError otherwise. An entry replaces the one at its seq only
+        while that one is not final (completed or failed).
+        """
+
+    @abc.abstractmethod
+    def finish_workflow(
+        self,
+        workflow_id: str,
+        epoch: int,
+        status: str,
+        output: str | None,
+        error: str | None,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> None:
+        """Write the last entries and the final status, fenced; the owner lets go."""
+
+    # --- executors ---------------------------------------------------------------
+
+    @abc.abstractmethod
+    def register_executor(self, info: journal.ExecutorInfo) -> None:
+        """Announce (or re-announce) a running executor."""
+
+    @abc.abstractmethod
+    def heartbeat(self, executor_id: str, now: float, lease_expires_at: float) -> None:
+        """Record that the executor lives and extend the leases it holds."""
+
+    @abc.abstractmethod
+    def list_executors(self) -> list[journal.ExecutorInfo]:
+        """Every registered executor."""
+
+    @abc.abstractmethod
+    def remove_executor(self, executor_id: str, expire_leases: bool) -> None:
+        """Forget an executor; with expire_leases its workflows become claimable now."""

@@ -1,0 +1,115 @@
+"""One thread per store that runs every storage call, committing in groups.
+
+The engine is asyncio; the stores are synchronous. Every call is queued to this
+thread, which drains whatever is waiting and runs it in one transaction, so
+concurrent workflows share one commit (group commit) and the event loop never
+blocks on a disk flush. See docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from durably import errors
+from durably.storage import base
+
+T = TypeVar("T")
+
+_STOP = object()
+
+
+class StoreThread:
+    """Runs a Store's verbs on a dedicated thread, batching concurrent calls."""
+
+    def __init__(self, store: base.Store, *, max_batch: int = 128) -> None:
+        self.store = store
+        self._max_batch = max_batch
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Open the store on the thread and begin serving. Raises what open raised."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._serve, name="durably-store", daemon=True)
+            self._thread.start()
+        try:
+            self.call_sync(self.store.open, write=True, _raw=True)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Finish queued calls, close the store and end the thread."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._queue.put(_STOP)
+        thread.join()
+
+    def submit(
+        self, fn: Callable[..., T], *args: Any, write: bool = True, _raw: bool = False
+    ) -> concurrent.futures.Future[T]:
+        """Queue a verb; the future holds its result or its error."""
+        if self._thread is None:
+            raise errors.DatabaseUnavailable(f"{self.store.url} is closed")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._queue.put((base.Op(fn, args, write), future, _raw))
+        return future
+
+    async def call(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
+        """Await a verb run on the store thread."""
+        return await asyncio.wrap_future(self.submit(fn, *args, write=write))
+
+    def call_sync(
+        self, fn: Callable[..., T], *args: Any, write: bool = True, _raw: bool = False
+    ) -> T:
+        """Run a verb on the store thread and wait for it (for code without a loop)."""
+        return self.submit(fn, *args, write=write, _raw=_raw).result()
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                break
+            batch = [item]
+            while len(batch) < self._max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    self._run(batch)
+                    self.store.close()
+                    return
+                batch.append(nxt)
+            self._run(batch)
+        self.store.close()
+
+    def _run(self, batch: list[Any]) -> None:
+        raw = [(op, fut) for op, fut, is_raw in batch if is_raw]
+        txn = [(op, fut) for op, fut, is_raw in batch if not is_raw]
+        for op, _ in raw:  # open/migrate manage their own transactions
+            try:
+                op.result = op.fn(*op.args)
+            except Exception as exc:
+                op.error = exc
+        if txn:
+            try:
+                self.store.run_batch([op for op, _ in txn])
+            except Exception as exc:  # a bug below run_batch: fail the calls, keep serving
+                for op, _ in txn:
+                    op.error = exc
+        for op, fut in raw + txn:
+            if op.error is not None:
+                fut.set_exception(op.error)
+            else:
+                fut.set_result(op.result)

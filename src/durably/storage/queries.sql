@@ -1,0 +1,119 @@
+-- Every query durably runs, written once for all dialects.
+-- Each query starts with a "-- name: NAME" line; parameters are written :name and
+-- each dialect rewrites them to its driver's style when the file is loaded.
+-- Casts are written CAST(x AS TEXT), never x::text, so both dialects read them.
+
+-- name: create_workflow
+INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, owner, epoch,
+                       lease_expires_at, crash_count, parent_id, created_at, updated_at)
+VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :owner, :epoch,
+        :lease_expires_at, 0, :parent_id, :now, :now)
+ON CONFLICT (workflow_id) DO NOTHING
+
+-- name: get_workflow
+SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at
+FROM workflows WHERE workflow_id = :workflow_id
+
+-- name: list_workflows
+SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at
+FROM workflows
+WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+  AND (CAST(:name AS TEXT) IS NULL OR name = :name)
+ORDER BY created_at DESC, workflow_id
+LIMIT :limit
+
+-- name: claimable
+SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at
+FROM workflows
+WHERE status IN ('pending', 'running')
+  AND (owner IS NULL OR lease_expires_at < :now)
+ORDER BY created_at
+LIMIT :limit
+
+-- name: claim
+UPDATE workflows
+SET owner = :owner, epoch = epoch + 1, lease_expires_at = :lease_expires_at, status = 'running',
+    crash_count = crash_count + :crashed, updated_at = :now
+WHERE workflow_id = :workflow_id AND epoch = :epoch
+
+-- name: insert_claim
+INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
+VALUES (:workflow_id, :epoch, :owner, :now, :previous_owner, :reason)
+
+-- name: load_claims
+SELECT workflow_id, epoch, owner, claimed_at, previous_owner, reason
+FROM claims WHERE workflow_id = :workflow_id ORDER BY epoch
+
+-- name: fence
+UPDATE workflows SET crash_count = 0, updated_at = :now
+WHERE workflow_id = :workflow_id AND epoch = :epoch
+
+-- name: owner_of
+SELECT owner, epoch, status FROM workflows WHERE workflow_id = :workflow_id
+
+-- name: upsert_entry
+INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
+                     finished_at, wake_at)
+VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
+        :finished_at, :wake_at)
+ON CONFLICT (workflow_id, seq) DO UPDATE
+SET status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
+    started_at = excluded.started_at, finished_at = excluded.finished_at,
+    wake_at = excluded.wake_at
+WHERE journal.status NOT IN ('completed', 'failed')
+  AND journal.kind = excluded.kind AND journal.name = excluded.name
+
+-- name: load_history
+SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
+
+-- name: finish_workflow
+UPDATE workflows
+SET status = :status, output = :output, error = :error, owner = NULL, lease_expires_at = NULL,
+    wake_at = NULL, updated_at = :now
+WHERE workflow_id = :workflow_id AND epoch = :epoch
+
+-- name: release_owned
+UPDATE workflows SET owner = NULL, lease_expires_at = NULL, updated_at = :now
+WHERE owner = :owner
+
+-- name: release_one
+UPDATE workflows SET owner = NULL, lease_expires_at = NULL, updated_at = :now
+WHERE workflow_id = :workflow_id AND epoch = :epoch
+
+-- name: renew_leases
+UPDATE workflows SET lease_expires_at = :lease_expires_at WHERE owner = :owner
+
+-- name: expire_leases
+UPDATE workflows SET lease_expires_at = 0 WHERE owner = :owner
+
+-- name: register_executor
+INSERT INTO executors (executor_id, host, pid, pid_start, started_at, heartbeat_at)
+VALUES (:executor_id, :host, :pid, :pid_start, :started_at, :heartbeat_at)
+ON CONFLICT (executor_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
+
+-- name: heartbeat_executor
+UPDATE executors SET heartbeat_at = :now WHERE executor_id = :executor_id
+
+-- name: list_executors
+SELECT executor_id, host, pid, pid_start, started_at, heartbeat_at
+FROM executors ORDER BY started_at
+
+-- name: remove_executor
+DELETE FROM executors WHERE executor_id = :executor_id
+
+-- name: applied_migrations
+SELECT version FROM durably_migrations ORDER BY version
+
+-- name: record_migration
+INSERT INTO durably_migrations (version, name, applied_at) VALUES (:version, :name, :now)
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS durably_migrations (
+    version    BIGINT PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at DOUBLE PRECISION NOT NULL
+)

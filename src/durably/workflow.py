@@ -1,0 +1,154 @@
+"""``@durably.workflow`` and the journaled calls made inside one.
+
+The decorator records the workflow in a process-wide registry by name, so an
+engine can resume it from storage after a restart. Its body is ordinary async
+code that must make the same durable calls in the same order on every run;
+``now()``, ``random()`` and ``uuid4()`` are journaled so that holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import hashlib
+import inspect
+import random as _random
+import uuid as _uuid
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from durably import context, errors, journal
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowDefinition:
+    """A workflow's function, name and version."""
+
+    fn: Callable[..., Coroutine[Any, Any, Any]]
+    name: str
+    version: str | None
+    source_hash: str | None
+
+    @property
+    def origin(self) -> str:
+        """Where the function is defined: ``module:qualname``."""
+        return f"{self.fn.__module__}:{self.fn.__qualname__}"
+
+
+_registry: dict[str, WorkflowDefinition] = {}
+
+
+def registered(name: str) -> WorkflowDefinition | None:
+    """The workflow registered under name in this process."""
+    return _registry.get(name)
+
+
+def registered_names() -> list[str]:
+    """Every workflow name known to this process."""
+    return sorted(_registry)
+
+
+class WorkflowFunction(Generic[P, R]):
+    """A decorated workflow. Start it with an Engine; calling it runs it plainly."""
+
+    def __init__(self, definition: WorkflowDefinition) -> None:
+        self.definition = definition
+        functools.update_wrapper(self, definition.fn)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+        return self.definition.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<durably workflow {self.definition.name!r}>"
+
+
+def _source_hash(fn: Callable[..., Any]) -> str | None:
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def _register(
+    fn: Callable[..., Any], name: str | None, version: str | None
+) -> WorkflowFunction[Any, Any]:
+    if isinstance(fn, WorkflowFunction):
+        raise errors.DefinitionError(f"{fn!r} is already a workflow")
+    if not inspect.iscoroutinefunction(fn):
+        raise errors.DefinitionError(
+            f"@durably.workflow needs an async def; {getattr(fn, '__qualname__', fn)!r} is not"
+        )
+    definition = WorkflowDefinition(
+        fn=fn, name=name or fn.__qualname__, version=version, source_hash=_source_hash(fn)
+    )
+    existing = _registry.get(definition.name)
+    if existing is not None and existing.origin != definition.origin:
+        raise errors.DefinitionError(
+            f"workflow name {definition.name!r} is taken by {existing.origin}; "
+            f"give {definition.origin} another name with @durably.workflow(name=...)"
+        )
+    _registry[definition.name] = definition
+    return WorkflowFunction(definition)
+
+
+@overload
+def workflow(fn: Callable[P, Coroutine[Any, Any, R]], /) -> WorkflowFunction[P, R]: ...
+@overload
+def workflow(
+    *, name: str | None = None, version: str | None = None
+) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], WorkflowFunction[P, R]]: ...
+
+
+def workflow(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, version: str | None = None
+) -> Any:
+    """Make an ``async def`` a durable workflow, registered under ``name`` (default: its qualname).
+
+    With ``version``, recovery resumes it only on code that declares the same
+    version; without, any code may resume it and the replay check guards it.
+    """
+    if fn is not None:
+        return _register(fn, name, version)
+    return lambda f: _register(f, name, version)
+
+
+def definition_of(wf: object) -> WorkflowDefinition:
+    """The definition behind a decorated workflow or a registered name."""
+    if isinstance(wf, WorkflowFunction):
+        return wf.definition
+    if isinstance(wf, str):
+        found = _registry.get(wf)
+        if found is None:
+            raise errors.WorkflowNotRegistered(
+                f"no workflow named {wf!r} is registered in this process "
+                f"(known: {', '.join(registered_names()) or 'none'}); import its module first"
+            )
+        return found
+    raise errors.DefinitionError(f"{wf!r} is not a @durably.workflow")
+
+
+# --- journaled values -------------------------------------------------------------
+
+
+def now() -> datetime.datetime:
+    """The current UTC time, journaled: a replay returns the time of the first run."""
+    run = context.require_run("now")
+    return run.journal_value(
+        journal.Kind.NOW,
+        lambda: datetime.datetime.fromtimestamp(run.services.clock(), datetime.UTC),
+    )
+
+
+def random() -> float:
+    """A random float in [0, 1), journaled: a replay returns the same value."""
+    return context.require_run("random").journal_value(journal.Kind.RANDOM, _random.random)
+
+
+def uuid4() -> _uuid.UUID:
+    """A random UUID, journaled: a replay returns the same one."""
+    return context.require_run("uuid4").journal_value(journal.Kind.UUID4, _uuid.uuid4)
