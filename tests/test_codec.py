@@ -9,7 +9,7 @@ import socket
 import sys
 import uuid
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from enum import Enum, Flag, IntEnum, StrEnum
 from typing import NamedTuple
@@ -74,7 +74,7 @@ class WithLate:
 
 @dataclass
 class Tricky:
-    __durably__: int  # a field named like the tag key
+    __durably__: object  # a field named like the tag key
 
 
 class Outer:
@@ -160,7 +160,7 @@ def assert_same(a: object, b: object) -> None:
         assert repr(a) == repr(b)
     elif isinstance(a, datetime | time):
         assert a == b
-        assert a.utcoffset() == b.utcoffset()  # type: ignore[union-attr]
+        assert a.utcoffset() == b.utcoffset()  # type: ignore[union-attr,attr-defined]
     else:
         assert a == b
 
@@ -176,23 +176,59 @@ def roundtrip(value: object) -> object:
 UTC5 = timezone(timedelta(hours=5, minutes=30))
 
 SIMPLE_VALUES = [
-    None, True, False, 0, -7, 2**80, 1.5, -0.0, "", "héllo ✓", [], {},
-    [1, "a", None], {"a": 1, "b": [True, None]},
-    (), (1,), (1, (2, (3, "x"))), [(1, 2), [3, (4,)]],
-    {1, 2, 3}, frozenset({"a", "b"}), {(1, 2), (3, 4)}, set(),
-    b"", b"\x00\xffbytes",
+    None,
+    True,
+    False,
+    0,
+    -7,
+    2**80,
+    1.5,
+    -0.0,
+    "",
+    "héllo ✓",
+    [],
+    {},
+    [1, "a", None],
+    {"a": 1, "b": [True, None]},
+    (),
+    (1,),
+    (1, (2, (3, "x"))),
+    [(1, 2), [3, (4,)]],
+    {1, 2, 3},
+    frozenset({"a", "b"}),
+    {(1, 2), (3, 4)},
+    set(),
+    b"",
+    b"\x00\xffbytes",
     datetime(2024, 5, 1, 12, 30, 45, 123456),
-    datetime(2024, 5, 1, 12, 30, 45, 7, tzinfo=timezone.utc),
+    datetime(2024, 5, 1, 12, 30, 45, 7, tzinfo=UTC),
     datetime(2024, 5, 1, 12, 30, tzinfo=UTC5),
-    date(2024, 2, 29), time(23, 59, 59, 999999), time(1, 2, tzinfo=UTC5),
+    date(2024, 2, 29),
+    time(23, 59, 59, 999999),
+    time(1, 2, tzinfo=UTC5),
     timedelta(days=-3, seconds=5, microseconds=7),
-    Decimal("1.10"), Decimal("-0"), Decimal("1E+3"), Decimal("Infinity"),
+    Decimal("1.10"),
+    Decimal("-0"),
+    Decimal("1E+3"),
+    Decimal("Infinity"),
     uuid.UUID("12345678-1234-5678-1234-567812345678"),
-    Color.RED, Color.PAIR, Priority.HIGH, Mode.FAST, Perm.R | Perm.W,
-    Item("a", 1), Point(1, 2), Outer.Inner((1, 2)), Tricky(5),
-    pathlib.PurePosixPath("/a/b"), pathlib.PureWindowsPath(r"C:\x\y"), pathlib.Path("rel/p"),
-    {1: "int key", "1": "str key"}, {(1, "a"): [1], (2, "b"): [2]},
-    {True: 1, None: 2, 1.5: 3}, {Color.RED: 1, Point(0, 0): 2},
+    Color.RED,
+    Color.PAIR,
+    Priority.HIGH,
+    Mode.FAST,
+    Perm.R | Perm.W,
+    Item("a", 1),
+    Point(1, 2),
+    Outer.Inner((1, 2)),
+    Tricky(5),
+    Tricky((1, {"__durably__": (2,)})),
+    pathlib.PurePosixPath("/a/b"),
+    pathlib.PureWindowsPath(r"C:\x\y"),
+    pathlib.Path("rel/p"),
+    {1: "int key", "1": "str key"},
+    {(1, "a"): [1], (2, "b"): [2]},
+    {True: 1, None: 2, 1.5: 3},
+    {Color.RED: 1, Point(0, 0): 2},
     {"__durably__": "tuple", "items": [1, 2]},
     {"outer": {"__durably__": {"__durably__": 1}}},
     ["__durably__", {"k": "__durably__"}],
@@ -250,7 +286,7 @@ def test_frozen_dataclass_roundtrips_and_stays_frozen() -> None:
 def test_pydantic_model_roundtrips() -> None:
     order = Order(
         order_id=1,
-        when=datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=timezone.utc),
+        when=datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=UTC),
         lines=[Line(sku="a", qty=2)],
         pair=(1, "x"),
         color=Color.PAIR,
@@ -268,7 +304,10 @@ def test_set_text_does_not_depend_on_insertion_order() -> None:
 
 
 json_leaves = (
-    st.none() | st.booleans() | st.integers() | st.text()
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text()
     | st.floats(allow_nan=False, allow_infinity=False)
 )
 offsets = st.timedeltas(
@@ -483,7 +522,7 @@ def test_unknown_exception_class_becomes_step_error() -> None:
 
 
 def test_non_exception_class_becomes_step_error() -> None:
-    data = {"type": "os.system", "message": "ls", "args": ["ls"], "traceback": ""}
+    data: dict[str, object] = {"type": "os.system", "message": "ls", "args": ["ls"]}
     exc = codec.decode_error(data)
     assert isinstance(exc, errors.StepError)
 

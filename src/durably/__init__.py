@@ -6,6 +6,7 @@ recorded results. See README.md and docs/.
 """
 
 from durably.context import idempotency_key, step_info
+from durably.client import Client
 from durably.engine import Engine, WorkflowHandle, run
 from durably.errors import (
     Cancelled,
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cancelled",
     "Claim",
+    "Client",
     "DatabaseLocked",
     "DatabaseReadOnly",
     "DatabaseUnavailable",

@@ -23,7 +23,6 @@ import dataclasses
 import enum
 import json
 import math
-import pathlib
 import reprlib
 import sys
 import traceback
@@ -31,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
+from pathlib import Path, PosixPath, PurePath, PurePosixPath, PureWindowsPath, WindowsPath
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -44,34 +44,8 @@ _STR: frozenset[type] = frozenset({str})
 _LEAF: frozenset[type] = frozenset({str, int, float, bool, type(None)})
 # json's C encoder writes these (and their subclasses) itself, without the default hook.
 _NATIVE = (str, int, float, list, dict, tuple)
-_BASES = (
-    dict,
-    list,
-    tuple,
-    set,
-    frozenset,
-    str,
-    bytes,
-    int,
-    float,
-    datetime,
-    date,
-    time,
-    timedelta,
-    Decimal,
-    uuid.UUID,
-    pathlib.PurePath,
-)
-_PATH_TYPES: dict[str, type[pathlib.PurePath]] = {
-    c.__name__: c
-    for c in (
-        pathlib.PurePath,
-        pathlib.PurePosixPath,
-        pathlib.PureWindowsPath,
-        pathlib.Path,
-        pathlib.PosixPath,
-        pathlib.WindowsPath,
-    )
+_PATH_TYPES: dict[str, type[PurePath]] = {
+    c.__name__: c for c in (PurePath, PurePosixPath, PureWindowsPath, Path, PosixPath, WindowsPath)
 }
 _SUPPORTED = (
     "plain JSON data, tuple, set, frozenset, bytes, datetime, date, time, "
@@ -79,6 +53,7 @@ _SUPPORTED = (
 )
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 40
+_TIMEDELTA = ("days", "seconds", "microseconds")
 _CLASS_PATHS: dict[type, str] = {}
 _T = TypeVar("_T")
 
@@ -152,13 +127,25 @@ def _to_json(v: object) -> object:
     if isinstance(v, enum.Enum):
         return {_MARK: "enum", "class": _class_path(t), "value": _child(v.value, "value", ".")}
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        fields = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
-        return {_MARK: "dataclass", "class": _class_path(t), "fields": _fields(fields)}
-    pydantic = sys.modules.get("pydantic")
-    if pydantic is not None and isinstance(v, pydantic.BaseModel):
-        dumped = v.model_dump(mode="python", round_trip=True)
-        return {_MARK: "pydantic", "class": _class_path(t), "fields": _fields(dumped)}
-    raise _Fail(_why(v))
+        tag = "dataclass"
+    elif (pydantic := sys.modules.get("pydantic")) and isinstance(v, pydantic.BaseModel):
+        tag = "pydantic"
+    else:
+        raise _Fail(_why(v))
+    path = _class_path(t)
+    try:
+        fields = _read_fields(v)
+    except Exception as e:
+        raise _Fail(f"is a {_type_name(t)} whose fields cannot be read: {e!r}") from e
+    return {_MARK: tag, "class": path, "fields": _fields(fields)}
+
+
+def _read_fields(v: Any) -> dict[str, object]:
+    """Attribute values of a dataclass instance or pydantic model, by name."""
+    if dataclasses.is_dataclass(v):
+        return {f.name: getattr(v, f.name) for f in dataclasses.fields(v)}
+    dumped: dict[str, object] = v.model_dump(mode="python", round_trip=True)
+    return dumped
 
 
 def _child(value: object, key: object, style: str = "[]") -> object:
@@ -172,8 +159,9 @@ def _child(value: object, key: object, style: str = "[]") -> object:
 
 def _fields(fields: dict[str, object]) -> object:
     """Encoded attribute values of a dataclass or model, by name."""
-    out = {name: _child(value, name, ".") for name, value in fields.items()}
-    return _dict_pairs(out) if _MARK in out else out
+    if _MARK in fields:  # a field named like the tag key: store as escaped pairs
+        return _dict_pairs(fields)
+    return {name: _child(value, name, ".") for name, value in fields.items()}
 
 
 def _dict(d: dict[Any, Any]) -> object:
@@ -197,12 +185,12 @@ def _why(v: object) -> str:
     if isinstance(v, type):
         return f"is the class {_type_name(v)}; only instances can be stored"
     name = _type_name(type(v))
-    for base in _BASES:
-        if isinstance(v, base):
-            return (
-                f"is a {name}, a subclass of {base.__name__}; convert it to a plain "
-                f"{base.__name__} (or use a dataclass) before storing it"
-            )
+    bases = [b for b in type(v).__mro__[1:] if b in _CONVERTERS or b in _LEAF]
+    if bases:
+        return (
+            f"is a {name}, a subclass of {bases[0].__name__}; convert it to a plain "
+            f"{bases[0].__name__} (or use a dataclass) before storing it"
+        )
     return f"is a {name}, which durably cannot store as JSON (supported: {_SUPPORTED})"
 
 
@@ -245,12 +233,7 @@ _CONVERTERS: dict[type, Callable[[Any], object]] = {
     datetime: lambda v: {_MARK: "datetime", "iso": v.isoformat()},
     date: lambda v: {_MARK: "date", "iso": v.isoformat()},
     time: lambda v: {_MARK: "time", "iso": v.isoformat()},
-    timedelta: lambda v: {
-        _MARK: "timedelta",
-        "days": v.days,
-        "seconds": v.seconds,
-        "microseconds": v.microseconds,
-    },
+    timedelta: lambda v: {_MARK: "timedelta", **{k: getattr(v, k) for k in _TIMEDELTA}},
     Decimal: lambda v: {_MARK: "decimal", "value": str(v)},
     uuid.UUID: lambda v: {_MARK: "uuid", "hex": v.hex},
     **{
@@ -298,16 +281,6 @@ def _untag(d: dict[str, Any]) -> object:
     except Exception as e:
         what = f"{tag} {d['class']!r}" if isinstance(d.get("class"), str) else f"a {tag}"
         raise _Bad(f"could not rebuild {what}: {type(e).__name__}: {e}") from e
-
-
-def _from_tree(node: object) -> object:
-    """Decode a JSON tree (as ``json.loads`` returns it) that ``_to_json`` produced."""
-    if isinstance(node, list):
-        return [_from_tree(x) for x in node]
-    if isinstance(node, dict):
-        d = {k: _from_tree(x) for k, x in node.items()}
-        return _untag(d) if _MARK in d else d
-    return node
 
 
 def _get(d: dict[str, Any], key: str, kind: type[_T]) -> _T:
@@ -374,11 +347,7 @@ _REBUILDERS: dict[str, Callable[[dict[str, Any]], object]] = {
     "datetime": lambda d: datetime.fromisoformat(_get(d, "iso", str)),
     "date": lambda d: date.fromisoformat(_get(d, "iso", str)),
     "time": lambda d: time.fromisoformat(_get(d, "iso", str)),
-    "timedelta": lambda d: timedelta(
-        days=_get(d, "days", int),
-        seconds=_get(d, "seconds", int),
-        microseconds=_get(d, "microseconds", int),
-    ),
+    "timedelta": lambda d: timedelta(**{k: _get(d, k, int) for k in _TIMEDELTA}),
     "decimal": lambda d: Decimal(_get(d, "value", str)),
     "uuid": lambda d: uuid.UUID(hex=_get(d, "hex", str)),
     "path": _path,
@@ -401,10 +370,11 @@ def encode_error(exc: BaseException) -> dict[str, object]:
     Never raises: parts that cannot be captured become None or placeholder text.
     """
     t = type(exc)
+    name = f"{t.__module__}.{t.__qualname__}"
     try:
         message = str(exc)
     except Exception:
-        message = f"<unprintable {t.__qualname__}>"
+        message = f"<unprintable {name}>"
     try:
         tb = "".join(traceback.format_exception(exc))
     except Exception:
@@ -414,12 +384,7 @@ def encode_error(exc: BaseException) -> dict[str, object]:
         args = _to_json(list(_constructor_args(exc)))
     except Exception:
         args = None
-    return {
-        "type": f"{t.__module__}.{t.__qualname__}",
-        "message": message,
-        "args": args,
-        "traceback": tb,
-    }
+    return {"type": name, "message": message, "args": args, "traceback": tb}
 
 
 def _constructor_args(exc: BaseException) -> tuple[object, ...]:
@@ -428,13 +393,9 @@ def _constructor_args(exc: BaseException) -> tuple[object, ...]:
         reduced = exc.__reduce__()
     except Exception:
         return exc.args
-    if (
-        isinstance(reduced, tuple)
-        and len(reduced) >= 2
-        and reduced[0] is type(exc)
-        and isinstance(reduced[1], tuple)
-    ):
-        return reduced[1]
+    match reduced:
+        case (cls, tuple() as args, *_) if cls is type(exc):
+            return args
     return exc.args
 
 
@@ -453,7 +414,8 @@ def decode_error(data: dict[str, object]) -> BaseException:
     if cls is not None:
         attempts: list[tuple[object, ...]] = []
         try:
-            args = _from_tree(data.get("args"))
+            # the tree holds JSON types only, so _ENCODER writes it verbatim
+            args = _TAGGED_DECODER.decode(_ENCODER.encode(data.get("args")))
             if isinstance(args, (list, tuple)):
                 attempts.append(tuple(args))
         except Exception:

@@ -1,0 +1,231 @@
+"""The ``durably`` command line: list, show, start, worker, migrate, demo.
+
+It uses only the public API: a Client to read and start, an Engine to run.
+The database comes from ``--database``, else ``DURABLY_DATABASE_URL``, else
+``sqlite:///durably.db``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+import durably
+from durably import receipts
+
+console = Console(highlight=False)
+
+_STATUS_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "diverged": "red",
+    "cancelled": "yellow",
+    "needs_review": "magenta",
+    "running": "cyan",
+}
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _fail(exc: Exception) -> None:
+    console.print(f"[red]error:[/red] {exc}")
+    sys.exit(1)
+
+
+def _import(module: str) -> Any:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise click.ClickException(f"cannot import {module!r}: {exc}") from exc
+
+
+def _parse_args(text: str) -> tuple[list[Any], dict[str, Any]]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"ARGS_JSON is not JSON: {exc}") from exc
+    if isinstance(value, list):
+        return value, {}
+    if isinstance(value, dict):
+        return [], value
+    return [value], {}
+
+
+@click.group()
+@click.option(
+    "--database",
+    "-d",
+    envvar="DURABLY_DATABASE_URL",
+    default="sqlite:///durably.db",
+    show_default=True,
+    help="Database URL (or DURABLY_DATABASE_URL).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log what the engine does.")
+@click.pass_context
+def main(ctx: click.Context, database: str, verbose: bool) -> None:
+    """durably: durable execution for AI agents."""
+    ctx.obj = database
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+
+
+@main.command("list")
+@click.option("--status", type=click.Choice([s.value for s in durably.Status]), default=None)
+@click.option("--name", default=None, help="Only workflows of this name.")
+@click.option("--limit", default=50, show_default=True)
+@click.pass_obj
+def list_cmd(database: str, status: str | None, name: str | None, limit: int) -> None:
+    """List workflows, newest first."""
+    try:
+        with durably.Client(database) as client:
+            rows = client.list_workflows(status=status, name=name, limit=limit)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    table = Table("id", "workflow", "status", "created", "updated", box=None)
+    for info in rows:
+        style = _STATUS_STYLE.get(info.status, "")
+        table.add_row(
+            info.workflow_id, info.name, f"[{style}]{info.status}[/]" if style else info.status,
+            _when(info.created_at), _when(info.updated_at),
+        )
+    console.print(table if rows else "no workflows", soft_wrap=True)
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.pass_obj
+def show(database: str, workflow_id: str) -> None:
+    """Show a workflow's receipts: each step, its attempt, duration and output."""
+    try:
+        with durably.Client(database) as client:
+            info = client.get_workflow(workflow_id)
+            entries = client.history(workflow_id)
+            claims = client.claims(workflow_id)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    print_receipts(info, entries, claims)
+
+
+def print_receipts(
+    info: durably.WorkflowInfo, entries: list[durably.Entry], claims: list[durably.Claim]
+) -> None:
+    """Print the receipts of one workflow (used by ``show`` and the demo)."""
+    style = _STATUS_STYLE.get(info.status, "")
+    console.print(
+        f"[bold]{info.workflow_id}[/bold]  {info.name}"
+        + (f" v{info.version}" if info.version else "")
+        + f"  [{style}]{info.status}[/]  started {_when(info.created_at)}"
+    )
+    console.print(f"[bold]{'seq':>4}  {'call':<24} {'attempt':>7} {'duration':>9}  output[/bold]")
+    for row in receipts.receipts(entries, claims):
+        if isinstance(row, receipts.Gap):
+            console.print(f"[yellow]{row.line()}[/yellow]", soft_wrap=True)
+            continue
+        name = row.name if row.kind == "step" else f"{row.kind}() {row.name}".strip()
+        if row.status != "completed":
+            name += f" ({row.status})"
+        duration = f"{row.duration * 1000:.1f}ms" if row.duration is not None else ""
+        console.print(
+            f"{row.seq:>4}  {name:<24} {row.attempt:>7} {duration:>9}  "
+            f"{receipts.preview(row.payload, 60)}",
+            soft_wrap=True,
+            markup=False,
+        )
+    if info.output is not None:
+        console.print(f"result: {receipts.preview(info.output, 200)}")
+    if info.error is not None:
+        console.print(f"[red]error:[/red] {receipts.preview(info.error, 300)}")
+
+
+@main.command()
+@click.argument("target")
+@click.argument("args_json", default="[]")
+@click.option("--id", "workflow_id", default=None, help="Workflow id (idempotent).")
+@click.option("--wait/--no-wait", default=True, help="Run it here to the end, or leave it to a worker.")
+@click.pass_obj
+def start(database: str, target: str, args_json: str, workflow_id: str | None, wait: bool) -> None:
+    """Start MODULE:WORKFLOW with ARGS_JSON (a list of arguments or an object of keywords)."""
+    module, _, attr = target.partition(":")
+    if not attr:
+        raise click.ClickException("TARGET must be MODULE:WORKFLOW")
+    wf = getattr(_import(module), attr, None)
+    if wf is None:
+        raise click.ClickException(f"{module!r} has no attribute {attr!r}")
+    args, kwargs = _parse_args(args_json)
+    try:
+        if not wait:
+            with durably.Client(database) as client:
+                wid = client.start(wf, *args, workflow_id=workflow_id, **kwargs)
+            console.print(wid)
+            return
+        result = durably.run(wf, *args, workflow_id=workflow_id, database=database, **kwargs)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    console.print_json(json.dumps(result, default=str))
+
+
+@main.command()
+@click.argument("modules", nargs=-1, required=True)
+@click.option("--lease", default=30.0, show_default=True, help="Lease seconds.")
+@click.pass_obj
+def worker(database: str, modules: tuple[str, ...], lease: float) -> None:
+    """Import MODULES (registering their workflows) and run workflows until SIGTERM.
+
+    On SIGTERM or Ctrl-C running steps finish and commit, then the workflows
+    are released for another worker.
+    """
+    for module in modules:
+        _import(module)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with durably.Engine(database, lease_seconds=lease) as engine:
+            console.print(f"worker {engine.executor_id} serving {database}", soft_wrap=True)
+            await stop.wait()
+            console.print("stopping: letting running steps finish")
+        console.print("stopped")
+
+    try:
+        asyncio.run(serve())
+    except durably.DurablyError as exc:
+        _fail(exc)
+
+
+@main.command()
+@click.pass_obj
+def migrate(database: str) -> None:
+    """Bring the database schema up to date."""
+    try:
+        with durably.Client(database) as client:
+            version = client.schema_version()
+    except durably.DurablyError as exc:
+        _fail(exc)
+    console.print(f"{database}: schema version {version}")
+
+
+@main.command()
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep files here.")
+def demo(workdir: str | None) -> None:
+    """The refund agent: killed inside the refund, recovered without a second refund."""
+    from durably import demo as demo_module
+
+    sys.exit(demo_module.main(workdir, console))

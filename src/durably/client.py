@@ -1,0 +1,112 @@
+"""Client: start and read workflows without ever executing one.
+
+For command lines, web handlers and other services. A client never claims a
+workflow: ``start`` commits a ``pending`` workflow that any engine (worker)
+picks up. Its methods are synchronous; from async code, call them through
+``asyncio.to_thread`` or use the Engine's async methods.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from durably import codec, errors, journal, workflow
+from durably.storage import base, create_store, dispatch, resolve_url
+
+R = TypeVar("R")
+
+
+class Client:
+    """A connection to a durably database that reads and starts, but runs nothing."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = resolve_url(url)
+        self._store = dispatch.StoreThread(create_store(self.url))
+        self._open = False
+
+    def __enter__(self) -> Client:
+        self.open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        """Connect, migrating the schema if it is behind."""
+        if not self._open:
+            self._store.start()
+            self._open = True
+
+    def close(self) -> None:
+        """Disconnect. Idempotent."""
+        if self._open:
+            self._store.stop()
+            self._open = False
+
+    def _call(self, fn: Callable[..., R], *args: Any, write: bool = False) -> R:
+        self.open()
+        return self._store.call_sync(fn, *args, write=write)
+
+    # --- reading ------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        """The schema version of the database (migrating it first if behind)."""
+        return self._call(self._store.store.schema_version)
+
+    def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo:
+        """The workflow's row; WorkflowNotFound if there is none."""
+        info = self._call(self._store.store.get_workflow, workflow_id)
+        if info is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        return info
+
+    def list_workflows(
+        self, status: str | None = None, name: str | None = None, limit: int = 100
+    ) -> list[journal.WorkflowInfo]:
+        """Workflows, newest first, optionally filtered by status and workflow name."""
+        if status is not None:
+            status = journal.Status(status).value
+        return self._call(self._store.store.list_workflows, status, name, limit)
+
+    def history(self, workflow_id: str) -> list[journal.Entry]:
+        """The workflow's journal in seq order."""
+        self.get_workflow(workflow_id)
+        return self._call(self._store.store.load_history, workflow_id)
+
+    def claims(self, workflow_id: str) -> list[journal.Claim]:
+        """Every change of owner of the workflow."""
+        return self._call(self._store.store.load_claims, workflow_id)
+
+    def executors(self) -> list[journal.ExecutorInfo]:
+        """The executors registered in the database."""
+        return self._call(self._store.store.list_executors)
+
+    # --- starting -------------------------------------------------------------------
+
+    def start(self, wf: Any, *args: Any, workflow_id: str | None = None, **kwargs: Any) -> str:
+        """Commit a pending workflow for a worker to run; return its id.
+
+        ``wf`` is a decorated workflow or its registered name. Idempotent on
+        ``workflow_id`` like ``Engine.start``.
+        """
+        if isinstance(wf, str) and workflow.registered(wf) is None:
+            name, version, source_hash = wf, None, None
+        else:
+            definition = workflow.definition_of(wf)
+            name, version = definition.name, definition.version
+            source_hash = definition.source_hash
+        wid = workflow_id or uuid.uuid4().hex
+        payload = codec.encode({"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input")
+        new = base.NewWorkflow(wid, name, payload, version, source_hash)
+        info, _ = self._call(
+            self._store.store.create_workflow, new, None, None, time.time(), write=True
+        )
+        if info.name != name:
+            raise errors.WorkflowIdConflict(
+                f"workflow id {wid!r} already names a {info.name!r} workflow, not {name!r}"
+            )
+        return wid
+
