@@ -5,8 +5,8 @@ the workflow re-runs from its first line and finished steps return their
 recorded results. See README.md and docs/.
 """
 
-from durably.context import idempotency_key, step_info
 from durably.client import Client
+from durably.context import idempotency_key, step_info
 from durably.engine import Engine, WorkflowHandle, run
 from durably.errors import (
     Cancelled,

@@ -101,8 +101,11 @@ def list_cmd(database: str, status: str | None, name: str | None, limit: int) ->
     for info in rows:
         style = _STATUS_STYLE.get(info.status, "")
         table.add_row(
-            info.workflow_id, info.name, f"[{style}]{info.status}[/]" if style else info.status,
-            _when(info.created_at), _when(info.updated_at),
+            info.workflow_id,
+            info.name,
+            f"[{style}]{info.status}[/]" if style else info.status,
+            _when(info.created_at),
+            _when(info.updated_at),
         )
     console.print(table if rows else "no workflows", soft_wrap=True)
 
@@ -157,7 +160,9 @@ def print_receipts(
 @click.argument("target")
 @click.argument("args_json", default="[]")
 @click.option("--id", "workflow_id", default=None, help="Workflow id (idempotent).")
-@click.option("--wait/--no-wait", default=True, help="Run it here to the end, or leave it to a worker.")
+@click.option(
+    "--wait/--no-wait", default=True, help="Run it here to the end, or leave it to a worker."
+)
 @click.pass_obj
 def start(database: str, target: str, args_json: str, workflow_id: str | None, wait: bool) -> None:
     """Start MODULE:WORKFLOW with ARGS_JSON (a list of arguments or an object of keywords)."""
@@ -229,3 +234,7 @@ def demo(workdir: str | None) -> None:
     from durably import demo as demo_module
 
     sys.exit(demo_module.main(workdir, console))
+
+
+if __name__ == "__main__":
+    main()

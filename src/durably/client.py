@@ -99,7 +99,9 @@ class Client:
             name, version = definition.name, definition.version
             source_hash = definition.source_hash
         wid = workflow_id or uuid.uuid4().hex
-        payload = codec.encode({"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input")
+        payload = codec.encode(
+            {"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input"
+        )
         new = base.NewWorkflow(wid, name, payload, version, source_hash)
         info, _ = self._call(
             self._store.store.create_workflow, new, None, None, time.time(), write=True
@@ -109,4 +111,3 @@ class Client:
                 f"workflow id {wid!r} already names a {info.name!r} workflow, not {name!r}"
             )
         return wid
-

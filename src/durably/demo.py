@@ -98,9 +98,7 @@ async def _agent(database: str) -> None:
 
 
 def _run_agent(database: str, env: dict[str, str]) -> int:
-    proc = subprocess.run(
-        [sys.executable, "-m", "durably.demo", database], env=env, check=False
-    )
+    proc = subprocess.run([sys.executable, "-m", "durably.demo", database], env=env, check=False)
     return proc.returncode
 
 
@@ -130,7 +128,9 @@ def main(workdir: str | None = None, console: Console | None = None) -> int:
             "DURABLY_CRASH_ONCE": str(folder / "crashed"),
         }
         code = _run_agent(database, crash)
-        out.print(f"   agent process exited with {code} ({'SIGKILL' if code == -9 else 'no kill'})\n")
+        out.print(
+            f"   agent process exited with {code} ({'SIGKILL' if code == -9 else 'no kill'})\n"
+        )
         killed_at = time.time()
         out.print("[bold]2. a new process starts and recovers the workflow[/bold]")
         code = _run_agent(database, env)
@@ -146,13 +146,14 @@ def main(workdir: str | None = None, console: Console | None = None) -> int:
             soft_wrap=True,
         )
     out.print(
-        f"   => {len(requests)} requests, {len(keys)} key, "
-        f"[bold]{len(refunds)} refund[/bold]\n"
+        f"   => {len(requests)} requests, {len(keys)} key, [bold]{len(refunds)} refund[/bold]\n"
     )
     out.print("[bold]4. the receipts[/bold]  (durably show " + WORKFLOW_ID + ")")
     with durably.Client(database) as client:
         cli.print_receipts(
-            client.get_workflow(WORKFLOW_ID), client.history(WORKFLOW_ID), client.claims(WORKFLOW_ID)
+            client.get_workflow(WORKFLOW_ID),
+            client.history(WORKFLOW_ID),
+            client.claims(WORKFLOW_ID),
         )
     ok = len(refunds) == 1 and len(keys) == 1
     out.print(

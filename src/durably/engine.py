@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
 import uuid
@@ -289,10 +290,8 @@ class Engine:
     async def _recovery_loop(self) -> None:
         assert self._kick is not None
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout=self.poll_interval)
-            except TimeoutError:
-                pass
             self._kick.clear()
             try:
                 await self.recover()
@@ -335,17 +334,7 @@ class Engine:
         run = runtime.Run(services, info, history)
         try:
             if info.crash_count > self.max_recoveries:
-                await run.finish(
-                    journal.Status.FAILED,
-                    None,
-                    _error_payload(
-                        errors.WorkflowFailed(
-                            f"workflow {wid!r} crashed its executor {info.crash_count} times in a row "
-                            f"without progress (limit {self.max_recoveries}); last journal seq "
-                            f"{history[-1].seq if history else 0}"
-                        )
-                    ),
-                )
+                await run.finish(journal.Status.FAILED, None, self._poison(info, history))
                 return
             try:
                 call = codec.decode(info.input, where=f"workflow {wid!r} input")
@@ -366,6 +355,16 @@ class Engine:
             log.warning("workflow %s: %s", wid, exc)
         except Exception as exc:
             await self._fail(run, exc)
+
+    def _poison(self, info: journal.WorkflowInfo, history: list[journal.Entry]) -> str:
+        last = history[-1].describe() + f" at seq {history[-1].seq}" if history else "its start"
+        return _error_payload(
+            errors.WorkflowFailed(
+                f"workflow {info.workflow_id!r} crashed its executor {info.crash_count} times "
+                f"in a row without progress (limit {self.max_recoveries}); the last journal "
+                f"entry is {last}"
+            )
+        )
 
     async def _fail(self, run: runtime.Run, exc: Exception) -> None:
         diverged = run.replayer.diverged

@@ -47,7 +47,7 @@ def is_dead_here(other: journal.ExecutorInfo) -> bool:
     if other.host != socket.gethostname():
         return False
     if other.pid == os.getpid():
-        return False if other.pid_start == process_start(other.pid) else True
+        return other.pid_start != process_start(other.pid)
     try:
         os.kill(other.pid, 0)
     except ProcessLookupError:

@@ -46,7 +46,9 @@ def receipts(entries: Sequence[journal.Entry], claims: Sequence[journal.Claim]) 
     return rows
 
 
-def _gap(claim: journal.Claim, entries: Sequence[journal.Entry], claim_times: Sequence[float]) -> Gap:
+def _gap(
+    claim: journal.Claim, entries: Sequence[journal.Entry], claim_times: Sequence[float]
+) -> Gap:
     before = [
         t
         for e in entries

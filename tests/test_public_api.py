@@ -1,0 +1,78 @@
+"""The public surface is deliberate: changing it must change this test."""
+
+from __future__ import annotations
+
+import types
+
+import durably
+
+EXPECTED = sorted(durably.__all__)
+
+
+def test_all_is_sorted_and_complete() -> None:
+    assert durably.__all__ == sorted(durably.__all__)
+    public = sorted(
+        n
+        for n, v in vars(durably).items()
+        if not n.startswith("_") and not isinstance(v, types.ModuleType)
+    )
+    assert public == EXPECTED
+
+
+def test_all_is_frozen() -> None:
+    assert durably.__all__ == FROZEN
+
+
+FROZEN = [
+    "Cancelled",
+    "Claim",
+    "Client",
+    "DatabaseLocked",
+    "DatabaseReadOnly",
+    "DatabaseUnavailable",
+    "DecodeError",
+    "DefinitionError",
+    "DurablyError",
+    "EncodeError",
+    "Engine",
+    "Entry",
+    "ExecutorInfo",
+    "FencedError",
+    "NonDeterminismError",
+    "NotADurablyDatabase",
+    "NotInWorkflow",
+    "Retry",
+    "SchemaTooNew",
+    "Status",
+    "StepError",
+    "StepTimeout",
+    "StoreError",
+    "WorkflowFailed",
+    "WorkflowHandle",
+    "WorkflowIdConflict",
+    "WorkflowInfo",
+    "WorkflowNotFound",
+    "WorkflowNotRegistered",
+    "idempotency_key",
+    "now",
+    "random",
+    "run",
+    "run_step",
+    "step",
+    "step_info",
+    "uuid4",
+    "workflow",
+]
+
+
+def test_every_error_is_a_durably_error() -> None:
+    from durably import errors
+
+    for name in dir(errors):
+        obj = getattr(errors, name)
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, Exception)
+            and obj.__module__ == errors.__name__
+        ):
+            assert issubclass(obj, durably.DurablyError), name
