@@ -25,6 +25,7 @@ def test_all_is_frozen() -> None:
 
 FROZEN = [
     "Cancelled",
+    "ChildHandle",
     "Claim",
     "Client",
     "DatabaseLocked",
@@ -58,9 +59,14 @@ FROZEN = [
     "random",
     "run",
     "run_step",
+    "set_event",
+    "sleep",
+    "sleep_until",
+    "start_child",
     "step",
     "step_info",
     "uuid4",
+    "wait_for_signal",
     "workflow",
 ]
 

@@ -31,13 +31,15 @@ from durably.errors import (
     WorkflowNotRegistered,
 )
 from durably.journal import Claim, Entry, ExecutorInfo, Status, WorkflowInfo
-from durably.step import Retry, run_step, step
-from durably.workflow import now, random, uuid4, workflow
+from durably.steps import Retry, run_step, step
+from durably.waits import ChildHandle, set_event, sleep, sleep_until, start_child, wait_for_signal
+from durably.workflows import now, random, uuid4, workflow
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Cancelled",
+    "ChildHandle",
     "Claim",
     "Client",
     "DatabaseLocked",
@@ -71,8 +73,13 @@ __all__ = [
     "random",
     "run",
     "run_step",
+    "set_event",
+    "sleep",
+    "sleep_until",
+    "start_child",
     "step",
     "step_info",
     "uuid4",
+    "wait_for_signal",
     "workflow",
 ]

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from durably import codec, errors, journal, workflow
+from durably import codec, errors, journal, workflows
 from durably.storage import base, create_store, dispatch, resolve_url
 
 R = TypeVar("R")
@@ -92,10 +92,10 @@ class Client:
         ``wf`` is a decorated workflow or its registered name. Idempotent on
         ``workflow_id`` like ``Engine.start``.
         """
-        if isinstance(wf, str) and workflow.registered(wf) is None:
+        if isinstance(wf, str) and workflows.registered(wf) is None:
             name, version, source_hash = wf, None, None
         else:
-            definition = workflow.definition_of(wf)
+            definition = workflows.definition_of(wf)
             name, version = definition.name, definition.version
             source_hash = definition.source_hash
         wid = workflow_id or uuid.uuid4().hex

@@ -28,7 +28,7 @@ import sys
 import traceback
 import uuid
 from collections.abc import Callable
-from datetime import date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path, PosixPath, PurePath, PurePosixPath, PureWindowsPath, WindowsPath
 from types import ModuleType
@@ -180,6 +180,14 @@ def _set(s: set[Any] | frozenset[Any]) -> object:
     return {_MARK: type(s).__name__, "items": items}
 
 
+def _iso(v: date | time) -> object:
+    out: dict[str, object] = {_MARK: type(v).__name__, "iso": v.isoformat()}
+    offset = v.utcoffset() if isinstance(v, datetime | time) else None
+    if offset is not None and offset.microseconds:  # 3.11 misreads e.g. "+00:00:00.5"
+        out["offset_us"] = offset // timedelta(microseconds=1)
+    return out
+
+
 def _why(v: object) -> str:
     """Why ``v`` cannot be stored, for the EncodeError message."""
     if isinstance(v, type):
@@ -230,9 +238,9 @@ _CONVERTERS: dict[type, Callable[[Any], object]] = {
     set: _set,
     frozenset: _set,
     bytes: lambda v: {_MARK: "bytes", "b64": base64.b64encode(v).decode("ascii")},
-    datetime: lambda v: {_MARK: "datetime", "iso": v.isoformat()},
-    date: lambda v: {_MARK: "date", "iso": v.isoformat()},
-    time: lambda v: {_MARK: "time", "iso": v.isoformat()},
+    datetime: _iso,
+    date: _iso,
+    time: _iso,
     timedelta: lambda v: {_MARK: "timedelta", **{k: getattr(v, k) for k in _TIMEDELTA}},
     Decimal: lambda v: {_MARK: "decimal", "value": str(v)},
     uuid.UUID: lambda v: {_MARK: "uuid", "hex": v.hex},
@@ -330,6 +338,14 @@ def _path(d: dict[str, Any]) -> object:
     return cls(_get(d, "path", str))
 
 
+def _from_iso(d: dict[str, Any], cls: type[date | time]) -> object:
+    value = cls.fromisoformat(_get(d, "iso", str))
+    if "offset_us" in d:
+        offset = timedelta(microseconds=_get(d, "offset_us", int))
+        return value.replace(tzinfo=timezone(offset))  # type: ignore[call-arg]
+    return value
+
+
 def _pairs(d: dict[str, Any]) -> dict[Any, Any]:
     return {k: v for k, v in _get(d, "items", list)}
 
@@ -344,9 +360,9 @@ _REBUILDERS: dict[str, Callable[[dict[str, Any]], object]] = {
     "frozenset": lambda d: frozenset(_get(d, "items", list)),
     "dict": _pairs,
     "bytes": lambda d: base64.b64decode(_get(d, "b64", str), validate=True),
-    "datetime": lambda d: datetime.fromisoformat(_get(d, "iso", str)),
-    "date": lambda d: date.fromisoformat(_get(d, "iso", str)),
-    "time": lambda d: time.fromisoformat(_get(d, "iso", str)),
+    "datetime": lambda d: _from_iso(d, datetime),
+    "date": lambda d: _from_iso(d, date),
+    "time": lambda d: _from_iso(d, time),
     "timedelta": lambda d: timedelta(**{k: _get(d, k, int) for k in _TIMEDELTA}),
     "decimal": lambda d: Decimal(_get(d, "value", str)),
     "uuid": lambda d: uuid.UUID(hex=_get(d, "hex", str)),

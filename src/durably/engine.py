@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from durably import codec, context, errors, faults, journal, liveness, runtime, workflow
+from durably import codec, driver, errors, faults, journal, liveness, runtime, waits, workflows
 from durably.storage import base, create_store, dispatch, resolve_url
 
 log = logging.getLogger("durably")
@@ -71,15 +71,9 @@ class WorkflowHandle:
 
 def outcome(info: journal.WorkflowInfo) -> Any:
     """A finished workflow's result, or raise its recorded error."""
-    where = f"workflow {info.workflow_id!r}"
-    if info.status == journal.Status.COMPLETED:
-        return codec.decode(info.output or "null", where=f"{where} output")
-    if info.status == journal.Status.CANCELLED:
-        raise errors.Cancelled(f"{where} was cancelled")
-    data = codec.decode(info.error or "{}", where=f"{where} error")
-    if isinstance(data, dict):
-        raise codec.decode_error(data)
-    raise errors.WorkflowFailed(f"{where} ended {info.status}")
+    return waits.finished_outcome(
+        f"workflow {info.workflow_id!r}", info.status, info.output, info.error
+    )
 
 
 class Engine:
@@ -99,6 +93,7 @@ class Engine:
         lease_seconds: float = 30.0,
         max_recoveries: int = 5,
         poll_interval: float = 1.0,
+        hold_seconds: float = 1.0,
         step_threads: int = 32,
         executor_id: str | None = None,
         clock: Callable[[], float] = time.time,
@@ -109,6 +104,7 @@ class Engine:
         self.lease_seconds = lease_seconds
         self.max_recoveries = max_recoveries
         self.poll_interval = poll_interval
+        self.hold_seconds = hold_seconds
         self.clock = clock
         self._store = dispatch.StoreThread(create_store(self.url))
         self._step_threads = concurrent.futures.ThreadPoolExecutor(
@@ -117,6 +113,7 @@ class Engine:
         self._executor_id = executor_id
         self._me: journal.ExecutorInfo | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._runs: dict[str, runtime.Run] = {}
         self._background: list[asyncio.Task[None]] = []
         self._services: runtime.Services | None = None
         self._kick: asyncio.Event | None = None
@@ -148,6 +145,9 @@ class Engine:
             clock=self.clock,
             step_threads=self._step_threads,
             stopping=asyncio.Event(),
+            on_park=self._wake_later,
+            on_child=lambda child_id: self._kick_recovery(),
+            hold_seconds=self.hold_seconds,
         )
         self._kick = asyncio.Event()
         await self._call(self._store.store.register_executor, self._me)
@@ -164,6 +164,8 @@ class Engine:
             self._step_threads.shutdown(wait=False)
             return
         self._services.stopping.set()
+        for live in list(self._runs.values()):
+            live.poke()  # blocked waits re-check, see the engine stopping and park
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -201,7 +203,7 @@ class Engine:
         nothing; a different workflow under that id raises WorkflowIdConflict.
         """
         services = self._require_open()
-        definition = workflow.definition_of(wf)
+        definition = workflows.definition_of(wf)
         wid = workflow_id or uuid.uuid4().hex
         payload = codec.encode(
             {"args": list(args), "kwargs": kwargs}, where=f"workflow {definition.name!r} input"
@@ -256,6 +258,82 @@ class Engine:
         """The executors registered in the database."""
         return await self._call(self._store.store.list_executors, write=False)
 
+    # --- signals, events, cancel, resume, fork -------------------------------------------
+
+    async def send_signal(
+        self,
+        workflow_id: str,
+        name: str,
+        payload: Any = None,
+        idempotency_key: str | None = None,
+    ) -> bool:
+        """Send a signal; committed before this returns. False if the key was used before.
+
+        The workflow may wait for it later: it is kept, and each signal goes to
+        exactly one ``wait_for_signal`` of that name, in the order sent.
+        """
+        data = codec.encode(payload, where=f"signal {name!r} payload")
+        sent = await self._call(
+            self._store.store.send_signal, workflow_id, name, data, idempotency_key, self.clock()
+        )
+        live = self._runs.get(workflow_id)
+        if live is not None:
+            live.poke(journal.Kind.SIGNAL, name)
+        else:
+            self._kick_recovery()
+        return sent
+
+    async def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
+        """The value the workflow published under ``key``, waiting up to ``timeout`` for it.
+
+        Raises TimeoutError if it is still unpublished then (None means: don't wait).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout or 0.0)
+        delay = 0.01
+        while True:
+            value = await self._call(self._store.store.get_event, workflow_id, key, write=False)
+            if value is not None:
+                return codec.decode(value, where=f"event {key!r} of {workflow_id!r}")
+            if loop.time() >= deadline:
+                await self.get_workflow(workflow_id)  # WorkflowNotFound beats TimeoutError
+                raise TimeoutError(f"workflow {workflow_id!r} has not published {key!r}")
+            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+            delay = min(delay * 2, 0.25)
+
+    async def cancel(self, workflow_id: str) -> list[str]:
+        """Cancel the workflow and its unfinished children; the ids asked to stop.
+
+        Each receives ``durably.Cancelled`` at its next durable call, so its
+        ``finally`` blocks and compensations still run as steps.
+        """
+        asked = await self._call(self._store.store.request_cancel, workflow_id, self.clock())
+        for wid in asked:
+            live = self._runs.get(wid)
+            if live is not None:
+                live.request_cancel()
+        self._kick_recovery()
+        return asked
+
+    async def resume(self, workflow_id: str) -> WorkflowHandle:
+        """Run a failed, cancelled or diverged workflow again from where it stopped."""
+        await self._call(self._store.store.reopen, workflow_id, self.clock())
+        self._kick_recovery()
+        return WorkflowHandle(self, workflow_id)
+
+    async def fork(
+        self, workflow_id: str, from_seq: int, workflow_id_new: str | None = None
+    ) -> WorkflowHandle:
+        """Start a copy whose first ``from_seq`` journal entries are the original's.
+
+        The rest runs live, on the code now loaded: for debugging an agent from
+        its third model call with changed code.
+        """
+        new_id = workflow_id_new or f"{workflow_id}-fork-{uuid.uuid4().hex[:8]}"
+        await self._call(self._store.store.fork, workflow_id, from_seq, new_id, self.clock())
+        self._kick_recovery()
+        return WorkflowHandle(self, new_id)
+
     # --- recovery ----------------------------------------------------------------------
 
     async def recover(self) -> list[str]:
@@ -271,7 +349,7 @@ class Engine:
         for candidate in await self._call(store.claimable, now, 500, write=False):
             if candidate.workflow_id in self._tasks:
                 continue
-            definition = workflow.registered(candidate.name)
+            definition = workflows.registered(candidate.name)
             if definition is None or definition.version != candidate.version:
                 continue
             info = await self._call(
@@ -287,11 +365,24 @@ class Engine:
         if self._kick is not None:
             self._kick.set()
 
+    def _wake_later(self, wake_at: float | None) -> None:
+        """A run parked until ``wake_at``: claim it back then, from this process."""
+        if wake_at is not None:
+            delay = max(0.0, wake_at - self.clock())
+            asyncio.get_running_loop().call_later(delay, self._kick_recovery)
+
     async def _recovery_loop(self) -> None:
         assert self._kick is not None
         while True:
+            timeout = self.poll_interval
+            try:
+                due = await self._call(self._store.store.next_wake, write=False)
+                if due is not None:
+                    timeout = min(timeout, max(0.0, due - self.clock()))
+            except errors.StoreError as exc:
+                log.warning("cannot read the next wake-up: %s", exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), timeout=self.poll_interval)
+                await asyncio.wait_for(self._kick.wait(), timeout=timeout)
             self._kick.clear()
             try:
                 await self.recover()
@@ -315,7 +406,7 @@ class Engine:
         self,
         services: runtime.Services,
         info: journal.WorkflowInfo,
-        definition: workflow.WorkflowDefinition,
+        definition: workflows.WorkflowDefinition,
     ) -> None:
         task = asyncio.create_task(
             self._drive(services, info, definition), name=f"durably:{info.workflow_id}"
@@ -327,63 +418,22 @@ class Engine:
         self,
         services: runtime.Services,
         info: journal.WorkflowInfo,
-        definition: workflow.WorkflowDefinition,
+        definition: workflows.WorkflowDefinition,
     ) -> None:
         wid = info.workflow_id
         history = await self._call(self._store.store.load_history, wid, write=False)
-        run = runtime.Run(services, info, history)
+        live = runtime.Run(services, info, history)
+        self._runs[wid] = live
         try:
-            if info.crash_count > self.max_recoveries:
-                await run.finish(journal.Status.FAILED, None, self._poison(info, history))
-                return
-            try:
-                call = codec.decode(info.input, where=f"workflow {wid!r} input")
-                assert isinstance(call, dict)
-            except errors.DecodeError as exc:
-                log.error("cannot resume %s: %s", wid, exc)
-                await self._call(self._store.store.release, wid, run.epoch, self.clock())
-                return
-            context.current_run.set(run)
-            result = await definition.fn(*call["args"], **call["kwargs"])
-            run.replayer.check_finished()
-            output = codec.encode(result, where=f"workflow {definition.name!r} ({wid!r}) result")
-            faults.reached("before_finish", definition.name)
-            await run.finish(journal.Status.COMPLETED, output, None)
-        except runtime.Suspended:
-            log.info("workflow %s suspended", wid)
-        except errors.FencedError as exc:
-            log.warning("workflow %s: %s", wid, exc)
-        except Exception as exc:
-            await self._fail(run, exc)
-
-    def _poison(self, info: journal.WorkflowInfo, history: list[journal.Entry]) -> str:
-        last = history[-1].describe() + f" at seq {history[-1].seq}" if history else "its start"
-        return _error_payload(
-            errors.WorkflowFailed(
-                f"workflow {info.workflow_id!r} crashed its executor {info.crash_count} times "
-                f"in a row without progress (limit {self.max_recoveries}); the last journal "
-                f"entry is {last}"
-            )
-        )
-
-    async def _fail(self, run: runtime.Run, exc: Exception) -> None:
-        diverged = run.replayer.diverged
-        if diverged is not None or isinstance(exc, errors.NonDeterminismError):
-            status, err = journal.Status.DIVERGED, diverged or exc
-            log.error("workflow %s diverged: %s", run.workflow_id, err)
-        elif isinstance(exc, errors.StoreError):
-            log.error("workflow %s stopped, the database failed: %s", run.workflow_id, exc)
-            return  # nothing can be written; recovery will resume it from its journal
-        else:
-            status, err = journal.Status.FAILED, exc
-        try:
-            await run.finish(status, None, _error_payload(err))
-        except errors.StoreError as store_exc:
-            log.error("could not record the end of workflow %s: %s", run.workflow_id, store_exc)
-
-
-def _error_payload(exc: BaseException) -> str:
-    return codec.encode(codec.encode_error(exc), where="workflow error")
+            await driver.drive(live, info, definition, history, self.max_recoveries)
+        finally:
+            self._runs.pop(wid, None)
+        if info.parent_id is not None and live.retired and not live.parked:
+            parent = self._runs.get(info.parent_id)
+            if parent is not None:
+                parent.poke(journal.Kind.JOIN, wid)
+            else:
+                self._kick_recovery()
 
 
 def run(

@@ -42,6 +42,12 @@ class Kind(enum.StrEnum):
     NOW = "now"
     RANDOM = "random"
     UUID4 = "uuid4"
+    SLEEP = "sleep"  # wake_at holds the absolute wake-up time
+    SIGNAL = "signal"  # name is the signal's name; payload what was received
+    EVENT = "event"  # name is the key; payload the value published
+    CHILD = "child"  # name is the child workflow's name; payload its id
+    JOIN = "join"  # name is the child's id; payload its outcome
+    CANCEL = "cancel"  # the cancellation was delivered at this seq
 
 
 class EntryStatus(enum.StrEnum):
@@ -51,6 +57,7 @@ class EntryStatus(enum.StrEnum):
     RETRYING = "retrying"  # the last attempt failed; the next one is due at wake_at
     COMPLETED = "completed"  # the receipt: payload holds the result
     FAILED = "failed"  # final: payload holds the error, re-raised on every replay
+    TIMED_OUT = "timed_out"  # final: a wait whose deadline passed
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,6 +111,7 @@ class WorkflowInfo:
     parent_id: str | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    cancel_requested: int = 0
 
     @property
     def finished(self) -> bool:

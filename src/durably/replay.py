@@ -44,12 +44,14 @@ class Replayer:
         """What the journal holds at ``seq`` for this call, or None when it is new.
 
         Raises NonDeterminismError when the journal recorded another call there.
+        A ``cancel`` entry is returned whatever was asked: the caller raises
+        Cancelled there, as the first run did.
         """
         if self._diverged is not None:
             raise self._diverged
         entry = self._entries.get(seq)
-        if entry is None:
-            return None
+        if entry is None or entry.kind == journal.Kind.CANCEL:
+            return entry  # a cancellation delivered here stands in for any call
         if entry.kind != kind or entry.name != name:
             self._diverged = errors.NonDeterminismError(
                 self.workflow_id, seq, entry.describe(), journal.describe_call(kind, name)
@@ -72,8 +74,3 @@ class Replayer:
                 self.workflow_id, entry.seq, entry.describe(), None
             )
             raise self._diverged
-
-    @property
-    def replaying(self) -> bool:
-        """True while the code has not yet caught up with the journal."""
-        return any(seq > self._last_seq for seq in self._entries)

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import dataclasses
 import functools
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durably import codec, context, errors, faults, journal, replay
 from durably.storage import dispatch
 
 if TYPE_CHECKING:
-    from durably.step import StepDefinition
+    from durably.steps import StepDefinition
 
 T = TypeVar("T")
 
@@ -44,7 +45,20 @@ class Services:
     clock: Callable[[], float]
     step_threads: concurrent.futures.ThreadPoolExecutor
     stopping: asyncio.Event
+    on_park: Callable[[float | None], None] = lambda wake_at: None
+    on_child: Callable[[str], None] = lambda child_id: None
+    hold_seconds: float = 1.0  # how long a blocked run stays in memory before it parks
     commit_patience: float = 30.0  # seconds to wait out a locked or unreachable database
+
+
+@dataclasses.dataclass(slots=True)
+class Block:
+    """One branch of a run waiting for a timer, a signal or a child."""
+
+    future: asyncio.Future[None]
+    kind: str  # journal.Kind.SLEEP, SIGNAL or JOIN
+    key: str  # the signal's name or the child's id
+    wake_at: float | None
 
 
 class Run:
@@ -57,47 +71,67 @@ class Run:
         self.workflow_id = info.workflow_id
         self.epoch = info.epoch
         self.replayer = replay.Replayer(info.workflow_id, history)
+        self.parent_id = info.parent_id
         self.pending: list[journal.Entry] = []  # journaled values not yet committed
         self.lost: errors.FencedError | None = None
+        self.cancel_requested = bool(info.cancel_requested)
+        self.cancel_delivered = False
+        self.inflight = 0  # steps running and commits on their way
+        self.parked = False
+        self.retired = False
+        self._blocks: list[Block] = []
+        self._park_timer: asyncio.TimerHandle | None = None
+        self._parking = False
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # --- commits --------------------------------------------------------------
 
     async def commit(self, *entries: journal.Entry) -> None:
         """Commit entries (and any pending journaled values) fenced by this run's epoch."""
-        batch = [*self.pending, *entries]
+        batch = [*self.take_pending(), *entries]
         store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
-        await self._fenced(lambda now: store.append_entries(wid, epoch, batch, now))
-        self.pending.clear()
+        if await self.store_op(lambda now: store.append_entries(wid, epoch, batch, now)):
+            self.cancel_requested = True
         for entry in batch:
             self.replayer.record(entry)
 
     async def finish(self, status: str, output: str | None, error: str | None) -> None:
         """Commit the final status with any pending journaled values."""
-        batch = list(self.pending)
+        batch = self.take_pending()
         store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
-        await self._fenced(
+        await self.store_op(
             lambda now: store.finish_workflow(wid, epoch, status, output, error, batch, now)
         )
-        self.pending.clear()
 
-    async def _fenced(self, write: Callable[[float], None]) -> None:
-        """Run a fenced write on the store thread, waiting out a locked database a while."""
+    def take_pending(self) -> list[journal.Entry]:
+        """Hand over the uncommitted journaled values to the commit about to be made."""
+        batch, self.pending = self.pending, []
+        return batch
+
+    async def store_op(self, write: Callable[[float], T]) -> T:
+        """Run a fenced write on the store thread, waiting out a locked database a while.
+
+        Counts as activity: a run never parks while one is on its way.
+        """
         if self.lost is not None:
             raise self.lost
+        if self.retired or self.parked:
+            raise Suspended("this run has let go of the workflow")
         delay, waited = 0.05, 0.0
-        while True:
-            try:
-                await self.services.store.call(write, self.services.clock())
-                return
-            except errors.FencedError as exc:
-                self.lost = exc
-                raise
-            except _TRANSIENT:
-                if waited >= self.services.commit_patience:
+        with self.active():
+            while True:
+                try:
+                    return await self.services.store.call(write, self.services.clock())
+                except errors.FencedError as exc:
+                    self.lost = exc
                     raise
-                await asyncio.sleep(delay)
-                waited += delay
-                delay = min(delay * 2, 2.0)
+                except _TRANSIENT:
+                    if waited >= self.services.commit_patience:
+                        raise
+                    await asyncio.sleep(delay)
+                    waited += delay
+                    delay = min(delay * 2, 2.0)
 
     async def flush(self) -> None:
         """Commit pending journaled values now (before a step may observe them)."""
@@ -108,9 +142,8 @@ class Run:
 
     def journal_value(self, kind: journal.Kind, make: Callable[[], T]) -> T:
         """Return the recorded value at the next seq, or make, record and return a new one."""
-        self._check_usable()
-        seq = self.replayer.next_seq()
-        entry = self.replayer.lookup(seq, kind, "")
+        seq = self.take_seq()
+        entry = self.lookup(seq, kind, "")
         if entry is not None:
             return codec.decode(entry.payload or "null", where=f"{kind} at seq {seq}")  # type: ignore[return-value]
         value = make()
@@ -127,13 +160,18 @@ class Run:
         self, step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Coroutine[Any, Any, Any]:
         """Take the step's seq now, in program order, and return the awaitable that runs it."""
-        self._check_usable()
-        return self._step(self.replayer.next_seq(), step, args, kwargs)
+        return self._step(self.take_seq(), step, args, kwargs)
 
     async def _step(
         self, seq: int, step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        entry = self.replayer.lookup(seq, journal.Kind.STEP, step.name)
+        with self.active():
+            return await self._run_step(seq, step, args, kwargs)
+
+    async def _run_step(
+        self, seq: int, step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        entry = self.lookup(seq, journal.Kind.STEP, step.name)
         where = f"step {step.name!r} (workflow {self.workflow_id!r}, seq {seq})"
         attempt = 1
         if entry is not None:
@@ -261,15 +299,161 @@ class Run:
             return
         raise Suspended(f"engine stopping during the back-off of step {name!r}")
 
-    def _check_usable(self) -> None:
+    def _check_stopping(self) -> None:
+        if self.services.stopping.is_set():
+            raise Suspended("engine stopping")
+
+    # --- seqs, cancellation ---------------------------------------------------------
+
+    def take_seq(self) -> int:
+        """The next seq, for a durable call made now; refuses once the run cannot go on."""
         if self.lost is not None:
             raise self.lost
         if self.replayer.diverged is not None:
             raise self.replayer.diverged
+        if self.parked or self.retired:
+            raise Suspended("this run has let go of the workflow")
+        return self.replayer.next_seq()
 
-    def _check_stopping(self) -> None:
-        if self.services.stopping.is_set():
-            raise Suspended("engine stopping")
+    def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
+        """The journal's entry for this call, delivering a requested cancellation here.
+
+        A cancellation is delivered once, at the first call that is not already
+        final in the journal, and journaled there so a replay raises it at the
+        same seq.
+        """
+        entry = self.replayer.lookup(seq, kind, name)
+        if entry is not None and entry.kind == journal.Kind.CANCEL:
+            self.cancel_delivered = True
+            raise errors.Cancelled(f"workflow {self.workflow_id!r} was cancelled (seq {seq})")
+        if entry is None or entry.status not in _FINAL:
+            self.cancel_point(seq)
+        return entry
+
+    def cancel_point(self, seq: int) -> None:
+        """Raise Cancelled at ``seq`` if cancellation was requested and not yet delivered."""
+        if not self.cancel_requested or self.cancel_delivered:
+            return
+        self.cancel_delivered = True
+        now = self.services.clock()
+        marker = journal.Entry(
+            seq, journal.Kind.CANCEL, "", journal.EntryStatus.COMPLETED, 1, None, now, now
+        )
+        self.pending.append(marker)
+        self.replayer.record(marker)
+        raise errors.Cancelled(f"workflow {self.workflow_id!r} was cancelled (seq {seq})")
+
+    def request_cancel(self) -> None:
+        """Cancellation was requested while this run is live: wake its waits to deliver it."""
+        self.cancel_requested = True
+        self.poke()
+
+    # --- blocking and parking -------------------------------------------------------
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Mark work in progress: a run with work in progress never parks."""
+        self.inflight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+                if self._blocks:
+                    self._schedule_park()
+
+    async def wait_idle(self) -> None:
+        """Wait until no step or commit of this run is on its way."""
+        await self._idle.wait()
+
+    async def block(self, kind: str, key: str, wake_at: float | None) -> None:
+        """Wait until poked, until ``wake_at``, or until the run parks (raises Suspended)."""
+        if self.parked or self.retired:
+            raise Suspended("this run has let go of the workflow")
+        loop = asyncio.get_running_loop()
+        block = Block(loop.create_future(), kind, key, wake_at)
+        self._blocks.append(block)
+        timer = None
+        if wake_at is not None:
+            timer = loop.call_later(max(0.0, wake_at - self.services.clock()), _wake, block.future)
+        if self.inflight == 0:
+            self._schedule_park()
+        try:
+            await block.future
+        finally:
+            self._blocks.remove(block)
+            if timer is not None:
+                timer.cancel()
+
+    def poke(self, kind: str | None = None, key: str | None = None) -> None:
+        """Wake the waits of this run (all, or those for one signal or child) to re-check."""
+        for block in list(self._blocks):
+            if kind is None or (block.kind == kind and block.key == key):
+                _wake(block.future)
+
+    def _schedule_park(self) -> None:
+        if self._park_timer is not None or self.parked or self._parking:
+            return
+        wakes = [b.wake_at for b in self._blocks]
+        now = self.services.clock()
+        hold = 0.0 if self.services.stopping.is_set() else self.services.hold_seconds
+        if wakes and all(w is not None and w - now <= hold for w in wakes):
+            return  # every wait ends soon: cheaper to stay than to park and replay
+        loop = asyncio.get_running_loop()
+        self._park_timer = loop.call_later(hold, lambda: loop.create_task(self._park()))
+
+    async def _park(self) -> None:
+        self._park_timer = None
+        if self.parked or self.retired or self.inflight or not self._blocks:
+            return
+        self._parking = True
+        try:
+            await self._park_now()
+        finally:
+            self._parking = False
+
+    async def _park_now(self) -> None:
+        waits = list(self._blocks)
+        waiting = any(b.kind != journal.Kind.SLEEP for b in waits)
+        status = journal.Status.WAITING if waiting else journal.Status.SLEEPING
+        wake_at = min((b.wake_at for b in waits if b.wake_at is not None), default=None)
+        signals = sorted({b.key for b in waits if b.kind == journal.Kind.SIGNAL})
+        children = sorted({b.key for b in waits if b.kind == journal.Kind.JOIN})
+        batch = self.take_pending()
+        store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
+        try:
+            parked = await self.store_op(
+                lambda now: store.park(wid, epoch, status, wake_at, batch, signals, children, now)
+            )
+        except (errors.StoreError, Suspended):
+            parked = True  # nothing more can be written: let the waits unwind
+        if not parked:  # a signal or a child arrived meanwhile: look again
+            self.poke()
+            return
+        self.parked = True
+        for block in waits:
+            if not block.future.done():
+                block.future.set_exception(Suspended(f"parked {status}"))
+        self.services.on_park(wake_at)
+
+    def retire(self) -> None:
+        """The workflow task ended: refuse every later write of this run."""
+        self.retired = True
+        if self._park_timer is not None:
+            self._park_timer.cancel()
+            self._park_timer = None
+
+
+_FINAL = frozenset(
+    {journal.EntryStatus.COMPLETED, journal.EntryStatus.FAILED, journal.EntryStatus.TIMED_OUT}
+)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _encode_error(exc: BaseException) -> str:

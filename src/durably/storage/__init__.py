@@ -22,4 +22,17 @@ def create_store(url: str) -> base.Store:
         from durably.storage import sqlite
 
         return sqlite.SqliteStore(url)
-    raise errors.DurablyError(f"unsupported database URL {url!r}: use sqlite:///path/to/file.db")
+    if scheme in {"postgresql", "postgres"}:
+        try:
+            from durably.storage import postgres
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("psycopg"):
+                raise
+            raise errors.DurablyError(
+                "a postgresql:// database needs psycopg: pip install 'durably[postgres]'"
+            ) from None
+        return postgres.PostgresStore(url)
+    raise errors.DurablyError(
+        f"unsupported database URL scheme {scheme!r}: use sqlite:///path/to/file.db "
+        "or postgresql://user@host/dbname"
+    )

@@ -130,11 +130,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def append_entries(
         self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
-    ) -> None:
+    ) -> bool:
         """Write journal entries if the epoch still owns the workflow.
 
         Raises FencedError otherwise. An entry replaces the one at its seq only
-        while that one is not final (completed or failed).
+        while that one is not final (completed, failed, timed out). An ``event``
+        entry also publishes its value. Returns whether cancellation was requested.
         """
 
     @abc.abstractmethod
@@ -148,7 +149,108 @@ class Store(abc.ABC):
         entries: Sequence[journal.Entry],
         now: float,
     ) -> None:
-        """Write the last entries and the final status, fenced; the owner lets go."""
+        """Write the last entries and the final status, fenced; the owner lets go.
+
+        A parent waiting for this workflow is woken.
+        """
+
+    # --- waiting (fenced like the journal) -----------------------------------------
+
+    @abc.abstractmethod
+    def park(
+        self,
+        workflow_id: str,
+        epoch: int,
+        status: str,
+        wake_at: float | None,
+        entries: Sequence[journal.Entry],
+        signals: Sequence[str],
+        children: Sequence[str],
+        now: float,
+    ) -> bool:
+        """Write entries and let go of a blocked workflow, ``sleeping`` or ``waiting``
+        until ``wake_at`` (with None, until a signal or a child wakes it).
+
+        Returns False, without letting go, when one of the awaited ``signals``
+        is already there or one of the awaited ``children`` has finished: the
+        caller looks again instead of sleeping through it.
+        """
+
+    @abc.abstractmethod
+    def next_wake(self) -> float | None:
+        """The earliest wake-up time of any sleeping or waiting workflow."""
+
+    @abc.abstractmethod
+    def receive_signal(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> journal.Entry:
+        """Consume the oldest unconsumed signal named ``wait.name`` into the wait's entry.
+
+        Returns the entry as written: completed with the payload, timed out
+        when ``wait.wake_at`` (the deadline) has passed, or ``wait`` itself
+        (still started) when there is nothing yet.
+        """
+
+    @abc.abstractmethod
+    def send_signal(
+        self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
+    ) -> bool:
+        """Keep a signal for the workflow and wake it if it waits; False for a repeated key."""
+
+    @abc.abstractmethod
+    def get_event(self, workflow_id: str, key: str) -> str | None:
+        """The value the workflow last published under ``key``, or None."""
+
+    @abc.abstractmethod
+    def start_child(
+        self,
+        workflow_id: str,
+        epoch: int,
+        entries: Sequence[journal.Entry],
+        child: NewWorkflow,
+        now: float,
+    ) -> journal.WorkflowInfo:
+        """Journal the start of a child and create it pending (unless it exists); its row."""
+
+    @abc.abstractmethod
+    def join_child(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> journal.Entry:
+        """Record the outcome of child ``wait.name`` if it finished; the entry as written."""
+
+    # --- operator verbs --------------------------------------------------------------
+
+    @abc.abstractmethod
+    def request_cancel(self, workflow_id: str, now: float) -> list[str]:
+        """Ask the workflow and its unfinished children to stop; the ids asked."""
+
+    @abc.abstractmethod
+    def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:
+        """Make a failed, cancelled or diverged workflow pending again (``resume``).
+
+        A cancelled one continues from where the cancellation reached it; a
+        failed one gives the step that failed it one more attempt.
+        """
+
+    @abc.abstractmethod
+    def fork(
+        self, workflow_id: str, from_seq: int, new_id: str, now: float
+    ) -> journal.WorkflowInfo:
+        """A new pending workflow with the same input and the first ``from_seq`` entries."""
+
+    @abc.abstractmethod
+    def list_signals(self, workflow_id: str) -> list[dict[str, Any]]:
+        """Every signal sent to the workflow, consumed or not."""
 
     # --- executors ---------------------------------------------------------------
 

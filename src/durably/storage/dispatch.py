@@ -95,6 +95,10 @@ class StoreThread:
         self.store.close()
 
     def _run(self, batch: list[Any]) -> None:
+        # A caller that was cancelled while queued (e.g. Engine.close cancelling a recovery
+        # pass) gets nothing run; the rest can no longer be cancelled, so set_result below
+        # cannot raise InvalidStateError and kill this thread.
+        batch = [item for item in batch if item[1].set_running_or_notify_cancel()]
         raw = [(op, fut) for op, fut, is_raw in batch if is_raw]
         txn = [(op, fut) for op, fut, is_raw in batch if not is_raw]
         for op, _ in raw:  # open/migrate manage their own transactions

@@ -12,12 +12,14 @@ ON CONFLICT (workflow_id) DO NOTHING
 
 -- name: get_workflow
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
-       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
+       cancel_requested
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: list_workflows
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
-       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
+       cancel_requested
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -26,10 +28,11 @@ LIMIT :limit
 
 -- name: claimable
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
-       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
+       cancel_requested
 FROM workflows
-WHERE status IN ('pending', 'running')
-  AND (owner IS NULL OR lease_expires_at < :now)
+WHERE (status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
+   OR (status IN ('sleeping', 'waiting') AND wake_at <= :now)
 ORDER BY created_at
 LIMIT :limit
 
@@ -50,6 +53,7 @@ FROM claims WHERE workflow_id = :workflow_id ORDER BY epoch
 -- name: fence
 UPDATE workflows SET crash_count = 0, updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
+RETURNING cancel_requested
 
 -- name: owner_of
 SELECT owner, epoch, status FROM workflows WHERE workflow_id = :workflow_id
@@ -63,8 +67,9 @@ ON CONFLICT (workflow_id, seq) DO UPDATE
 SET status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
     started_at = excluded.started_at, finished_at = excluded.finished_at,
     wake_at = excluded.wake_at
-WHERE journal.status NOT IN ('completed', 'failed')
-  AND journal.kind = excluded.kind AND journal.name = excluded.name
+WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
+  AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
+       OR excluded.kind = 'cancel')
 
 -- name: load_history
 SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
@@ -117,3 +122,98 @@ CREATE TABLE IF NOT EXISTS durably_migrations (
     name       TEXT NOT NULL,
     applied_at DOUBLE PRECISION NOT NULL
 )
+
+-- name: park
+UPDATE workflows
+SET status = :status, wake_at = :wake_at, owner = NULL, lease_expires_at = NULL, updated_at = :now
+WHERE workflow_id = :workflow_id AND epoch = :epoch
+
+-- name: next_wake
+SELECT MIN(wake_at) FROM workflows WHERE status IN ('sleeping', 'waiting') AND wake_at IS NOT NULL
+
+-- name: wake
+UPDATE workflows
+SET wake_at = CASE WHEN status IN ('sleeping', 'waiting') THEN :now ELSE wake_at END,
+    updated_at = :now
+WHERE workflow_id = :workflow_id
+
+-- name: count_signal
+UPDATE workflows
+SET signal_count = signal_count + 1,
+    wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END,
+    updated_at = :now
+WHERE workflow_id = :workflow_id
+RETURNING signal_count, status
+
+-- name: signal_by_key
+SELECT num FROM signals WHERE workflow_id = :workflow_id AND idempotency_key = :idempotency_key
+
+-- name: insert_signal
+INSERT INTO signals (workflow_id, num, name, payload, idempotency_key, sent_at)
+VALUES (:workflow_id, :num, :name, :payload, :idempotency_key, :now)
+
+-- name: next_signal
+SELECT num, payload FROM signals
+WHERE workflow_id = :workflow_id AND name = :name AND consumed_seq IS NULL
+ORDER BY num
+LIMIT 1
+
+-- name: consume_signal
+UPDATE signals SET consumed_seq = :seq WHERE workflow_id = :workflow_id AND num = :num
+
+-- name: list_signals
+SELECT num, name, payload, idempotency_key, sent_at, consumed_seq
+FROM signals WHERE workflow_id = :workflow_id ORDER BY num
+
+-- name: publish_event
+INSERT INTO events (workflow_id, key, value, seq, updated_at)
+VALUES (:workflow_id, :key, :value, :seq, :now)
+ON CONFLICT (workflow_id, key) DO UPDATE
+SET value = excluded.value, seq = excluded.seq, updated_at = excluded.updated_at
+
+-- name: get_event
+SELECT value FROM events WHERE workflow_id = :workflow_id AND key = :key
+
+-- name: create_child
+INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, owner, epoch,
+                       lease_expires_at, crash_count, parent_id, created_at, updated_at)
+VALUES (:workflow_id, :name, :version, :source_hash, 'pending', :input, NULL, 0,
+        NULL, 0, :parent_id, :now, :now)
+ON CONFLICT (workflow_id) DO NOTHING
+
+-- name: wake_parent
+UPDATE workflows
+SET wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END, updated_at = :now
+WHERE workflow_id = (SELECT parent_id FROM workflows WHERE workflow_id = :workflow_id)
+
+-- name: request_cancel
+UPDATE workflows
+SET cancel_requested = 1,
+    wake_at = CASE WHEN status IN ('sleeping', 'waiting') THEN :now ELSE wake_at END,
+    updated_at = :now
+WHERE workflow_id = :workflow_id
+  AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
+
+-- name: unfinished_children
+SELECT workflow_id FROM workflows
+WHERE parent_id = :workflow_id
+  AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
+
+-- name: reopen
+UPDATE workflows
+SET status = 'pending', owner = NULL, lease_expires_at = NULL, output = NULL, error = NULL,
+    crash_count = 0, cancel_requested = 0, wake_at = NULL, updated_at = :now
+WHERE workflow_id = :workflow_id
+
+-- name: delete_entries_from
+DELETE FROM journal WHERE workflow_id = :workflow_id AND seq >= :seq
+
+-- name: retry_entry
+UPDATE journal SET status = 'retrying', wake_at = :now
+WHERE workflow_id = :workflow_id AND seq = :seq
+
+-- name: copy_entries
+INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
+                     finished_at, wake_at)
+SELECT :new_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+FROM journal WHERE workflow_id = :workflow_id AND seq <= :seq

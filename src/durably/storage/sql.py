@@ -8,7 +8,9 @@ spelled, how tables are listed and how driver errors map to durably's errors.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import importlib.resources
+import json
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,11 +43,14 @@ def load_migrations() -> list[tuple[int, str, str]]:
 
 
 def split_statements(sql: str) -> Iterator[str]:
-    """The statements of a migration file (no semicolons inside statements)."""
-    for statement in sql.split(";"):
-        lines = [ln for ln in statement.splitlines() if not ln.strip().startswith("--")]
-        if "".join(lines).strip():
-            yield "\n".join(lines)
+    """The statements of a migration file (no semicolons inside statements).
+
+    Comment lines go first, so a semicolon in a comment splits nothing.
+    """
+    code = "\n".join(ln for ln in sql.splitlines() if not ln.strip().startswith("--"))
+    for statement in code.split(";"):
+        if statement.strip():
+            yield statement.strip("\n")
 
 
 class SqlStore(base.Store):
@@ -80,6 +85,13 @@ class SqlStore(base.Store):
     def _rollback(self) -> None:
         """Abandon the open transaction, if any."""
 
+    def _lock_migrations(self) -> None:
+        """Make concurrent migrators wait for each other, inside the migration's transaction.
+
+        Nothing to do where ``_begin(write=True)`` already takes the database's
+        write lock (SQLite's BEGIN IMMEDIATE).
+        """
+
     @abc.abstractmethod
     def _table_names(self) -> set[str]:
         """Tables present in the database (to tell a foreign database from ours)."""
@@ -109,14 +121,19 @@ class SqlStore(base.Store):
         if len(ops) == 1:
             self._run_alone(ops[0])
             return
-        for op in ops:
-            self._execute("SAVEPOINT op")
-            try:
-                op.result = op.fn(*op.args)
-            except Exception as exc:
-                self._execute("ROLLBACK TO SAVEPOINT op")
-                op.error = self._translate(exc)
-            self._execute("RELEASE SAVEPOINT op")
+        try:
+            for op in ops:
+                self._execute("SAVEPOINT op")
+                try:
+                    op.result = op.fn(*op.args)
+                except Exception as exc:
+                    self._execute("ROLLBACK TO SAVEPOINT op")
+                    op.error = self._translate(exc)
+                self._execute("RELEASE SAVEPOINT op")
+        except Exception as exc:  # the transaction itself failed (a lost connection)
+            self._rollback()
+            self._fail_all(ops, self._translate(exc))
+            return
         self._finish(ops)
 
     def _run_alone(self, op: base.Op) -> None:
@@ -133,11 +150,15 @@ class SqlStore(base.Store):
             self._commit()
         except Exception as exc:
             self._rollback()
-            mapped = self._translate(exc)
-            for op in ops:
-                if op.error is None:
-                    op.error = mapped
-                    op.result = None
+            self._fail_all(ops, self._translate(exc))
+
+    @staticmethod
+    def _fail_all(ops: Sequence[base.Op], error: BaseException) -> None:
+        """Nothing of the transaction was committed: every op that had succeeded fails."""
+        for op in ops:
+            if op.error is None:
+                op.error = error
+                op.result = None
 
     # --- migrations ----------------------------------------------------------------
 
@@ -166,6 +187,7 @@ class SqlStore(base.Store):
             return []
         self._begin(True)
         try:
+            self._lock_migrations()
             self._q("create_migrations_table")
             # Another process may have migrated while we waited for the lock.
             applied = {int(r[0]) for r in self._q("applied_migrations").fetchall()}
@@ -288,9 +310,11 @@ class SqlStore(base.Store):
             for r in rows
         ]
 
-    def _fence(self, workflow_id: str, epoch: int, now: float) -> None:
-        if self._q("fence", workflow_id=workflow_id, epoch=epoch, now=now).rowcount == 1:
-            return
+    def _fence(self, workflow_id: str, epoch: int, now: float) -> bool:
+        """Check the epoch still owns the workflow (locking its row); return cancel_requested."""
+        rows = self._q("fence", workflow_id=workflow_id, epoch=epoch, now=now).fetchall()
+        if rows:
+            return bool(rows[0][0])
         row = self._q("owner_of", workflow_id=workflow_id).fetchone()
         if row is None:
             raise errors.WorkflowNotFound(f"no workflow {workflow_id!r} in {self.url}")
@@ -299,7 +323,7 @@ class SqlStore(base.Store):
             f"status {row[2]}); this executor held epoch {epoch} and must stop"
         )
 
-    def _upsert(self, workflow_id: str, entries: Sequence[journal.Entry]) -> None:
+    def _upsert(self, workflow_id: str, entries: Sequence[journal.Entry], now: float) -> None:
         for e in entries:
             cursor = self._q(
                 "upsert_entry",
@@ -319,12 +343,22 @@ class SqlStore(base.Store):
                     f"workflow {workflow_id!r} seq {e.seq} already holds a final or a "
                     f"different entry; refusing to overwrite it with {e.describe()}"
                 )
+            if e.kind == journal.Kind.EVENT and e.payload is not None:
+                self._q(
+                    "publish_event",
+                    workflow_id=workflow_id,
+                    key=e.name,
+                    value=e.payload,
+                    seq=e.seq,
+                    now=now,
+                )
 
     def append_entries(
         self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
-    ) -> None:
-        self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries)
+    ) -> bool:
+        cancel = self._fence(workflow_id, epoch, now)
+        self._upsert(workflow_id, entries, now)
+        return cancel
 
     def finish_workflow(
         self,
@@ -337,7 +371,7 @@ class SqlStore(base.Store):
         now: float,
     ) -> None:
         self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries)
+        self._upsert(workflow_id, entries, now)
         self._q(
             "finish_workflow",
             status=status,
@@ -347,6 +381,196 @@ class SqlStore(base.Store):
             workflow_id=workflow_id,
             epoch=epoch,
         )
+        self._q("wake_parent", workflow_id=workflow_id, now=now)
+
+    # --- waiting ------------------------------------------------------------------------
+
+    def park(
+        self,
+        workflow_id: str,
+        epoch: int,
+        status: str,
+        wake_at: float | None,
+        entries: Sequence[journal.Entry],
+        signals: Sequence[str],
+        children: Sequence[str],
+        now: float,
+    ) -> bool:
+        self._fence(workflow_id, epoch, now)
+        self._upsert(workflow_id, entries, now)
+        for name in signals:
+            if self._q("next_signal", workflow_id=workflow_id, name=name).fetchone():
+                return False
+        for child_id in children:
+            child = self.get_workflow(child_id)
+            if child is None or child.finished:
+                return False
+        self._q(
+            "park", status=status, wake_at=wake_at, now=now, workflow_id=workflow_id, epoch=epoch
+        )
+        return True
+
+    def next_wake(self) -> float | None:
+        row = self._q("next_wake").fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def receive_signal(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> journal.Entry:
+        self._fence(workflow_id, epoch, now)
+        found = self._q("next_signal", workflow_id=workflow_id, name=wait.name).fetchone()
+        if found is not None:
+            self._q("consume_signal", workflow_id=workflow_id, num=found[0], seq=wait.seq)
+            final = dataclasses.replace(
+                wait, status=journal.EntryStatus.COMPLETED, payload=found[1], finished_at=now
+            )
+        elif wait.wake_at is not None and now >= wait.wake_at:
+            final = dataclasses.replace(wait, status=journal.EntryStatus.TIMED_OUT, finished_at=now)
+        else:
+            final = wait
+        self._upsert(workflow_id, [*entries, final], now)
+        return final
+
+    def send_signal(
+        self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
+    ) -> bool:
+        if idempotency_key is not None:
+            dup = self._q(
+                "signal_by_key", workflow_id=workflow_id, idempotency_key=idempotency_key
+            ).fetchone()
+            if dup is not None:
+                return False
+        rows = self._q("count_signal", workflow_id=workflow_id, now=now).fetchall()
+        if not rows:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        self._q(
+            "insert_signal",
+            workflow_id=workflow_id,
+            num=int(rows[0][0]),
+            name=name,
+            payload=payload,
+            idempotency_key=idempotency_key,
+            now=now,
+        )
+        return True
+
+    def get_event(self, workflow_id: str, key: str) -> str | None:
+        row = self._q("get_event", workflow_id=workflow_id, key=key).fetchone()
+        return None if row is None else str(row[0])
+
+    def start_child(
+        self,
+        workflow_id: str,
+        epoch: int,
+        entries: Sequence[journal.Entry],
+        child: base.NewWorkflow,
+        now: float,
+    ) -> journal.WorkflowInfo:
+        self._fence(workflow_id, epoch, now)
+        self._upsert(workflow_id, entries, now)
+        self._q(
+            "create_child",
+            workflow_id=child.workflow_id,
+            name=child.name,
+            version=child.version,
+            source_hash=child.source_hash,
+            input=child.input,
+            parent_id=workflow_id,
+            now=now,
+        )
+        row = self.get_workflow(child.workflow_id)
+        assert row is not None
+        return row
+
+    def join_child(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> journal.Entry:
+        self._fence(workflow_id, epoch, now)
+        child = self.get_workflow(wait.name)
+        if child is not None and child.finished:
+            outcome = {"status": child.status, "output": child.output, "error": child.error}
+            final = dataclasses.replace(
+                wait,
+                status=journal.EntryStatus.COMPLETED,
+                payload=json.dumps(outcome, separators=(",", ":")),
+                finished_at=now,
+            )
+        else:
+            final = wait
+        self._upsert(workflow_id, [*entries, final], now)
+        return final
+
+    # --- operator verbs -----------------------------------------------------------------
+
+    def request_cancel(self, workflow_id: str, now: float) -> list[str]:
+        if self.get_workflow(workflow_id) is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        cancelled: list[str] = []
+        todo = [workflow_id]
+        while todo:
+            wid = todo.pop()
+            if self._q("request_cancel", workflow_id=wid, now=now).rowcount == 1:
+                cancelled.append(wid)
+            todo.extend(str(r[0]) for r in self._q("unfinished_children", workflow_id=wid))
+        return cancelled
+
+    def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:
+        info = self.get_workflow(workflow_id)
+        if info is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        if info.status not in (
+            journal.Status.FAILED,
+            journal.Status.CANCELLED,
+            journal.Status.DIVERGED,
+        ):
+            raise errors.DurablyError(
+                f"workflow {workflow_id!r} is {info.status}; only a failed, cancelled or "
+                "diverged workflow can be resumed"
+            )
+        history = self.load_history(workflow_id)
+        cancels = [e.seq for e in history if e.kind == journal.Kind.CANCEL]
+        if cancels:  # continue from where the cancellation stopped it
+            self._q("delete_entries_from", workflow_id=workflow_id, seq=min(cancels))
+        elif info.status == journal.Status.FAILED:
+            failed = [
+                e.seq
+                for e in history
+                if e.kind == journal.Kind.STEP and e.status == journal.EntryStatus.FAILED
+            ]
+            if failed:  # give the step that failed the workflow another try
+                self._q("retry_entry", workflow_id=workflow_id, seq=max(failed), now=now)
+        self._q("reopen", workflow_id=workflow_id, now=now)
+        reopened = self.get_workflow(workflow_id)
+        assert reopened is not None
+        return reopened
+
+    def fork(
+        self, workflow_id: str, from_seq: int, new_id: str, now: float
+    ) -> journal.WorkflowInfo:
+        info = self.get_workflow(workflow_id)
+        if info is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        new = base.NewWorkflow(new_id, info.name, info.input, info.version, info.source_hash)
+        forked, created = self.create_workflow(new, None, None, now)
+        if not created:
+            raise errors.WorkflowIdConflict(f"workflow id {new_id!r} is already taken")
+        self._q("copy_entries", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
+        return forked
+
+    def list_signals(self, workflow_id: str) -> list[dict[str, Any]]:
+        rows = self._q("list_signals", workflow_id=workflow_id).fetchall()
+        keys = ("num", "name", "payload", "idempotency_key", "sent_at", "consumed_seq")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
 
     # --- executors ---------------------------------------------------------------------
 

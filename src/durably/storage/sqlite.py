@@ -56,11 +56,13 @@ class SqliteStore(sql.SqlStore):
                 self.path, isolation_level=None, check_same_thread=False, timeout=0
             )
             self._execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+            self._execute(f"PRAGMA synchronous = {self.synchronous}")
+            # Migrate first: it refuses a foreign database before anything is written,
+            # whereas switching to WAL rewrites the file header.
+            self.migrate()
             mode = self._execute("PRAGMA journal_mode").fetchone()[0]
             if str(mode).lower() != "wal":
                 self._execute("PRAGMA journal_mode = WAL")
-            self._execute(f"PRAGMA synchronous = {self.synchronous}")
-            self.migrate()
         except sqlite3.Error as exc:
             self.close()
             raise self._map_error(exc) from exc

@@ -1,0 +1,83 @@
+"""Driving one workflow run from its first line to its end, park or suspension.
+
+The engine hands a claimed workflow here. The driver replays it against its
+journal, records how it ended (completed, failed, cancelled, diverged), and
+leaves the row alone when the run parked, was suspended by a stopping engine,
+or lost its lease.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from durably import codec, context, errors, faults, journal, runtime, workflows
+
+log = logging.getLogger("durably")
+
+
+async def drive(
+    run: runtime.Run,
+    info: journal.WorkflowInfo,
+    definition: workflows.WorkflowDefinition,
+    history: list[journal.Entry],
+    max_recoveries: int,
+) -> None:
+    """Run the workflow function under ``run`` and record its end."""
+    wid = info.workflow_id
+    try:
+        if info.crash_count > max_recoveries:
+            await run.finish(journal.Status.FAILED, None, _poison(info, history, max_recoveries))
+            return
+        call = codec.decode(info.input, where=f"workflow {wid!r} input")
+        if not isinstance(call, dict):
+            raise errors.DecodeError(f"workflow {wid!r} input is not an argument record")
+        context.current_run.set(run)
+        result = await definition.fn(*call["args"], **call["kwargs"])
+        run.replayer.check_finished()
+        output = codec.encode(result, where=f"workflow {definition.name!r} ({wid!r}) result")
+        faults.reached("before_finish", definition.name)
+        await run.finish(journal.Status.COMPLETED, output, None)
+    except runtime.Suspended:
+        await run.wait_idle()  # steps of other branches finish and commit first
+        log.info("workflow %s let go (%s)", wid, "parked" if run.parked else "suspended")
+    except errors.FencedError as exc:
+        log.warning("workflow %s: %s", wid, exc)
+    except Exception as exc:
+        await _fail(run, exc)
+    finally:
+        run.retire()
+
+
+def _poison(info: journal.WorkflowInfo, history: list[journal.Entry], limit: int) -> str:
+    last = f"{history[-1].describe()} at seq {history[-1].seq}" if history else "its start"
+    return error_payload(
+        errors.WorkflowFailed(
+            f"workflow {info.workflow_id!r} crashed its executor {info.crash_count} times "
+            f"in a row without progress (limit {limit}); the last journal entry is {last}"
+        )
+    )
+
+
+async def _fail(run: runtime.Run, exc: Exception) -> None:
+    diverged = run.replayer.diverged
+    status: str
+    err: BaseException
+    if diverged is not None or isinstance(exc, errors.NonDeterminismError):
+        status, err = journal.Status.DIVERGED, diverged or exc
+        log.error("workflow %s diverged: %s", run.workflow_id, err)
+    elif isinstance(exc, errors.StoreError):
+        log.error("workflow %s stopped, the database failed: %s", run.workflow_id, exc)
+        return  # nothing can be written; recovery will resume it from its journal
+    elif isinstance(exc, errors.Cancelled) and run.cancel_delivered:
+        status, err = journal.Status.CANCELLED, exc
+    else:
+        status, err = journal.Status.FAILED, exc
+    try:
+        await run.finish(status, None, error_payload(err))
+    except (errors.StoreError, runtime.Suspended) as store_exc:
+        log.error("could not record the end of workflow %s: %s", run.workflow_id, store_exc)
+
+
+def error_payload(exc: BaseException) -> str:
+    """An exception as the JSON text stored in a workflow's error column."""
+    return codec.encode(codec.encode_error(exc), where="workflow error")

@@ -1,0 +1,262 @@
+"""The PostgreSQL dialect: one database shared by several processes or machines.
+
+``postgresql://user:password@host:port/dbname`` (``postgres://`` works too), with
+any libpq parameter in the query string (``sslmode=require``,
+``host=/run/postgresql`` for a unix socket, ``connect_timeout=5``, ...). Left
+unset, durably sends ``connect_timeout=10``, ``application_name=durably`` and
+``options=-c lock_timeout=5000`` (a row stays locked by another executor's
+transaction for at most 5 s before the verb fails with DatabaseLocked, as a
+SQLite file stays busy for at most ``busy_timeout``).
+
+Transactions. The connection is in autocommit mode and every batch opens its
+own transaction with an explicit ``BEGIN``, exactly as the SQLite dialect does,
+so the transaction boundaries are the ones :meth:`SqlStore.run_batch` draws and
+nothing is begun behind its back. Isolation is READ COMMITTED: every verb that
+decides on a row does so in one conditional UPDATE (``claim``, the fence of
+``append_entries``), whose row lock makes a rival wait and then re-check its
+WHERE clause against the committed row, so of two claims on the same epoch
+exactly one updates a row.
+
+One connection. The store is driven by one thread
+(:class:`~durably.storage.dispatch.StoreThread`), so one connection is all it
+can use; a pool would only add a second place where connections die. When the
+connection is lost (a server restart, a failover, a network cut) the batch that
+was running fails with DatabaseUnavailable -- its outcome is unknown if the loss
+hit its COMMIT -- and the next batch connects again. A batch that finds the
+connection dead before it ran anything (the server restarted while we were
+idle) reconnects at once: nothing of it had reached the server.
+
+Claiming. ``claimable`` and ``claim`` are two verbs (the engine filters the
+candidates by the workflows its process has registered before claiming one), so
+``FOR UPDATE SKIP LOCKED`` has nothing to hold its lock across; it belongs to a
+single claim-next verb, which this dialect would then override with its own query.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+import psycopg.conninfo
+import psycopg.pq
+
+from durably import errors
+from durably.storage import sql
+
+#: libpq parameters durably sets when the URL leaves them out.
+DEFAULTS = {
+    "connect_timeout": "10",
+    "application_name": "durably",
+    "options": "-c lock_timeout=5000",
+}
+
+#: The key of the advisory lock that serialises concurrent migrators ("durably").
+MIGRATION_LOCK = int.from_bytes(b"durably", "big")
+
+# SQLSTATEs: lock_not_available, serialization_failure, deadlock_detected.
+_LOCKED = frozenset({"55P03", "40001", "40P01"})
+_READ_ONLY = "25006"  # read_only_sql_transaction: a hot standby, or default_transaction_read_only
+# Class 08 (connection exception), 57P01-57P03 (admin/crash shutdown, cannot connect now),
+# 3D000 (the database does not exist, e.g. dropped under us).
+_LOST_PREFIXES = ("08", "57P")
+
+# A parameter of queries.sql (":name", but not the "::" of a cast), a string literal or a
+# comment (copied as they are, "%" escaped), or a "%" anywhere else (escaped for psycopg).
+_TOKEN = re.compile(r"'(?:[^']|'')*'|--[^\n]*|::|(?<![:\w]):(?P<name>[A-Za-z_]\w*)|%")
+
+
+def _paramstyle(sql_text: str) -> str:
+    def rewrite(match: re.Match[str]) -> str:
+        token: str = match.group(0)
+        if match.group("name"):
+            return f"%({match.group('name')})s"
+        return token.replace("%", "%%")
+
+    return _TOKEN.sub(rewrite, sql_text)
+
+
+def redact(url: str) -> str:
+    """The URL with its password (in the authority or the query) replaced by ``***``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "postgresql://(a URL that cannot be parsed)"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        if ":" in userinfo:
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+    query = "&".join(
+        f"{k}=***" if k == "password" else f"{k}={v}"
+        for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+class PostgresStore(sql.SqlStore):
+    """A Store in one PostgreSQL database (the tables live in its current schema)."""
+
+    driver_errors = (psycopg.Error,)
+
+    def __init__(self, url: str) -> None:
+        if url.split(":", 1)[0].lower() not in {"postgresql", "postgres"}:
+            raise errors.DurablyError(f"not a postgresql URL: {redact(url)!r}")
+        super().__init__(url)
+        try:
+            urllib.parse.urlsplit(url)
+            params = psycopg.conninfo.conninfo_to_dict(url)
+        except (ValueError, psycopg.Error) as exc:
+            text = " ".join(str(exc).split())
+            raise errors.DurablyError(f"bad postgresql URL {redact(url)!r}: {text}") from None
+        for key, value in DEFAULTS.items():
+            params.setdefault(key, value)
+        self._params = params
+        self._conninfo = psycopg.conninfo.make_conninfo("", **params)
+        self._password = str(params.get("password") or "")
+        self.url = redact(url)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._open = False
+
+    @property
+    def where(self) -> str:
+        """The database as people name it in messages: db, user, host and port, no password."""
+        p = self._params
+        host = p.get("host") or p.get("hostaddr") or "the default host"
+        port = f":{p['port']}" if p.get("port") else ""
+        user = f" as {p['user']}" if p.get("user") else ""
+        return f"PostgreSQL database {p.get('dbname') or '(default)'!r} on {host}{port}{user}"
+
+    # --- connection ------------------------------------------------------------------
+
+    def open(self) -> None:
+        self._open = True
+        try:
+            self._connect()
+            self.migrate()
+        except psycopg.Error as exc:
+            mapped = self._map_error(exc)
+            self.close()
+            raise mapped from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._open = False
+        self._drop()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        self._drop()
+        try:
+            self._conn = psycopg.connect(self._conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            raise errors.DatabaseUnavailable(
+                f"cannot connect to {self.where}: {self._scrub(exc)}"
+            ) from None
+        return self._conn
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        """The connection of the open transaction; never replaced in the middle of one."""
+        if not self._open:
+            raise errors.DatabaseUnavailable(f"{self.url} is closed")
+        if self._conn is None:
+            raise errors.DatabaseUnavailable(f"lost the connection to {self.where}")
+        return self._conn
+
+    # --- dialect hooks -----------------------------------------------------------------
+
+    def _paramstyle(self, sql_text: str) -> str:
+        return _paramstyle(sql_text)
+
+    def _execute(self, sql_text: str, params: Mapping[str, Any] | None = None) -> Any:
+        return self.conn.execute(sql_text, params)
+
+    def _begin(self, write: bool) -> None:
+        if not self._open:
+            raise errors.DatabaseUnavailable(f"{self.url} is closed")
+        conn = self._conn
+        if conn is None or conn.closed:  # lost during an earlier batch
+            conn = self._connect()
+        try:
+            conn.execute("BEGIN")
+        except psycopg.OperationalError:
+            if not conn.broken:
+                raise
+            # The connection died while idle; nothing of this batch reached the server.
+            self._connect().execute("BEGIN")
+
+    def _commit(self) -> None:
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            # PostgreSQL answers COMMIT of an aborted transaction with a silent ROLLBACK.
+            self._rollback()
+            raise errors.StoreError(
+                f"{self.where}: the transaction was aborted by an error that was caught "
+                "and ignored; nothing of it was committed"
+            )
+        self.conn.execute("COMMIT")
+
+    def _rollback(self) -> None:
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            return
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except psycopg.Error:
+            self._drop()  # in an unknown state: the next batch starts on a new connection
+
+    def _lock_migrations(self) -> None:
+        # BEGIN takes no lock here; this one is held until the migration commits.
+        self._execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": MIGRATION_LOCK})
+
+    def _table_names(self) -> set[str]:
+        rows = self._execute(
+            "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = current_schema()"
+        ).fetchall()
+        return {str(r[0]) for r in rows}
+
+    def _map_error(self, exc: Exception) -> BaseException:
+        if isinstance(exc, errors.DurablyError):
+            return exc
+        state = getattr(exc, "sqlstate", None) or ""
+        text = self._scrub(exc)
+        if state in _LOCKED:
+            return errors.DatabaseLocked(
+                f"{self.where}: another transaction held the rows too long or conflicted "
+                f"with this one ({text}); another executor holds a long transaction"
+            )
+        if state == _READ_ONLY:
+            return errors.DatabaseReadOnly(
+                f"{self.where} cannot be written ({text}): it is a standby or read-only; "
+                "point durably at the primary"
+            )
+        if self._lost(exc, state):
+            return errors.DatabaseUnavailable(
+                f"lost the connection to {self.where} ({text}); the next call reconnects"
+            )
+        return errors.StoreError(f"{self.where}: {type(exc).__name__}: {text}")
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def _lost(self, exc: Exception, state: str) -> bool:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            return True
+        if isinstance(exc, psycopg.InterfaceError):
+            return True
+        if state.startswith(_LOST_PREFIXES) or state == "3D000":
+            return True
+        return isinstance(exc, psycopg.OperationalError) and not state
+
+    def _scrub(self, exc: BaseException) -> str:
+        text = " ".join(str(exc).split())
+        return text.replace(self._password, "***") if self._password else text

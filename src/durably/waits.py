@@ -1,0 +1,215 @@
+"""Waiting without a process: durable timers, signals, events and child workflows.
+
+Each call takes a seq like a step. A wait that cannot be satisfied at once is
+journaled (a timer as its absolute wake-up time), and once nothing else in the
+workflow is running the workflow *parks*: its row says ``sleeping`` or
+``waiting`` and when to wake, its task ends, and no thread, task or connection
+is held for it. When the time comes, a signal arrives or a child finishes, any
+engine on the database claims it and replays it to this point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import json
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from durably import codec, context, errors, journal, workflows
+from durably.storage import base
+
+if TYPE_CHECKING:
+    from durably.runtime import Run
+
+_STARTED = journal.EntryStatus.STARTED
+_COMPLETED = journal.EntryStatus.COMPLETED
+
+
+def _seconds(duration: float | datetime.timedelta) -> float:
+    seconds = duration.total_seconds() if isinstance(duration, datetime.timedelta) else duration
+    if seconds < 0:
+        raise ValueError(f"cannot wait a negative time ({seconds}s)")
+    return float(seconds)
+
+
+def sleep(duration: float | datetime.timedelta) -> Coroutine[Any, Any, None]:
+    """Wait ``duration`` (seconds or a timedelta) durably: a restart waits only what is left."""
+    run = context.require_run("sleep")
+    seconds = _seconds(duration)
+    return _sleep(run, run.take_seq(), lambda now: now + seconds)
+
+
+def sleep_until(when: datetime.datetime) -> Coroutine[Any, Any, None]:
+    """Wait until ``when`` (an aware datetime; naive means UTC) durably."""
+    run = context.require_run("sleep_until")
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    at = when.timestamp()
+    return _sleep(run, run.take_seq(), lambda now: at)
+
+
+async def _sleep(run: Run, seq: int, wake: Callable[[float], float]) -> None:
+    entry = run.lookup(seq, journal.Kind.SLEEP, "")
+    if entry is not None and entry.status == _COMPLETED:
+        return
+    clock = run.services.clock
+    if entry is None:
+        now = clock()
+        entry = journal.Entry(seq, journal.Kind.SLEEP, "", _STARTED, 1, None, now, None, wake(now))
+        await run.commit(entry)
+    wake_at = entry.wake_at or 0.0
+    while clock() < wake_at:
+        await run.block(journal.Kind.SLEEP, "", wake_at)
+        run.cancel_point(seq)
+    done = dataclasses.replace(entry, status=_COMPLETED, finished_at=clock())
+    run.pending.append(done)
+    run.replayer.record(done)
+
+
+def wait_for_signal(
+    name: str, timeout: float | datetime.timedelta | None = None
+) -> Coroutine[Any, Any, Any]:
+    """Wait for the next signal called ``name``; its payload, or None after ``timeout``.
+
+    Signals sent before the wait are kept; each is delivered to exactly one
+    wait, in the order sent. While it waits the workflow holds nothing.
+    """
+    run = context.require_run("wait_for_signal")
+    seconds = None if timeout is None else _seconds(timeout)
+    return _wait_for_signal(run, run.take_seq(), name, seconds)
+
+
+async def _wait_for_signal(run: Run, seq: int, name: str, timeout: float | None) -> Any:
+    entry = run.lookup(seq, journal.Kind.SIGNAL, name)
+    if entry is None:
+        now = run.services.clock()
+        deadline = None if timeout is None else now + timeout
+        entry = journal.Entry(
+            seq, journal.Kind.SIGNAL, name, _STARTED, 1, None, now, None, deadline
+        )
+    entry = await _until_final(run, entry, run.services.store.store.receive_signal)
+    if entry.status == journal.EntryStatus.TIMED_OUT:
+        return None
+    return codec.decode(entry.payload or "null", where=f"signal {name!r} payload")
+
+
+def set_event(key: str, value: Any) -> None:
+    """Publish ``value`` under ``key`` for outsiders (``get_event``).
+
+    It is committed with the workflow's next durable call or its end.
+    """
+    run = context.require_run("set_event")
+    seq = run.take_seq()
+    if run.lookup(seq, journal.Kind.EVENT, key) is not None:
+        return
+    now = run.services.clock()
+    payload = codec.encode(value, where=f"event {key!r}")
+    entry = journal.Entry(seq, journal.Kind.EVENT, key, _COMPLETED, 1, payload, now, now)
+    run.pending.append(entry)
+    run.replayer.record(entry)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChildHandle:
+    """A child workflow started from a workflow; ``await handle.result()`` joins it."""
+
+    workflow_id: str
+
+    def result(self) -> Coroutine[Any, Any, Any]:
+        """Wait durably for the child; its result, or raise its error in the parent."""
+        run = context.require_run("ChildHandle.result")
+        return _join(run, run.take_seq(), self.workflow_id)
+
+
+def start_child(
+    wf: Any, *args: Any, workflow_id: str | None = None, **kwargs: Any
+) -> Coroutine[Any, Any, ChildHandle]:
+    """Start a child workflow; its id is ``"<parent id>:<seq>"`` unless given."""
+    run = context.require_run("start_child")
+    definition = workflows.definition_of(wf)
+    return _start_child(run, run.take_seq(), definition, args, kwargs, workflow_id)
+
+
+async def _start_child(
+    run: Run,
+    seq: int,
+    definition: workflows.WorkflowDefinition,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    workflow_id: str | None,
+) -> ChildHandle:
+    entry = run.lookup(seq, journal.Kind.CHILD, definition.name)
+    if entry is not None:
+        return ChildHandle(str(codec.decode(entry.payload or '""', where="child id")))
+    child_id = workflow_id or f"{run.workflow_id}:{seq}"
+    payload = codec.encode(
+        {"args": list(args), "kwargs": kwargs}, where=f"child workflow {definition.name!r} input"
+    )
+    new = base.NewWorkflow(
+        child_id, definition.name, payload, definition.version, definition.source_hash
+    )
+    now = run.services.clock()
+    started = journal.Entry(
+        seq, journal.Kind.CHILD, definition.name, _COMPLETED, 1, json.dumps(child_id), now, now
+    )
+    store, wid = run.services.store.store, run.workflow_id
+    batch = [*run.take_pending(), started]
+    info = await run.store_op(lambda now: store.start_child(wid, run.epoch, batch, new, now))
+    for e in batch:
+        run.replayer.record(e)
+    if info.name != definition.name:
+        raise errors.WorkflowIdConflict(
+            f"child id {child_id!r} already names a {info.name!r} workflow, not {definition.name!r}"
+        )
+    run.services.on_child(child_id)
+    return ChildHandle(child_id)
+
+
+async def _join(run: Run, seq: int, child_id: str) -> Any:
+    entry = run.lookup(seq, journal.Kind.JOIN, child_id)
+    if entry is None:
+        now = run.services.clock()
+        entry = journal.Entry(seq, journal.Kind.JOIN, child_id, _STARTED, 1, None, now)
+    entry = await _until_final(run, entry, run.services.store.store.join_child)
+    outcome = json.loads(entry.payload or "{}")
+    return finished_outcome(
+        f"child workflow {child_id!r}",
+        outcome.get("status"),
+        outcome.get("output"),
+        outcome.get("error"),
+    )
+
+
+def finished_outcome(where: str, status: str | None, output: str | None, error: str | None) -> Any:
+    """A finished workflow's result, or raise its recorded error (the original type if possible)."""
+    if status == journal.Status.COMPLETED:
+        return codec.decode(output or "null", where=f"{where} output")
+    if status == journal.Status.CANCELLED:
+        raise errors.Cancelled(f"{where} was cancelled")
+    data = codec.decode(error or "{}", where=f"{where} error")
+    if isinstance(data, dict):
+        raise codec.decode_error(data)
+    raise errors.WorkflowFailed(f"{where} ended {status}")
+
+
+Receive = Callable[[str, int, journal.Entry, list[journal.Entry], float], journal.Entry]
+
+
+async def _until_final(run: Run, entry: journal.Entry, receive: Receive) -> journal.Entry:
+    """Ask the store (``receive_signal`` or ``join_child``) until the wait is final.
+
+    Between asks the branch blocks until a poke, its deadline, or the run parks.
+    """
+    while entry.status == _STARTED:
+        wait, batch = entry, run.take_pending()
+        entry = await run.store_op(
+            functools.partial(receive, run.workflow_id, run.epoch, wait, batch)
+        )
+        for committed in (*batch, entry):
+            run.replayer.record(committed)
+        if entry.status == _STARTED:
+            await run.block(entry.kind, entry.name, entry.wake_at)
+            run.cancel_point(entry.seq)
+    return entry
