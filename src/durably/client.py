@@ -111,3 +111,52 @@ class Client:
                 f"workflow id {wid!r} already names a {info.name!r} workflow, not {name!r}"
             )
         return wid
+
+    # --- signals, events, cancel, resume, fork ---------------------------------------
+
+    def send_signal(
+        self, workflow_id: str, name: str, payload: Any = None, idempotency_key: str | None = None
+    ) -> bool:
+        """Send a signal, committed before this returns; False if the key was used before."""
+        data = codec.encode(payload, where=f"signal {name!r} payload")
+        return self._call(
+            self._store.store.send_signal,
+            workflow_id,
+            name,
+            data,
+            idempotency_key,
+            time.time(),
+            write=True,
+        )
+
+    def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
+        """The value the workflow published under ``key``, waiting up to ``timeout`` for it."""
+        deadline = time.monotonic() + (timeout or 0.0)
+        delay = 0.01
+        while True:
+            value = self._call(self._store.store.get_event, workflow_id, key)
+            if value is not None:
+                return codec.decode(value, where=f"event {key!r} of {workflow_id!r}")
+            if time.monotonic() >= deadline:
+                self.get_workflow(workflow_id)
+                raise TimeoutError(f"workflow {workflow_id!r} has not published {key!r}")
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.25)
+
+    def cancel(self, workflow_id: str) -> list[str]:
+        """Ask the workflow and its unfinished children to stop; the ids asked."""
+        return self._call(self._store.store.request_cancel, workflow_id, time.time(), write=True)
+
+    def resume(self, workflow_id: str) -> None:
+        """Make a failed, cancelled or diverged workflow run again from where it stopped."""
+        self._call(self._store.store.reopen, workflow_id, time.time(), write=True)
+
+    def fork(self, workflow_id: str, from_seq: int, new_id: str | None = None) -> str:
+        """A new workflow with the first ``from_seq`` journal entries of this one; its id."""
+        fork_id = new_id or f"{workflow_id}-fork-{uuid.uuid4().hex[:8]}"
+        self._call(self._store.store.fork, workflow_id, from_seq, fork_id, time.time(), write=True)
+        return fork_id
+
+    def signals(self, workflow_id: str) -> list[dict[str, Any]]:
+        """Every signal sent to the workflow, consumed or not."""
+        return self._call(self._store.store.list_signals, workflow_id)

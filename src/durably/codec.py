@@ -108,10 +108,19 @@ def _plain(v: object) -> bool:
     if type(v) is dict:
         if _MARK in v or not _STR.issuperset(map(type, v)):
             return False
-        return _LEAF.issuperset(map(type, v.values())) or all(map(_plain, v.values()))
-    if type(v) is list:
-        return _LEAF.issuperset(map(type, v)) or all(map(_plain, v))
-    return type(v) in _LEAF or not isinstance(v, _NATIVE)
+        v = v.values()
+    elif type(v) is not list:
+        return type(v) in _LEAF or not isinstance(v, _NATIVE)
+    for x in v:  # inlined leaf checks: this loop is the whole cost of the fast path
+        t = type(x)
+        if t in _LEAF:
+            continue
+        if t is dict or t is list:
+            if not _plain(x):
+                return False
+        elif isinstance(x, _NATIVE):
+            return False
+    return True
 
 
 def _to_json(v: object) -> object:

@@ -64,7 +64,8 @@ INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, sta
 VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
         :finished_at, :wake_at)
 ON CONFLICT (workflow_id, seq) DO UPDATE
-SET status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
+SET kind = excluded.kind, name = excluded.name,
+    status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
     started_at = excluded.started_at, finished_at = excluded.finished_at,
     wake_at = excluded.wake_at
 WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
