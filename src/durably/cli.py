@@ -1,4 +1,5 @@
-"""The ``durably`` command line: list, show, start, worker, migrate, demo.
+"""The ``durably`` command line: list, show, start, worker, signal, cancel, resume, fork,
+migrate, demo.
 
 It uses only the public API: a Client to read and start, an Engine to run.
 The database comes from ``--database``, else ``DURABLY_DATABASE_URL``, else
@@ -213,6 +214,71 @@ def worker(database: str, modules: tuple[str, ...], lease: float) -> None:
         asyncio.run(serve())
     except durably.DurablyError as exc:
         _fail(exc)
+
+
+@main.command("signal")
+@click.argument("workflow_id")
+@click.argument("name")
+@click.argument("payload_json", default="null")
+@click.option(
+    "--key", "idempotency_key", default=None, help="Idempotency key: resending is a no-op."
+)
+@click.pass_obj
+def signal_cmd(
+    database: str, workflow_id: str, name: str, payload_json: str, idempotency_key: str | None
+) -> None:
+    """Send signal NAME with PAYLOAD_JSON to a workflow (no engine needs to run)."""
+    try:
+        payload = json.loads(payload_json)
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"PAYLOAD_JSON is not JSON: {exc}") from exc
+    try:
+        with durably.Client(database) as client:
+            sent = client.send_signal(workflow_id, name, payload, idempotency_key=idempotency_key)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    console.print(f"signal {name!r} sent to {workflow_id}" if sent else "already sent (same key)")
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.pass_obj
+def cancel(database: str, workflow_id: str) -> None:
+    """Cancel a workflow and its unfinished children (at their next durable call)."""
+    try:
+        with durably.Client(database) as client:
+            asked = client.cancel(workflow_id)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    console.print(f"cancellation requested: {', '.join(asked) or 'nothing unfinished'}")
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.pass_obj
+def resume(database: str, workflow_id: str) -> None:
+    """Run a failed, cancelled or diverged workflow again from where it stopped."""
+    try:
+        with durably.Client(database) as client:
+            client.resume(workflow_id)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    console.print(f"{workflow_id} is pending again; a worker will resume it")
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.option("--from-seq", type=int, required=True, help="Copy journal entries up to this seq.")
+@click.option("--id", "new_id", default=None, help="Id of the new workflow.")
+@click.pass_obj
+def fork(database: str, workflow_id: str, from_seq: int, new_id: str | None) -> None:
+    """Start a copy of a workflow that replays its first entries and runs the rest live."""
+    try:
+        with durably.Client(database) as client:
+            fork_id = client.fork(workflow_id, from_seq, new_id)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    console.print(fork_id)
 
 
 @main.command()
