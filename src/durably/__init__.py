@@ -20,7 +20,9 @@ from durably.errors import (
     FencedError,
     NonDeterminismError,
     NotADurablyDatabase,
+    NothingToResolve,
     NotInWorkflow,
+    ResolvedAsFailed,
     SchemaTooNew,
     StepError,
     StepTimeout,
@@ -30,10 +32,10 @@ from durably.errors import (
     WorkflowNotFound,
     WorkflowNotRegistered,
 )
-from durably.journal import Claim, Entry, ExecutorInfo, Status, WorkflowInfo
-from durably.steps import Retry, run_step, step
+from durably.journal import Claim, Entry, ExecutorInfo, Review, Status, WorkflowInfo
+from durably.steps import Found, NotFound, Retry, Unknown, run_step, step
 from durably.waits import ChildHandle, set_event, sleep, sleep_until, start_child, wait_for_signal
-from durably.workflows import now, random, uuid4, workflow
+from durably.workflows import compensate, now, random, uuid4, workflow
 
 __version__ = "0.1.0"
 
@@ -53,21 +55,28 @@ __all__ = [
     "Entry",
     "ExecutorInfo",
     "FencedError",
+    "Found",
     "NonDeterminismError",
     "NotADurablyDatabase",
+    "NotFound",
     "NotInWorkflow",
+    "NothingToResolve",
+    "ResolvedAsFailed",
     "Retry",
+    "Review",
     "SchemaTooNew",
     "Status",
     "StepError",
     "StepTimeout",
     "StoreError",
+    "Unknown",
     "WorkflowFailed",
     "WorkflowHandle",
     "WorkflowIdConflict",
     "WorkflowInfo",
     "WorkflowNotFound",
     "WorkflowNotRegistered",
+    "compensate",
     "idempotency_key",
     "now",
     "random",

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from durably import codec, errors, journal, workflows
+from durably import codec, errors, journal, step_runner, workflows
 from durably.storage import base, create_store, dispatch, resolve_url
 
 R = TypeVar("R")
@@ -160,3 +160,32 @@ class Client:
     def signals(self, workflow_id: str) -> list[dict[str, Any]]:
         """Every signal sent to the workflow, consumed or not."""
         return self._call(self._store.store.list_signals, workflow_id)
+
+    # --- the review queue -----------------------------------------------------------
+
+    def reviews(self, workflow_id: str | None = None) -> list[journal.Review]:
+        """Steps parked in ``needs_review``, oldest first."""
+        return self._call(self._store.store.reviews, workflow_id)
+
+    def resolve(
+        self,
+        workflow_id: str,
+        seq: int,
+        *,
+        result: Any = step_runner._MISSING,
+        retry: bool = False,
+        fail: str | None = None,
+        by: str = "unknown",
+    ) -> journal.Review:
+        """Decide a parked step once: its ``result``, ``retry=True`` or ``fail="reason"``."""
+        decision, outcome = step_runner.review_decision(result, retry, fail, by)
+        return self._call(
+            self._store.store.resolve,
+            workflow_id,
+            seq,
+            decision,
+            outcome,
+            by,
+            time.time(),
+            write=True,
+        )

@@ -146,7 +146,9 @@ def _to_json(v: object) -> object:
         fields = _read_fields(v)
     except Exception as e:
         raise _Fail(f"is a {_type_name(t)} whose fields cannot be read: {e!r}") from e
-    return {_MARK: tag, "class": path, "fields": _fields(fields)}
+    if _MARK in fields:  # a field named like the tag key: store as escaped pairs
+        return {_MARK: tag, "class": path, "fields": _dict_pairs(fields)}
+    return {_MARK: tag, "class": path, "fields": {n: _child(x, n, ".") for n, x in fields.items()}}
 
 
 def _read_fields(v: Any) -> dict[str, object]:
@@ -164,13 +166,6 @@ def _child(value: object, key: object, style: str = "[]") -> object:
     except _Fail as e:
         e.path.append(f".{key}" if style == "." else f"{style[0]}{_REPR.repr(key)}{style[1]}")
         raise
-
-
-def _fields(fields: dict[str, object]) -> object:
-    """Encoded attribute values of a dataclass or model, by name."""
-    if _MARK in fields:  # a field named like the tag key: store as escaped pairs
-        return _dict_pairs(fields)
-    return {name: _child(value, name, ".") for name, value in fields.items()}
 
 
 def _dict(d: dict[Any, Any]) -> object:
@@ -303,7 +298,9 @@ def _untag(d: dict[str, Any]) -> object:
 def _get(d: dict[str, Any], key: str, kind: type[_T]) -> _T:
     value = d.get(key)
     if not isinstance(value, kind):
-        raise _Bad(f"tag {d[_MARK]!r} needs {key!r} to be a {kind.__name__}, got {value!r}")
+        raise _Bad(
+            f"tag {d[_MARK]!r} needs {key!r} to be a {kind.__name__}, got {_REPR.repr(value)}"
+        )
     return value
 
 
@@ -355,10 +352,6 @@ def _from_iso(d: dict[str, Any], cls: type[date | time]) -> object:
     return value
 
 
-def _pairs(d: dict[str, Any]) -> dict[Any, Any]:
-    return {k: v for k, v in _get(d, "items", list)}
-
-
 def _bad_constant(name: str) -> object:
     raise _Bad(f"{name} is not valid JSON")
 
@@ -367,7 +360,7 @@ _REBUILDERS: dict[str, Callable[[dict[str, Any]], object]] = {
     "tuple": lambda d: tuple(_get(d, "items", list)),
     "set": lambda d: set(_get(d, "items", list)),
     "frozenset": lambda d: frozenset(_get(d, "items", list)),
-    "dict": _pairs,
+    "dict": lambda d: dict(_get(d, "items", list)),
     "bytes": lambda d: base64.b64decode(_get(d, "b64", str), validate=True),
     "datetime": lambda d: _from_iso(d, datetime),
     "date": lambda d: _from_iso(d, date),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from durably import codec, context, errors, faults, journal, runtime, workflows
+from durably import codec, context, errors, faults, journal, runtime, steps, workflows
 
 log = logging.getLogger("durably")
 
@@ -72,10 +72,28 @@ async def _fail(run: runtime.Run, exc: Exception) -> None:
         status, err = journal.Status.CANCELLED, exc
     else:
         status, err = journal.Status.FAILED, exc
+    if status != journal.Status.DIVERGED and run.compensations:
+        try:
+            await _compensate(run, err)
+        except (runtime.Suspended, errors.FencedError, errors.StoreError) as stop:
+            log.warning("workflow %s: compensation interrupted: %s", run.workflow_id, stop)
+            return  # it resumes from its journal; finished compensations won't run again
     try:
         await run.finish(status, None, error_payload(err))
     except (errors.StoreError, runtime.Suspended) as store_exc:
         log.error("could not record the end of workflow %s: %s", run.workflow_id, store_exc)
+
+
+async def _compensate(run: runtime.Run, cause: BaseException) -> None:
+    """Run the registered undos as durable steps, newest first; note the ones that failed."""
+    run.cancel_delivered = True  # compensations run even when cancellation was asked
+    for undo in reversed(run.compensations):
+        try:
+            await steps.run_step(undo.fn, *undo.args, name=undo.name, **undo.kwargs)
+        except Exception as exc:
+            note = f"compensation {undo.name} failed: {type(exc).__name__}: {exc}"
+            cause.add_note(f"[durably] {note}")
+            log.error("workflow %s: %s", run.workflow_id, note)
 
 
 def error_payload(exc: BaseException) -> str:

@@ -18,7 +18,18 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from durably import codec, driver, errors, faults, journal, liveness, runtime, waits, workflows
+from durably import (
+    codec,
+    driver,
+    errors,
+    faults,
+    journal,
+    liveness,
+    runtime,
+    step_runner,
+    waits,
+    workflows,
+)
 from durably.storage import base, create_store, dispatch, resolve_url
 
 log = logging.getLogger("durably")
@@ -333,6 +344,31 @@ class Engine:
         await self._call(self._store.store.fork, workflow_id, from_seq, new_id, self.clock())
         self._kick_recovery()
         return WorkflowHandle(self, new_id)
+
+    async def reviews(self, workflow_id: str | None = None) -> list[journal.Review]:
+        """Steps parked in ``needs_review``, oldest first, with their intent and key."""
+        return await self._call(self._store.store.reviews, workflow_id, write=False)
+
+    async def resolve(
+        self,
+        workflow_id: str,
+        seq: int,
+        *,
+        result: Any = step_runner._MISSING,
+        retry: bool = False,
+        fail: str | None = None,
+        by: str = "unknown",
+    ) -> journal.Review:
+        """Decide a parked step once: its ``result``, ``retry=True`` or ``fail="reason"``.
+
+        Who decided and when are journaled; the workflow then resumes.
+        """
+        decision, outcome = step_runner.review_decision(result, retry, fail, by)
+        review = await self._call(
+            self._store.store.resolve, workflow_id, seq, decision, outcome, by, self.clock()
+        )
+        self._kick_recovery()
+        return review
 
     # --- recovery ----------------------------------------------------------------------
 

@@ -66,6 +66,14 @@ class Cancelled(DurablyError):
     """The workflow was cancelled; raised at its next durable call."""
 
 
+class ResolvedAsFailed(DurablyError):
+    """A person resolved a step under review as failed; the message says who and why."""
+
+
+class NothingToResolve(DurablyError):
+    """No step awaits a decision there (or it was decided already)."""
+
+
 class WorkflowFailed(DurablyError):
     """A workflow ended ``failed`` and its error could not be re-raised as is."""
 

@@ -141,3 +141,21 @@ class ExecutorInfo:
     pid_start: str
     started_at: float
     heartbeat_at: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Review:
+    """A step whose outcome nothing could decide, waiting for a person."""
+
+    workflow_id: str
+    seq: int
+    attempt: int
+    step: str
+    idempotency_key: str
+    intent: str | None  # JSON: the arguments the step was called with
+    reason: str
+    opened_at: float
+    decision: str | None = None  # "result", "retry" or "fail" once decided
+    outcome: str | None = None
+    decided_by: str | None = None
+    decided_at: float | None = None

@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import contextvars
 import dataclasses
-import functools
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from durably import codec, context, errors, faults, journal, replay
+from durably import codec, errors, journal, replay
 from durably.storage import dispatch
 
 if TYPE_CHECKING:
@@ -61,6 +59,16 @@ class Block:
     wake_at: float | None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Compensation:
+    """An undo registered with ``durably.compensate``, run as a step if the workflow fails."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    name: str
+
+
 class Run:
     """The state of one workflow run: its journal, its lease epoch, unflushed values."""
 
@@ -80,6 +88,7 @@ class Run:
         self.parked = False
         self.retired = False
         self._blocks: list[Block] = []
+        self.compensations: list[Compensation] = []
         self._park_timer: asyncio.TimerHandle | None = None
         self._parking = False
         self._idle = asyncio.Event()
@@ -160,146 +169,12 @@ class Run:
         self, step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Coroutine[Any, Any, Any]:
         """Take the step's seq now, in program order, and return the awaitable that runs it."""
-        return self._step(self.take_seq(), step, args, kwargs)
+        from durably import step_runner
 
-    async def _step(
-        self, seq: int, step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        with self.active():
-            return await self._run_step(seq, step, args, kwargs)
+        return step_runner.run_step(self, self.take_seq(), step, args, kwargs)
 
-    async def _run_step(
-        self, seq: int, step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        entry = self.lookup(seq, journal.Kind.STEP, step.name)
-        where = f"step {step.name!r} (workflow {self.workflow_id!r}, seq {seq})"
-        attempt = 1
-        if entry is not None:
-            if entry.status == journal.EntryStatus.COMPLETED:
-                return codec.decode(entry.payload or "null", where=f"{where} result")
-            if entry.status == journal.EntryStatus.FAILED:
-                raise _recorded_error(entry, where)
-            if entry.status == journal.EntryStatus.RETRYING:
-                attempt = entry.attempt + 1
-                if entry.wake_at is not None:
-                    await self._backoff(entry.wake_at - self.services.clock(), step.name)
-        key = f"{self.workflow_id}:{seq}"
-        await self.flush()
-        while True:
-            self._check_stopping()
-            faults.reached("before_call", step.name)
-            started = self.services.clock()
-            ctx = context.StepContext(self.workflow_id, seq, step.name, attempt, key)
-            try:
-                result = await self._invoke(step, args, kwargs, ctx)
-            except Exception as exc:
-                finished = self.services.clock()
-                delay = step.retry.delay_after(attempt, exc) if step.retry else None
-                if delay is None:
-                    failed = journal.Entry(
-                        seq,
-                        journal.Kind.STEP,
-                        step.name,
-                        journal.EntryStatus.FAILED,
-                        attempt,
-                        _encode_error(exc),
-                        started,
-                        finished,
-                    )
-                    await self.commit(failed)
-                    raise
-                wake = finished + delay
-                retrying = journal.Entry(
-                    seq,
-                    journal.Kind.STEP,
-                    step.name,
-                    journal.EntryStatus.RETRYING,
-                    attempt,
-                    _encode_error(exc),
-                    started,
-                    finished,
-                    wake,
-                )
-                await self.commit(retrying)
-                faults.reached("in_backoff", step.name)
-                await self._backoff(delay, step.name)
-                attempt += 1
-                continue
-            finished = self.services.clock()
-            faults.reached("after_call", step.name)
-            try:
-                payload = codec.encode(result, where=f"{where} result")
-            except errors.EncodeError as exc:
-                failed = journal.Entry(
-                    seq,
-                    journal.Kind.STEP,
-                    step.name,
-                    journal.EntryStatus.FAILED,
-                    attempt,
-                    _encode_error(exc),
-                    started,
-                    finished,
-                )
-                await self.commit(failed)
-                raise
-            done = journal.Entry(
-                seq,
-                journal.Kind.STEP,
-                step.name,
-                journal.EntryStatus.COMPLETED,
-                attempt,
-                payload,
-                started,
-                finished,
-            )
-            await self.commit(done)
-            faults.reached("after_receipt", step.name)
-            return codec.decode(payload, where=f"{where} result")
-
-    async def _invoke(
-        self,
-        step: StepDefinition,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        ctx: context.StepContext,
-    ) -> Any:
-        token = context.current_step.set(ctx)
-        try:
-            if step.is_async:
-                awaitable: Awaitable[Any] = step.fn(*args, **kwargs)
-            else:
-                loop = asyncio.get_running_loop()
-                call = functools.partial(step.fn, *args, **kwargs)
-                awaitable = loop.run_in_executor(
-                    self.services.step_threads, contextvars.copy_context().run, call
-                )
-            if step.timeout is None:
-                return await awaitable
-            try:
-                async with asyncio.timeout(step.timeout) as scope:
-                    return await awaitable
-            except TimeoutError:
-                if scope.expired():
-                    raise errors.StepTimeout(
-                        f"step {step.name!r} attempt {ctx.attempt} ran longer than its "
-                        f"timeout of {step.timeout}s"
-                    ) from None
-                raise
-        finally:
-            context.current_step.reset(token)
-
-    async def _backoff(self, seconds: float, name: str) -> None:
-        """Wait out a retry delay; the wake-up time is already in the journal."""
-        if seconds <= 0:
-            return
-        stopping = self.services.stopping
-        try:
-            await asyncio.wait_for(stopping.wait(), timeout=seconds)
-        except TimeoutError:
-            return
-        raise Suspended(f"engine stopping during the back-off of step {name!r}")
-
-    def _check_stopping(self) -> None:
+    def check_stopping(self) -> None:
+        """Raise Suspended when the engine is stopping: no new step may start."""
         if self.services.stopping.is_set():
             raise Suspended("engine stopping")
 
@@ -398,7 +273,8 @@ class Run:
             return
         wakes = [b.wake_at for b in self._blocks]
         now = self.services.clock()
-        hold = 0.0 if self.services.stopping.is_set() else self.services.hold_seconds
+        urgent = self.services.stopping.is_set() or any(b.kind == REVIEW for b in self._blocks)
+        hold = 0.0 if urgent else self.services.hold_seconds
         if wakes and all(w is not None and w - now <= hold for w in wakes):
             return  # every wait ends soon: cheaper to stay than to park and replay
         loop = asyncio.get_running_loop()
@@ -416,8 +292,12 @@ class Run:
 
     async def _park_now(self) -> None:
         waits = list(self._blocks)
-        waiting = any(b.kind != journal.Kind.SLEEP for b in waits)
-        status = journal.Status.WAITING if waiting else journal.Status.SLEEPING
+        if any(b.kind == REVIEW for b in waits):
+            status = journal.Status.NEEDS_REVIEW
+        elif any(b.kind != journal.Kind.SLEEP for b in waits):
+            status = journal.Status.WAITING
+        else:
+            status = journal.Status.SLEEPING
         wake_at = min((b.wake_at for b in waits if b.wake_at is not None), default=None)
         signals = sorted({b.key for b in waits if b.kind == journal.Kind.SIGNAL})
         children = sorted({b.key for b in waits if b.kind == journal.Kind.JOIN})
@@ -446,6 +326,9 @@ class Run:
             self._park_timer = None
 
 
+#: The block kind of a step waiting for a person's decision (see step_runner).
+REVIEW = "review"
+
 _FINAL = frozenset(
     {journal.EntryStatus.COMPLETED, journal.EntryStatus.FAILED, journal.EntryStatus.TIMED_OUT}
 )
@@ -454,14 +337,3 @@ _FINAL = frozenset(
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _encode_error(exc: BaseException) -> str:
-    return codec.encode(codec.encode_error(exc), where="step error")
-
-
-def _recorded_error(entry: journal.Entry, where: str) -> BaseException:
-    data = codec.decode(entry.payload or "{}", where=f"{where} recorded error")
-    if not isinstance(data, dict):
-        return errors.DecodeError(f"{where}: recorded error is not an object")
-    return codec.decode_error(data)

@@ -31,7 +31,8 @@ class Retry:
     ``jitter`` (a fraction, 0.1 = plus or minus 10%). The wake-up time is
     journaled, so a crash during the back-off waits only what is left of it.
     Only exceptions that are instances of ``retry_on`` and not of
-    ``dont_retry_on`` are retried.
+    ``dont_retry_on`` are retried. ``delay_from(exc)`` may name the delay
+    itself (an HTTP 429's Retry-After), capped at ``max_delay``.
     """
 
     max_attempts: int = 3
@@ -41,6 +42,7 @@ class Retry:
     jitter: float = 0.1
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     dont_retry_on: tuple[type[BaseException], ...] = ()
+    delay_from: Callable[[BaseException], float | None] | None = None
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -58,20 +60,73 @@ class Retry:
             return None
         if not isinstance(exc, self.retry_on) or isinstance(exc, self.dont_retry_on):
             return None
+        asked = self.delay_from(exc) if self.delay_from is not None else None
+        if asked is not None:
+            return min(max(0.0, asked), self.max_delay)
         base = min(self.initial * self.backoff ** (attempt - 1), self.max_delay)
         spread = base * self.jitter
         return max(0.0, base + random.uniform(-spread, spread))
 
 
+class _Verdict:
+    """A reconcile answer that carries no result (``NotFound``, ``Unknown``)."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"durably.{self._name}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Found:
+    """Reconcile's answer: the effect happened; ``result`` becomes the step's receipt."""
+
+    result: Any
+
+
+NotFound = _Verdict("NotFound")
+"""Reconcile's answer: the effect did not happen; the step may run again with its key."""
+
+Unknown = _Verdict("Unknown")
+"""Reconcile's answer: nobody can tell; the workflow waits in ``needs_review``."""
+
+Reconcile = Callable[..., Any]
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepDefinition:
-    """A step's function and options, as the runtime needs them."""
+    """A step's function and options, as the runtime needs them.
+
+    ``reconcile`` or ``at_most_once`` make the step commit an intent before it
+    runs, so a crash leaves a record that its outcome is unknown.
+    """
 
     fn: Callable[..., Any]
     name: str
     is_async: bool
     retry: Retry | None = None
     timeout: float | None = None
+    reconcile: Reconcile | None = None
+    at_most_once: bool = False
+
+    @property
+    def needs_intent(self) -> bool:
+        """Whether the runtime commits an intent before calling the function."""
+        return self.reconcile is not None or self.at_most_once
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Options:
+    """The keyword options of ``@durably.step(...)`` and ``run_step``."""
+
+    name: str | None = None
+    retry: Retry | None = None
+    timeout: float | None = None
+    reconcile: Reconcile | None = None
+    at_most_once: bool = False
 
 
 class StepFunction(Generic[P, R]):
@@ -98,9 +153,8 @@ async def _plain(step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, 
     return result
 
 
-def _define(
-    fn: Callable[..., Any], name: str | None, retry: Retry | None, timeout: float | None
-) -> StepDefinition:
+def define(fn: Callable[..., Any], options: Options) -> StepDefinition:
+    """Check a function and its options at decoration time; its step definition."""
     if isinstance(fn, StepFunction):
         raise errors.DefinitionError(f"{fn!r} is already a step")
     if not callable(fn):
@@ -109,16 +163,26 @@ def _define(
         raise errors.DefinitionError(
             f"{fn.__qualname__} is a generator; a step must return its result"
         )
-    if retry is not None and not isinstance(retry, Retry):
-        raise errors.DefinitionError(f"retry= takes a durably.Retry, got {type(retry).__name__}")
-    if timeout is not None and timeout <= 0:
-        raise errors.DefinitionError(f"timeout={timeout}: must be > 0 seconds")
+    if options.retry is not None and not isinstance(options.retry, Retry):
+        raise errors.DefinitionError(
+            f"retry= takes a durably.Retry, got {type(options.retry).__name__}"
+        )
+    if options.timeout is not None and options.timeout <= 0:
+        raise errors.DefinitionError(f"timeout={options.timeout}: must be > 0 seconds")
+    if options.reconcile is not None and not callable(options.reconcile):
+        raise errors.DefinitionError("reconcile= takes a function (key, *args) -> Found | NotFound")
+    if options.reconcile is not None and options.at_most_once:
+        raise errors.DefinitionError(
+            "choose reconcile= or at_most_once=True: reconcile already decides what to do"
+        )
     return StepDefinition(
         fn=fn,
-        name=name or getattr(fn, "__qualname__", None) or repr(fn),
+        name=options.name or getattr(fn, "__qualname__", None) or repr(fn),
         is_async=inspect.iscoroutinefunction(fn),
-        retry=retry,
-        timeout=timeout,
+        retry=options.retry,
+        timeout=options.timeout,
+        reconcile=options.reconcile,
+        at_most_once=options.at_most_once,
     )
 
 
@@ -128,7 +192,12 @@ def step(fn: Callable[P, Awaitable[R]], /) -> StepFunction[P, R]: ...
 def step(fn: Callable[P, R], /) -> StepFunction[P, R]: ...
 @overload
 def step(
-    *, name: str | None = None, retry: Retry | None = None, timeout: float | None = None
+    *,
+    name: str | None = None,
+    retry: Retry | None = None,
+    timeout: float | None = None,
+    reconcile: Reconcile | None = None,
+    at_most_once: bool = False,
 ) -> _StepDecorator: ...
 
 
@@ -139,32 +208,38 @@ def step(
     name: str | None = None,
     retry: Retry | None = None,
     timeout: float | None = None,
+    reconcile: Reconcile | None = None,
+    at_most_once: bool = False,
 ) -> Any:
     """Make a function a durable step: its result is journaled before the workflow goes on.
 
     ``retry`` retries it when it raises (back-off is a durable wait);
     ``timeout`` bounds one attempt in seconds (a sync step's thread cannot be
     interrupted: it is abandoned, and the attempt fails with StepTimeout). A
-    crash during a step re-runs it on recovery with the same idempotency key.
+    crash during a plain step re-runs it on recovery with the same idempotency
+    key. With ``reconcile=fn``, a crash instead calls ``fn(key, *args)``, which
+    returns ``Found(result)``, ``NotFound`` or ``Unknown``; with
+    ``at_most_once=True`` a crash parks the workflow in ``needs_review``.
     """
+    options = Options(name, retry, timeout, reconcile, at_most_once)
     if fn is not None:
-        return StepFunction(_define(fn, name, retry, timeout))
-    return _StepDecorator(name, retry, timeout)
+        return StepFunction(define(fn, options))
+    return _StepDecorator(options)
 
 
 class _StepDecorator:
     """``@durably.step(...)`` with options."""
 
-    def __init__(self, name: str | None, retry: Retry | None, timeout: float | None) -> None:
-        _define(lambda: None, name, retry, timeout)  # fail now on bad options
-        self._name, self._retry, self._timeout = name, retry, timeout
+    def __init__(self, options: Options) -> None:
+        define(lambda: None, options)  # fail now on bad options
+        self._options = options
 
     @overload
     def __call__(self, fn: Callable[P, Awaitable[R]], /) -> StepFunction[P, R]: ...
     @overload
     def __call__(self, fn: Callable[P, R], /) -> StepFunction[P, R]: ...
     def __call__(self, fn: Callable[..., Any], /) -> Any:
-        return StepFunction(_define(fn, self._name, self._retry, self._timeout))
+        return StepFunction(define(fn, self._options))
 
 
 def run_step(
@@ -173,6 +248,8 @@ def run_step(
     name: str | None = None,
     retry: Retry | None = None,
     timeout: float | None = None,
+    reconcile: Reconcile | None = None,
+    at_most_once: bool = False,
     **kwargs: Any,
 ) -> Coroutine[Any, Any, R]:
     """Run ``fn(*args, **kwargs)`` as a one-off durable step, without a decorator.
@@ -180,5 +257,5 @@ def run_step(
     Like a decorated step, the seq is taken at the call, so await it in order
     or gather it.
     """
-    definition = _define(fn, name, retry, timeout)
+    definition = define(fn, Options(name, retry, timeout, reconcile, at_most_once))
     return StepFunction[Any, R](definition)(*args, **kwargs)

@@ -18,7 +18,7 @@ import uuid as _uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from durably import context, errors, journal
+from durably import context, errors, journal, runtime
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -152,3 +152,17 @@ def random() -> float:
 def uuid4() -> _uuid.UUID:
     """A random UUID, journaled: a replay returns the same one."""
     return context.require_run("uuid4").journal_value(journal.Kind.UUID4, _uuid.uuid4)
+
+
+def compensate(fn: Callable[..., Any], *args: Any, name: str | None = None, **kwargs: Any) -> None:
+    """Register an undo for something that succeeded (call it right after the step).
+
+    If the workflow then fails or is cancelled, the registered compensations
+    run as durable steps, newest first, each exactly once across crashes, and
+    the workflow still ends with its original error.
+    """
+    run = context.require_run("compensate")
+    if not callable(fn):
+        raise errors.DefinitionError(f"compensate() needs a function, got {type(fn).__name__}")
+    label = name or f"compensate:{getattr(fn, '__qualname__', repr(fn))}"
+    run.compensations.append(runtime.Compensation(fn, args, kwargs, label))

@@ -249,6 +249,38 @@ class Store(abc.ABC):
         """A new pending workflow with the same input and the first ``from_seq`` entries."""
 
     @abc.abstractmethod
+    def open_review(
+        self,
+        workflow_id: str,
+        epoch: int,
+        intent: journal.Entry,
+        idempotency_key: str,
+        reason: str,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> None:
+        """Put an interrupted intent in the review queue (fenced)."""
+
+    @abc.abstractmethod
+    def reviews(self, workflow_id: str | None) -> list[journal.Review]:
+        """Undecided reviews, oldest first (of one workflow, or all)."""
+
+    @abc.abstractmethod
+    def resolve(
+        self,
+        workflow_id: str,
+        seq: int,
+        decision: str,
+        outcome: str | None,
+        decided_by: str,
+        now: float,
+    ) -> journal.Review:
+        """Decide a review once: ``result`` (outcome: the result's JSON) becomes the receipt,
+        ``retry`` runs the step again with its key, ``fail`` (outcome: the error's JSON)
+        fails it. The workflow becomes pending. Raises if nothing awaits a decision there.
+        """
+
+    @abc.abstractmethod
     def list_signals(self, workflow_id: str) -> list[dict[str, Any]]:
         """Every signal sent to the workflow, consumed or not."""
 

@@ -218,3 +218,24 @@ INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, sta
                      finished_at, wake_at)
 SELECT :new_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
 FROM journal WHERE workflow_id = :workflow_id AND seq <= :seq
+
+-- name: open_review
+INSERT INTO reviews (workflow_id, seq, attempt, step, idempotency_key, intent, reason, opened_at)
+VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason, :now)
+ON CONFLICT (workflow_id, seq, attempt) DO NOTHING
+
+-- name: open_reviews
+SELECT workflow_id, seq, attempt, step, idempotency_key, intent, reason, opened_at,
+       decision, outcome, decided_by, decided_at
+FROM reviews
+WHERE decision IS NULL AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = :workflow_id)
+ORDER BY opened_at
+
+-- name: decide_review
+UPDATE reviews SET decision = :decision, outcome = :outcome, decided_by = :decided_by,
+                   decided_at = :now
+WHERE workflow_id = :workflow_id AND seq = :seq AND decision IS NULL
+
+-- name: review_decided
+UPDATE workflows SET status = 'pending', wake_at = NULL, updated_at = :now
+WHERE workflow_id = :workflow_id AND status = 'needs_review'

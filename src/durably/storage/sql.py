@@ -567,6 +567,84 @@ class SqlStore(base.Store):
         self._q("copy_entries", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
         return forked
 
+    def open_review(
+        self,
+        workflow_id: str,
+        epoch: int,
+        intent: journal.Entry,
+        idempotency_key: str,
+        reason: str,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> None:
+        self._fence(workflow_id, epoch, now)
+        self._upsert(workflow_id, entries, now)
+        self._q(
+            "open_review",
+            workflow_id=workflow_id,
+            seq=intent.seq,
+            attempt=intent.attempt,
+            step=intent.name,
+            idempotency_key=idempotency_key,
+            intent=intent.payload,
+            reason=reason,
+            now=now,
+        )
+
+    def reviews(self, workflow_id: str | None) -> list[journal.Review]:
+        rows = self._q("open_reviews", workflow_id=workflow_id).fetchall()
+        return [journal.Review(*r) for r in rows]
+
+    def resolve(
+        self,
+        workflow_id: str,
+        seq: int,
+        decision: str,
+        outcome: str | None,
+        decided_by: str,
+        now: float,
+    ) -> journal.Review:
+        info = self.get_workflow(workflow_id)
+        if info is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        open_ = [r for r in self.reviews(workflow_id) if r.seq == seq]
+        if info.status != journal.Status.NEEDS_REVIEW or not open_:
+            raise errors.NothingToResolve(
+                f"workflow {workflow_id!r} ({info.status}) has no step awaiting a decision "
+                f"at seq {seq}; it may have been decided already"
+            )
+        review = open_[0]
+        status = {
+            "result": journal.EntryStatus.COMPLETED,
+            "retry": journal.EntryStatus.RETRYING,
+            "fail": journal.EntryStatus.FAILED,
+        }[decision]
+        entry = journal.Entry(
+            seq,
+            journal.Kind.STEP,
+            review.step,
+            status,
+            review.attempt,
+            outcome if decision != "retry" else review.intent,
+            review.opened_at,
+            now,
+            now if decision == "retry" else None,
+        )
+        self._upsert(workflow_id, [entry], now)
+        self._q(
+            "decide_review",
+            workflow_id=workflow_id,
+            seq=seq,
+            decision=decision,
+            outcome=outcome,
+            decided_by=decided_by,
+            now=now,
+        )
+        self._q("review_decided", workflow_id=workflow_id, now=now)
+        return dataclasses.replace(
+            review, decision=decision, outcome=outcome, decided_by=decided_by, decided_at=now
+        )
+
     def list_signals(self, workflow_id: str) -> list[dict[str, Any]]:
         rows = self._q("list_signals", workflow_id=workflow_id).fetchall()
         keys = ("num", "name", "payload", "idempotency_key", "sent_at", "consumed_seq")

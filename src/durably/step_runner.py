@@ -1,0 +1,264 @@
+"""Running one step under the commit protocol of DESIGN.md.
+
+1. Look the call up in the journal: a receipt is returned, a final error
+   re-raised, a pending retry waited out.
+2. Only for ``reconcile=`` or ``at_most_once=`` steps, commit the intent.
+3. Call the function (a sync one in a thread), with its idempotency key.
+4. Commit the receipt, or the failed attempt, fenced by the lease epoch; only
+   then return to the workflow.
+
+An intent found without a receipt means the outcome is unknown: reconcile asks
+the outside world, at-most-once parks the workflow for a person to decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import functools
+import inspect
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from durably import codec, context, errors, faults, journal, runtime, steps
+
+if TYPE_CHECKING:
+    from durably.runtime import Run
+
+_STEP = journal.Kind.STEP
+_S = journal.EntryStatus
+
+REVIEW = runtime.REVIEW
+
+
+async def run_step(
+    run: Run, seq: int, step: steps.StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """The awaitable behind a step call whose seq was taken at the call."""
+    with run.active():
+        return await _run(run, seq, step, args, kwargs)
+
+
+async def _run(
+    run: Run, seq: int, step: steps.StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    entry = run.lookup(seq, _STEP, step.name)
+    where = f"step {step.name!r} (workflow {run.workflow_id!r}, seq {seq})"
+    key = f"{run.workflow_id}:{seq}"
+    attempt = 1
+    if entry is not None:
+        if entry.status == _S.COMPLETED:
+            return codec.decode(entry.payload or "null", where=f"{where} result")
+        if entry.status == _S.FAILED:
+            raise recorded_error(entry, where)
+        if entry.status == _S.RETRYING:
+            attempt = entry.attempt + 1
+            if entry.wake_at is not None:
+                await _backoff(run, entry.wake_at - run.services.clock(), step.name)
+        if entry.status == _S.STARTED:  # an intent without a receipt: outcome unknown
+            found = await _unknown_outcome(run, seq, step, entry, args, kwargs, key, where)
+            if found is not None:
+                return found[0]
+            attempt = entry.attempt + 1
+    await run.flush()
+    while True:
+        run.check_stopping()
+        if step.needs_intent:
+            faults.reached("before_intent", step.name)
+            intent = _entry(run, seq, step, _S.STARTED, attempt, _intent(args, kwargs, key, where))
+            await run.commit(intent)
+            faults.reached("after_intent", step.name)
+        faults.reached("before_call", step.name)
+        started = run.services.clock()
+        ctx = context.StepContext(run.workflow_id, seq, step.name, attempt, key)
+        try:
+            result = await invoke(run, step, args, kwargs, ctx)
+        except Exception as exc:
+            finished = run.services.clock()
+            delay = step.retry.delay_after(attempt, exc) if step.retry else None
+            status = _S.FAILED if delay is None else _S.RETRYING
+            wake = None if delay is None else finished + delay
+            await run.commit(
+                _entry(run, seq, step, status, attempt, error_json(exc), started, finished, wake)
+            )
+            if delay is None:
+                raise
+            faults.reached("in_backoff", step.name)
+            await _backoff(run, delay, step.name)
+            attempt += 1
+            continue
+        finished = run.services.clock()
+        faults.reached("after_call", step.name)
+        try:
+            payload = codec.encode(result, where=f"{where} result")
+        except errors.EncodeError as exc:
+            failed = _entry(run, seq, step, _S.FAILED, attempt, error_json(exc), started, finished)
+            await run.commit(failed)
+            raise
+        await run.commit(_entry(run, seq, step, _S.COMPLETED, attempt, payload, started, finished))
+        faults.reached("after_receipt", step.name)
+        return codec.decode(payload, where=f"{where} result")
+
+
+def _entry(
+    run: Run,
+    seq: int,
+    step: steps.StepDefinition,
+    status: str,
+    attempt: int,
+    payload: str | None,
+    started: float | None = None,
+    finished: float | None = None,
+    wake_at: float | None = None,
+) -> journal.Entry:
+    if started is None:
+        started = run.services.clock()
+    return journal.Entry(
+        seq, _STEP, step.name, status, attempt, payload, started, finished, wake_at
+    )
+
+
+def _intent(args: tuple[Any, ...], kwargs: dict[str, Any], key: str, where: str) -> str:
+    return codec.encode(
+        {"args": list(args), "kwargs": kwargs, "idempotency_key": key}, where=f"{where} arguments"
+    )
+
+
+async def _unknown_outcome(
+    run: Run,
+    seq: int,
+    step: steps.StepDefinition,
+    intent: journal.Entry,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    key: str,
+    where: str,
+) -> tuple[Any] | None:
+    """Decide about an interrupted intent: (result,) if found, None to run again.
+
+    Parks the workflow in ``needs_review`` when nothing can decide.
+    """
+    if step.reconcile is not None:
+        verdict: Any
+        ctx = context.StepContext(run.workflow_id, seq, step.name, intent.attempt, key)
+        try:
+            verdict = await _call(run, step.reconcile, (key, *args), kwargs, ctx)
+        except Exception as exc:
+            verdict, reason = steps.Unknown, f"reconcile raised {type(exc).__name__}: {exc}"
+        else:
+            reason = f"reconcile answered {verdict!r}"
+        if isinstance(verdict, steps.Found):
+            payload = codec.encode(verdict.result, where=f"{where} reconciled result")
+            now = run.services.clock()
+            receipt = dataclasses.replace(
+                intent, status=_S.COMPLETED, payload=payload, finished_at=now
+            )
+            await run.commit(receipt)
+            return (codec.decode(payload, where=f"{where} result"),)
+        if verdict is steps.NotFound:
+            return None
+        if verdict is not steps.Unknown:
+            reason = f"reconcile returned {verdict!r}, not Found(...), NotFound or Unknown"
+    else:
+        reason = "an at-most-once step was interrupted; its outcome is unknown"
+    await _await_review(run, seq, step, intent, key, reason)
+    raise AssertionError("unreachable: a review wait ends by parking")  # pragma: no cover
+
+
+async def _await_review(
+    run: Run, seq: int, step: steps.StepDefinition, intent: journal.Entry, key: str, reason: str
+) -> None:
+    store = run.services.store.store
+    batch = run.take_pending()
+    await run.store_op(
+        functools.partial(store.open_review, run.workflow_id, run.epoch, intent, key, reason, batch)
+    )
+    while True:
+        await run.block(REVIEW, key, None)
+        run.cancel_point(seq)
+
+
+async def invoke(
+    run: Run,
+    step: steps.StepDefinition,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    ctx: context.StepContext,
+) -> Any:
+    """Call the step's function once under its timeout, in the step's context."""
+    try:
+        if step.timeout is None:
+            return await _call(run, step.fn, args, kwargs, ctx)
+        async with asyncio.timeout(step.timeout) as scope:
+            return await _call(run, step.fn, args, kwargs, ctx)
+    except TimeoutError:
+        if step.timeout is not None and scope.expired():
+            raise errors.StepTimeout(
+                f"step {step.name!r} attempt {ctx.attempt} ran longer than its "
+                f"timeout of {step.timeout}s"
+            ) from None
+        raise
+
+
+async def _call(
+    run: Run, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: context.StepContext
+) -> Any:
+    """Call a sync or async function with the step context set; sync ones in a thread."""
+    token = context.current_step.set(ctx)
+    try:
+        if inspect.iscoroutinefunction(fn):
+            awaitable: Awaitable[Any] = fn(*args, **kwargs)
+        else:
+            loop = asyncio.get_running_loop()
+            call = functools.partial(fn, *args, **kwargs)
+            awaitable = loop.run_in_executor(
+                run.services.step_threads, contextvars.copy_context().run, call
+            )
+        result = await awaitable
+        if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+            result = await result
+        return result
+    finally:
+        context.current_step.reset(token)
+
+
+async def _backoff(run: Run, seconds: float, name: str) -> None:
+    """Wait out a retry delay; the wake-up time is already in the journal."""
+    if seconds <= 0:
+        return
+    try:
+        await asyncio.wait_for(run.services.stopping.wait(), timeout=seconds)
+    except TimeoutError:
+        return
+    raise runtime.Suspended(f"engine stopping during the back-off of step {name!r}")
+
+
+def error_json(exc: BaseException) -> str:
+    """An exception as stored in a journal entry."""
+    return codec.encode(codec.encode_error(exc), where="step error")
+
+
+def recorded_error(entry: journal.Entry, where: str) -> BaseException:
+    """The exception a failed entry recorded, rebuilt."""
+    data = codec.decode(entry.payload or "{}", where=f"{where} recorded error")
+    if not isinstance(data, dict):
+        return errors.DecodeError(f"{where}: recorded error is not an object")
+    return codec.decode_error(data)
+
+
+_MISSING: Any = object()
+
+
+def review_decision(
+    result: Any = _MISSING, retry: bool = False, fail: str | None = None, by: str = "unknown"
+) -> tuple[str, str | None]:
+    """The (decision, outcome JSON) a person's resolve() call stands for; exactly one choice."""
+    chosen = [result is not _MISSING, retry, fail is not None]
+    if sum(chosen) != 1:
+        raise ValueError("resolve() takes exactly one of result=..., retry=True or fail='reason'")
+    if retry:
+        return "retry", None
+    if fail is not None:
+        return "fail", error_json(errors.ResolvedAsFailed(f"resolved as failed by {by}: {fail}"))
+    return "result", codec.encode(result, where="resolved result")
