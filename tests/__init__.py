@@ -1,0 +1,1 @@
+"""The durably test suite (a package, so helpers import as ``tests.crashkit``)."""

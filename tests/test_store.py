@@ -1,0 +1,564 @@
+"""The storage suite: the Store verbs, run on every backend through ``store_url``.
+
+Every test talks to the Store interface only (``create_store`` and the verbs,
+run inside ``run_batch`` as the store thread runs them); the few tests that
+need a dialect's own kind of failure say so in their name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import durably
+from durably import errors, journal
+from durably.storage import base, create_store, dispatch
+from durably.storage import sql as sqlstore
+
+NOW = 1_000_000.0
+LEASE = 30.0
+NEWEST = sqlstore.load_migrations()[-1][0]
+
+
+class Verbs:
+    """Calls a store's verbs as the store thread does: each in its own ``run_batch``."""
+
+    def __init__(self, store: base.Store) -> None:
+        self.store = store
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        """Run any callable as one op of its own batch; raise its error."""
+        op = base.Op(fn, args, write=True)
+        self.store.run_batch([op])
+        if op.error is not None:
+            raise op.error
+        return op.result
+
+    def __getattr__(self, verb: str) -> Any:
+        fn = getattr(self.store, verb)
+        return lambda *args: self.run(fn, *args)
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[base.Store]:
+    s = create_store(store_url)
+    s.open()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def db(store: base.Store) -> Verbs:
+    return Verbs(store)
+
+
+def new(wid: str = "wf-1", name: str = "refund", input: str = '{"args": [], "kwargs": {}}'):
+    return base.NewWorkflow(wid, name, input, version=None, source_hash="abc")
+
+
+def step(seq: int, status: str = "completed", *, name: str = "get", attempt: int = 1, payload="1"):
+    return journal.Entry(seq, "step", name, status, attempt, payload, NOW, NOW + 1)
+
+
+def executor(eid: str, started_at: float = NOW) -> journal.ExecutorInfo:
+    return journal.ExecutorInfo(eid, "host-a", 4242, "start-token", started_at, started_at)
+
+
+def owned(db: Verbs, wid: str = "wf-1", owner: str = "ex-a") -> journal.WorkflowInfo:
+    info, created = db.create_workflow(new(wid), owner, NOW + LEASE, NOW)
+    assert created
+    return info
+
+
+# --- schema ---------------------------------------------------------------------------
+
+
+def test_migrate_again_is_a_no_op(store, db):
+    assert store.migrate() == []
+    assert store.migrate() == []
+    assert db.schema_version() == NEWEST
+
+
+def test_migrates_an_empty_database(empty_store_url):
+    store = create_store(empty_store_url)
+    store.open()
+    try:
+        assert Verbs(store).schema_version() == NEWEST
+        assert store.migrate() == []
+    finally:
+        store.close()
+
+
+def test_concurrent_migrators_apply_each_migration_once(empty_store_url):
+    stores = [create_store(empty_store_url) for _ in range(3)]
+    barrier = threading.Barrier(len(stores))
+    failures: list[BaseException] = []
+
+    def open_store(s: base.Store) -> None:
+        barrier.wait()
+        try:
+            s.open()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=open_store, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert failures == []
+        assert Verbs(stores[0]).schema_version() == NEWEST
+        rows = sql_rows(empty_store_url, "SELECT version FROM durably_migrations")
+        assert sorted(r[0] for r in rows) == [m[0] for m in sqlstore.load_migrations()]
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_schema_too_new_is_refused(store, store_url):
+    sql_rows(
+        store_url,
+        f"INSERT INTO durably_migrations (version, name, applied_at) VALUES ({NEWEST + 1}, 'x', 0)",
+    )
+    with pytest.raises(errors.SchemaTooNew, match=f"schema version {NEWEST + 1}"):
+        create_store(store_url).open()
+
+
+def test_a_foreign_database_is_refused(empty_store_url):
+    sql_rows(empty_store_url, "CREATE TABLE customers (id BIGINT PRIMARY KEY)")
+    with pytest.raises(errors.NotADurablyDatabase, match="customers"):
+        create_store(empty_store_url).open()
+
+
+# --- workflows --------------------------------------------------------------------------
+
+
+def test_create_workflow_is_idempotent_on_id(db):
+    first, created = db.create_workflow(new(input='"first"'), "ex-a", NOW + LEASE, NOW)
+    assert created
+    assert (first.status, first.owner, first.epoch) == ("running", "ex-a", 1)
+    again, created = db.create_workflow(new(input='"second"'), "ex-b", NOW + 99, NOW + 5)
+    assert not created
+    assert again == first
+    assert again.input == '"first"'
+    assert [(c.epoch, c.owner, c.reason) for c in db.load_claims("wf-1")] == [(1, "ex-a", "start")]
+
+
+def test_create_workflow_without_owner_is_pending(db):
+    info, created = db.create_workflow(new(), None, None, NOW)
+    assert created
+    assert (info.status, info.owner, info.epoch) == ("pending", None, 0)
+    assert info.lease_expires_at is None
+    assert db.load_claims("wf-1") == []
+
+
+def test_get_and_list_workflows(db):
+    assert db.get_workflow("nope") is None
+    for i, name in enumerate(["refund", "refund", "triage", "refund"]):
+        db.create_workflow(new(f"wf-{i}", name), None, None, NOW + i)
+    db.claim(db.get_workflow("wf-1"), "ex-a", NOW + LEASE, NOW)
+
+    def ids(status: str | None, name: str | None, limit: int = 10) -> list[str]:
+        return [w.workflow_id for w in db.list_workflows(status, name, limit)]
+
+    assert ids(None, None) == ["wf-3", "wf-2", "wf-1", "wf-0"]
+    assert ids(None, "refund") == ["wf-3", "wf-1", "wf-0"]
+    assert ids("pending", None) == ["wf-3", "wf-2", "wf-0"]
+    assert ids("pending", "refund", 1) == ["wf-3"]
+    assert ids("running", "triage") == []
+    assert db.get_workflow("wf-1").status == "running"
+
+
+# --- the journal ------------------------------------------------------------------------
+
+
+def test_load_history_is_in_seq_order(db):
+    info = owned(db)
+    db.append_entries("wf-1", info.epoch, [step(3), step(1)], NOW)
+    db.append_entries("wf-1", info.epoch, [step(2, payload='"two"')], NOW)
+    history = db.load_history("wf-1")
+    assert [e.seq for e in history] == [1, 2, 3]
+    assert history[1] == step(2, payload='"two"')
+
+
+def test_append_with_a_stale_epoch_is_fenced_and_writes_nothing(db):
+    info = owned(db)
+    taken = db.claim(info, "ex-b", NOW + LEASE, NOW)
+    assert taken.epoch == info.epoch + 1
+    with pytest.raises(durably.FencedError, match="ex-b"):
+        db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+    assert db.load_history("wf-1") == []
+    with pytest.raises(errors.WorkflowNotFound):
+        db.append_entries("nope", 1, [step(1)], NOW)
+
+
+def test_a_retrying_entry_is_replaced(db):
+    info = owned(db)
+    db.append_entries("wf-1", info.epoch, [step(1, "retrying", payload='"boom"')], NOW)
+    final = step(1, "completed", attempt=2, payload='"ok"')
+    db.append_entries("wf-1", info.epoch, [final], NOW)
+    assert db.load_history("wf-1") == [final]
+
+
+@pytest.mark.parametrize("final", ["completed", "failed"])
+def test_a_final_entry_is_never_replaced(db, final):
+    info = owned(db)
+    kept = step(1, final, payload='"kept"')
+    db.append_entries("wf-1", info.epoch, [kept], NOW)
+    with pytest.raises(errors.StoreError, match="seq 1 already holds"):
+        db.append_entries("wf-1", info.epoch, [step(1, "completed", payload='"other"')], NOW)
+    assert db.load_history("wf-1") == [kept]
+
+
+def test_an_entry_of_another_call_is_never_replaced(db):
+    info = owned(db)
+    kept = step(1, "retrying", name="get")
+    db.append_entries("wf-1", info.epoch, [kept], NOW)
+    with pytest.raises(errors.StoreError):
+        db.append_entries("wf-1", info.epoch, [step(1, "completed", name="put")], NOW)
+    other_kind = journal.Entry(1, "now", "get", "completed", 1, "1.5")
+    with pytest.raises(errors.StoreError):
+        db.append_entries("wf-1", info.epoch, [other_kind], NOW)
+    assert db.load_history("wf-1") == [kept]
+
+
+def test_finish_workflow_is_fenced(db):
+    info = owned(db)
+    db.claim(info, "ex-b", NOW + LEASE, NOW)
+    with pytest.raises(durably.FencedError):
+        db.finish_workflow("wf-1", info.epoch, "completed", '"zombie"', None, [step(1)], NOW)
+    row = db.get_workflow("wf-1")
+    assert (row.status, row.output, row.owner) == ("running", None, "ex-b")
+    assert db.load_history("wf-1") == []
+
+    db.finish_workflow("wf-1", row.epoch, "completed", '"done"', None, [step(1)], NOW + 1)
+    row = db.get_workflow("wf-1")
+    assert (row.status, row.output, row.owner, row.lease_expires_at) == (
+        "completed", '"done"', None, None,
+    )  # fmt: skip
+    assert db.load_history("wf-1") == [step(1)]
+    assert db.claimable(NOW + 10 * LEASE, 10) == []
+
+
+# --- claims and leases --------------------------------------------------------------------
+
+
+def test_claimable_lists_unowned_and_expired_work_oldest_first(db):
+    db.create_workflow(new("pending"), None, None, NOW)
+    owned(db, "live")
+    db.create_workflow(new("expired"), "ex-a", NOW - 1, NOW - 5)
+    done = owned(db, "done")
+    db.finish_workflow("done", done.epoch, "completed", "1", None, [], NOW)
+    assert [w.workflow_id for w in db.claimable(NOW, 10)] == ["expired", "pending"]
+    assert [w.workflow_id for w in db.claimable(NOW, 1)] == ["expired"]
+    assert [w.workflow_id for w in db.claimable(NOW + 2 * LEASE, 10)] == [
+        "expired", "pending", "live",
+    ]  # fmt: skip
+
+
+def test_claim_bumps_the_epoch_and_records_why(db):
+    db.create_workflow(new("fresh"), None, None, NOW)
+    started = db.claim(db.get_workflow("fresh"), "ex-a", NOW + LEASE, NOW)
+    assert (started.owner, started.epoch, started.status, started.crash_count) == (
+        "ex-a", 1, "running", 0,
+    )  # fmt: skip
+
+    crashed = db.claim(started, "ex-b", NOW + 2 * LEASE, NOW + LEASE + 1)
+    assert (crashed.owner, crashed.epoch, crashed.crash_count) == ("ex-b", 2, 1)
+    assert crashed.lease_expires_at == NOW + 2 * LEASE
+
+    db.release("fresh", crashed.epoch, NOW + 50)
+    released = db.get_workflow("fresh")
+    resumed = db.claim(released, "ex-c", NOW + 3 * LEASE, NOW + 60)
+    assert (resumed.owner, resumed.epoch, resumed.crash_count) == ("ex-c", 3, 1)
+
+    claims = db.load_claims("fresh")
+    assert [(c.epoch, c.owner, c.previous_owner, c.reason) for c in claims] == [
+        (1, "ex-a", None, "start"),
+        (2, "ex-b", "ex-a", "recovery"),
+        (3, "ex-c", None, "resume"),
+    ]
+    assert claims[1].claimed_at == NOW + LEASE + 1
+
+
+def test_progress_resets_the_crash_count(db):
+    info = owned(db)
+    info = db.claim(info, "ex-b", NOW + LEASE, NOW)
+    assert info.crash_count == 1
+    db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+    assert db.get_workflow("wf-1").crash_count == 0
+
+
+def test_a_claim_on_a_stale_candidate_loses(db):
+    candidate = owned(db)
+    assert db.claim(candidate, "ex-b", NOW + LEASE, NOW) is not None
+    assert db.claim(candidate, "ex-c", NOW + LEASE, NOW) is None
+    assert [c.owner for c in db.load_claims("wf-1")] == ["ex-a", "ex-b"]
+    assert db.get_workflow("wf-1").owner == "ex-b"
+
+
+def test_two_racing_claims_one_wins(store_url, db):
+    """Two connections claim the same candidate; the first holds its transaction open."""
+    db.create_workflow(new(), None, None, NOW)
+    candidate = db.get_workflow("wf-1")
+    first, second = create_store(store_url), create_store(store_url)
+    first.open()
+    second.open()
+    claimed = threading.Event()
+    go_on = threading.Event()
+    results: dict[str, Any] = {}
+
+    def claim_and_hold() -> Any:
+        row = first.claim(candidate, "ex-a", NOW + LEASE, NOW)
+        claimed.set()
+        go_on.wait(10)
+        return row
+
+    def run(name: str, s: base.Store, fn: Any, *args: Any) -> None:
+        op = base.Op(fn, args, write=True)
+        s.run_batch([op])
+        results[name] = op.error or op.result
+
+    a = threading.Thread(target=run, args=("a", first, claim_and_hold))
+    b = threading.Thread(
+        target=run, args=("b", second, second.claim, candidate, "ex-b", NOW + LEASE, NOW)
+    )
+    try:
+        a.start()
+        assert claimed.wait(10)
+        b.start()
+        time.sleep(0.2)  # b is now waiting for a's lock (or has not begun: the same outcome)
+        go_on.set()
+        a.join(10)
+        b.join(10)
+    finally:
+        go_on.set()
+        first.close()
+        second.close()
+    assert isinstance(results["a"], journal.WorkflowInfo)
+    assert results["b"] is None
+    assert [(c.epoch, c.owner) for c in db.load_claims("wf-1")] == [(1, "ex-a")]
+    assert db.get_workflow("wf-1").owner == "ex-a"
+
+
+def test_release_lets_go_only_at_the_owning_epoch(db):
+    info = owned(db)
+    db.release("wf-1", info.epoch + 7, NOW)
+    assert db.get_workflow("wf-1").owner == "ex-a"
+    db.release("wf-1", info.epoch, NOW)
+    row = db.get_workflow("wf-1")
+    assert (row.owner, row.lease_expires_at, row.epoch) == (None, None, info.epoch)
+    assert [w.workflow_id for w in db.claimable(NOW, 10)] == ["wf-1"]
+
+
+def test_release_owned_lets_go_of_the_owners_workflows_only(db):
+    owned(db, "a1", "ex-a")
+    owned(db, "a2", "ex-a")
+    owned(db, "b1", "ex-b")
+    assert db.release_owned("ex-a", NOW) == 2
+    assert db.release_owned("ex-a", NOW) == 0
+    owners = {w.workflow_id: w.owner for w in db.list_workflows(None, None, 10)}
+    assert owners == {"a1": None, "a2": None, "b1": "ex-b"}
+
+
+def test_heartbeat_renews_only_the_owners_leases(db):
+    db.register_executor(executor("ex-a"))
+    db.register_executor(executor("ex-b"))
+    owned(db, "a1", "ex-a")
+    owned(db, "b1", "ex-b")
+    db.heartbeat("ex-a", NOW + 20, NOW + 20 + LEASE)
+    leases = {w.workflow_id: w.lease_expires_at for w in db.list_workflows(None, None, 10)}
+    assert leases == {"a1": NOW + 20 + LEASE, "b1": NOW + LEASE}
+    beats = {e.executor_id: e.heartbeat_at for e in db.list_executors()}
+    assert beats == {"ex-a": NOW + 20, "ex-b": NOW}
+
+
+def test_executors_register_list_and_remove(db):
+    db.register_executor(executor("ex-b", NOW + 1))
+    db.register_executor(executor("ex-a", NOW))
+    again = journal.ExecutorInfo("ex-a", "other-host", 1, "x", NOW + 9, NOW + 9)
+    db.register_executor(again)  # re-announcing refreshes the heartbeat only
+    listed = db.list_executors()
+    assert [e.executor_id for e in listed] == ["ex-a", "ex-b"]
+    assert listed[0] == journal.ExecutorInfo("ex-a", "host-a", 4242, "start-token", NOW, NOW + 9)
+
+    owned(db, "a1", "ex-a")
+    owned(db, "b1", "ex-b")
+    db.remove_executor("ex-b", False)
+    assert db.claimable(NOW, 10) == []  # b1's lease still runs
+    db.remove_executor("ex-a", True)
+    assert [w.workflow_id for w in db.claimable(NOW, 10)] == ["a1"]
+    assert db.list_executors() == []
+
+
+# --- batches ------------------------------------------------------------------------------
+
+
+def test_a_failing_op_does_not_undo_the_others_in_its_batch(store, db):
+    a = owned(db, "a")
+    b = owned(db, "b")
+    db.claim(b, "ex-b", NOW + LEASE, NOW)  # b's first owner is now a zombie
+    ops = [
+        base.Op(store.append_entries, ("a", a.epoch, [step(1)], NOW), True),
+        base.Op(store.append_entries, ("b", b.epoch, [step(1)], NOW), True),
+        base.Op(store.create_workflow, (new("c"), None, None, NOW), True),
+        base.Op(store.get_workflow, ("a",), False),
+    ]
+    store.run_batch(ops)
+    assert [type(op.error).__name__ for op in ops] == ["NoneType", "FencedError"] + ["NoneType"] * 2
+    assert ops[2].result[1] is True
+    assert ops[3].result.workflow_id == "a"
+    assert db.load_history("a") == [step(1)]
+    assert db.load_history("b") == []
+    assert db.get_workflow("c") is not None
+
+
+def test_the_store_thread_serves_concurrent_callers(store_url):
+    thread = dispatch.StoreThread(create_store(store_url))
+    thread.start()
+    try:
+
+        async def main() -> list[Any]:
+            s = thread.store
+            calls = [thread.call(s.create_workflow, new(f"w{i}"), "e", NOW, NOW) for i in range(20)]
+            return await asyncio.gather(*calls)
+
+        results = asyncio.run(main())
+        assert all(created for _, created in results)
+        assert len(thread.call_sync(thread.store.list_workflows, None, None, 100)) == 20
+    finally:
+        thread.stop()
+
+
+# --- PostgreSQL: the connection ---------------------------------------------------------------
+
+
+def test_postgres_parameters_are_rewritten_outside_literals_and_casts(pg_cluster):
+    from durably.storage import postgres
+
+    rewritten = postgres._paramstyle(
+        "SELECT CAST(:a AS TEXT), x::text, '50% :b', 5 % 2 FROM t -- 10% :c\nWHERE y = :a"
+    )
+    assert rewritten == (
+        "SELECT CAST(%(a)s AS TEXT), x::text, '50%% :b', 5 %% 2 FROM t -- 10%% :c\nWHERE y = %(a)s"
+    )
+
+
+def test_postgres_url_is_shown_without_its_password(pg_cluster):
+    store = create_store(
+        "postgres://app:pa55@db.internal:6432/orders?password=pa55&sslmode=require"
+    )
+    assert "pa55" not in store.url
+    assert store.url == "postgres://app:***@db.internal:6432/orders?password=***&sslmode=require"
+    with pytest.raises(errors.DurablyError, match="bad postgresql URL") as caught:
+        create_store("postgresql://app:pa55@db.internal/orders?no_such_option=1")
+    assert "pa55" not in str(caught.value)
+
+
+def test_postgres_unreachable_names_the_database_not_the_password(pg_cluster):
+    from tests import pgcluster
+
+    url = f"postgresql://durably:s3cret-pw@127.0.0.1:{pgcluster.free_port()}/orders"
+    store = create_store(url)
+    assert "s3cret-pw" not in store.url
+    with pytest.raises(errors.DatabaseUnavailable) as caught:
+        store.open()
+    message = str(caught.value)
+    assert "s3cret-pw" not in message
+    assert "'orders'" in message
+    assert "127.0.0.1" in message
+
+
+def test_postgres_store_survives_a_server_restart(pg_cluster, postgres_url):
+    thread = dispatch.StoreThread(create_store(postgres_url))
+    thread.start()
+    s = thread.store
+    try:
+        thread.call_sync(s.create_workflow, new("before"), None, None, NOW)
+        pg_cluster.restart()
+        # The connection died while idle: the next batch reconnects before it begins.
+        thread.call_sync(s.create_workflow, new("after"), None, None, NOW)
+        ids = {w.workflow_id for w in thread.call_sync(s.list_workflows, None, None, 10)}
+        assert ids == {"before", "after"}
+    finally:
+        thread.stop()
+
+
+def test_postgres_batch_cut_by_a_restart_fails_and_the_next_reconnects(pg_cluster, postgres_url):
+    store = create_store(postgres_url)
+    store.open()
+    db = Verbs(store)
+    try:
+
+        def write_then_lose_the_server() -> None:
+            store.create_workflow(new("lost"), None, None, NOW)
+            pg_cluster.restart()
+            store.get_workflow("lost")
+
+        with pytest.raises(errors.DatabaseUnavailable, match="next call reconnects"):
+            db.run(write_then_lose_the_server)
+        assert db.get_workflow("lost") is None  # rolled back with its connection
+        batch = [
+            base.Op(store.create_workflow, (new("x"), None, None, NOW), True),
+            base.Op(write_then_lose_the_server, (), True),
+        ]
+        store.run_batch(batch)
+        assert [type(op.error) for op in batch] == [errors.DatabaseUnavailable] * 2
+        assert db.list_workflows(None, None, 10) == []
+    finally:
+        store.close()
+
+
+# --- the engine on every backend ---------------------------------------------------------------
+
+
+@durably.step
+async def add_one(x: int) -> int:
+    return x + 1
+
+
+@durably.workflow(name="test_store.three_steps")
+async def three_steps(x: int) -> int:
+    return await add_one(await add_one(await add_one(x)))
+
+
+def test_engine_runs_a_workflow_to_completion(store_url):
+    async def main() -> tuple[Any, list[journal.Entry]]:
+        async with durably.Engine(store_url, poll_interval=0.2) as engine:
+            handle = await engine.start(three_steps, 1, workflow_id="smoke")
+            result = await handle.result(timeout=20)
+            return result, await engine.history("smoke")
+
+    result, history = asyncio.run(main())
+    assert result == 4
+    assert [(e.seq, e.name, e.status, e.payload) for e in history] == [
+        (1, "add_one", "completed", "2"),
+        (2, "add_one", "completed", "3"),
+        (3, "add_one", "completed", "4"),
+    ]
+
+
+# --- helpers that reach below the verbs (to set up a database the verbs would refuse) ----------
+
+
+def sql_rows(url: str, statement: str) -> list[Any]:
+    """Run one statement on its own driver connection, committed; return its rows."""
+    if url.startswith("sqlite:"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        try:
+            with conn:
+                return conn.execute(statement).fetchall()
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        cursor = pg.execute(statement)  # type: ignore[arg-type]
+        return cursor.fetchall() if cursor.description else []
