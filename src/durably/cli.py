@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import click
@@ -279,6 +280,76 @@ def fork(database: str, workflow_id: str, from_seq: int, new_id: str | None) -> 
     except durably.DurablyError as exc:
         _fail(exc)
     console.print(fork_id)
+
+
+@main.group()
+def review() -> None:
+    """The human review queue: steps whose outcome nothing could decide."""
+
+
+@review.command("list")
+@click.option("--id", "workflow_id", default=None, help="Only this workflow.")
+@click.pass_obj
+def review_list(database: str, workflow_id: str | None) -> None:
+    """List steps waiting for a decision, oldest first."""
+    try:
+        with durably.Client(database) as client:
+            rows = client.reviews(workflow_id)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    if not rows:
+        console.print("no step awaits review")
+        return
+    now = time.time()
+    table = Table("workflow", "seq", "step", "idempotency key", "arguments", "age", "why", box=None)
+    for r in rows:
+        table.add_row(
+            r.workflow_id,
+            str(r.seq),
+            r.step,
+            r.idempotency_key,
+            receipts.preview(r.intent, 50),
+            f"{now - r.opened_at:.0f}s",
+            r.reason,
+        )
+    console.print(table, soft_wrap=True)
+
+
+@review.command("resolve")
+@click.argument("workflow_id")
+@click.argument("seq", type=int)
+@click.option("--result", "result_json", default=None, help="The step's result, as JSON.")
+@click.option("--retry", is_flag=True, help="Run the step again with the same key.")
+@click.option("--fail", "reason", default=None, help="Fail the step with this reason.")
+@click.option("--by", default=lambda: os.environ.get("USER", "cli"), help="Who decides.")
+@click.pass_obj
+def review_resolve(
+    database: str,
+    workflow_id: str,
+    seq: int,
+    result_json: str | None,
+    retry: bool,
+    reason: str | None,
+    by: str,
+) -> None:
+    """Decide once: --result JSON (it happened), --retry (it did not) or --fail REASON."""
+    if sum([result_json is not None, retry, reason is not None]) != 1:
+        raise click.UsageError("give exactly one of --result, --retry or --fail")
+    choice: dict[str, Any] = {"retry": retry} if retry else {"fail": reason}
+    if result_json is not None:
+        try:
+            choice = {"result": json.loads(result_json)}
+        except json.JSONDecodeError as exc:
+            raise click.ClickException(f"--result is not JSON: {exc}") from exc
+    try:
+        with durably.Client(database) as client:
+            decided = client.resolve(workflow_id, seq, by=by, **choice)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    console.print(
+        f"{workflow_id} seq {seq} ({decided.step}): {decided.decision} by {decided.decided_by}; "
+        "the workflow resumes"
+    )
 
 
 @main.command()
