@@ -6,6 +6,7 @@ path rather than a simulated one:
 
 - ``DURABLY_CRASH_AT=POINT[:STEP][@N]``: die the Nth time (default 1st) the
   engine reaches POINT (for STEP, when given). Points: ``engine_start``,
+  ``before_intent``, ``after_intent`` (steps with reconcile= or at_most_once=),
   ``before_call``, ``after_call``, ``after_receipt``, ``in_backoff``,
   ``before_finish``.
 - ``DURABLY_CRASH_AT=#N``: die at the Nth boundary of any kind.
