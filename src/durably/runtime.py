@@ -239,6 +239,18 @@ class Run:
                 if self._blocks:
                     self._schedule_park()
 
+    @contextlib.contextmanager
+    def not_active(self) -> Iterator[None]:
+        """Inside ``active()``, mark a stretch that only waits (a step parked for review)."""
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+        try:
+            yield
+        finally:
+            self.inflight += 1
+            self._idle.clear()
+
     async def wait_idle(self) -> None:
         """Wait until no step or commit of this run is on its way."""
         await self._idle.wait()

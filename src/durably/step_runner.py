@@ -174,9 +174,10 @@ async def _await_review(
     await run.store_op(
         functools.partial(store.open_review, run.workflow_id, run.epoch, intent, key, reason, batch)
     )
-    while True:
-        await run.block(REVIEW, key, None)
-        run.cancel_point(seq)
+    with run.not_active():
+        while True:
+            await run.block(REVIEW, key, None)
+            run.cancel_point(seq)
 
 
 async def invoke(

@@ -257,5 +257,8 @@ def run_step(
     Like a decorated step, the seq is taken at the call, so await it in order
     or gather it.
     """
-    definition = define(fn, Options(name, retry, timeout, reconcile, at_most_once))
+    if isinstance(fn, StepFunction):  # a decorated step keeps its options; name= may rename it
+        definition = dataclasses.replace(fn.definition, name=name or fn.definition.name)
+    else:
+        definition = define(fn, Options(name, retry, timeout, reconcile, at_most_once))
     return StepFunction[Any, R](definition)(*args, **kwargs)

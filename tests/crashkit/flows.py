@@ -1,0 +1,275 @@
+"""The workflows the crash tests run, in a child process or in the test process.
+
+Every step appends one JSON line per invocation to the effects file named by
+``CRASHKIT_EFFECTS`` (append mode, flushed and fsynced before the step goes on),
+so a test counts what really ran instead of trusting logs. A line holds the
+workflow id, seq, step name, attempt and idempotency key (from
+``durably.step_info()``), the step's arguments, the pid and the wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import durably
+from durably.context import StepContext
+
+EFFECTS_ENV = "CRASHKIT_EFFECTS"
+
+
+def record(*args: Any) -> StepContext:
+    """Append this invocation to the effects file; return the step's context."""
+    info = durably.step_info()
+    line = {
+        "wf": info.workflow_id,
+        "seq": info.seq,
+        "step": info.name,
+        "attempt": info.attempt,
+        "key": info.idempotency_key,
+        "args": list(args),
+        "pid": os.getpid(),
+        "t": time.time(),
+    }
+    path = os.environ[EFFECTS_ENV]
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return info
+
+
+# --- a linear workflow of four steps (sync and async) ----------------------------------
+
+
+@durably.step
+def step_a(x: int) -> int:
+    record(x)
+    return x + 1
+
+
+@durably.step
+async def step_b(x: int) -> int:
+    record(x)
+    return x * 2
+
+
+@durably.step
+def step_c(x: int) -> int:
+    record(x)
+    return x + 3
+
+
+@durably.step
+async def step_d(x: int) -> int:
+    record(x)
+    return x * 10
+
+
+def linear_expected(x: int) -> list[int]:
+    """What ``linear(x)`` returns."""
+    a = x + 1
+    b = a * 2
+    c = b + 3
+    return [a, b, c, c * 10]
+
+
+@durably.workflow
+async def linear(x: int) -> list[int]:
+    a = await step_a(x)
+    b = await step_b(a)
+    c = await step_c(b)
+    d = await step_d(c)
+    return [a, b, c, d]
+
+
+@durably.workflow
+async def other(x: int) -> int:
+    """A second workflow, to collide with ``linear`` on a workflow id."""
+    return await step_a(x)
+
+
+# --- a step that fails its first attempt and is retried after a durable back-off -------
+
+BACKOFF = 1.0
+
+
+@durably.step(retry=durably.Retry(max_attempts=3, initial=BACKOFF, jitter=0.0))
+def flaky_once(x: int) -> int:
+    info = record(x)
+    if info.attempt == 1:
+        raise RuntimeError("the first attempt fails")
+    return x + 100
+
+
+@durably.workflow
+async def with_backoff(x: int) -> list[int]:
+    a = await step_a(x)
+    f = await flaky_once(a)
+    d = await step_d(f)
+    return [a, f, d]
+
+
+# --- a step that is killed from outside while it sleeps ---------------------------------
+
+
+@durably.step
+def sleeper(marker: str) -> str:
+    record(marker)
+    if not os.path.exists(marker):
+        with open(marker, "w", encoding="utf-8") as fh:
+            fh.write(f"{os.getpid()}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        time.sleep(60)  # the test SIGKILLs the process long before this ends
+    return "woke"
+
+
+@durably.workflow
+async def sleepy(x: int, marker: str) -> list[Any]:
+    a = await step_a(x)
+    s = await sleeper(marker)
+    d = await step_d(a)
+    return [a, s, d]
+
+
+# --- a step that always kills its own executor -----------------------------------------
+
+
+@durably.step
+def kill_self(x: int) -> int:
+    record(x)
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(10)  # never reached: SIGKILL cannot be caught
+    return x
+
+
+@durably.workflow
+async def crashes_executor(x: int) -> int:
+    a = await step_a(x)
+    return await kill_self(a)
+
+
+# --- steps called in an order read from a file (the test rewrites it) -------------------
+
+
+def _named_step(name: str) -> Any:
+    def body(tag: str) -> str:
+        record(tag)
+        return f"{name}:{tag}"
+
+    body.__qualname__ = body.__name__ = name
+    return durably.step(name=name)(body)
+
+
+alpha = _named_step("alpha")
+beta = _named_step("beta")
+gamma = _named_step("gamma")
+ORDERED_STEPS = {"alpha": alpha, "beta": beta, "gamma": gamma}
+
+
+@durably.workflow
+async def ordered(order_path: str, catch: bool = False) -> list[str]:
+    """Call the steps named in the JSON list at ``order_path``, in that order.
+
+    Reading the file makes the workflow deliberately non-deterministic. With
+    ``catch``, every step call swallows NonDeterminismError and the workflow
+    returns normally.
+    """
+    with open(order_path, encoding="utf-8") as fh:
+        order = json.load(fh)
+    out = []
+    for name in order:
+        if not catch:
+            out.append(await ORDERED_STEPS[name](name))
+            continue
+        try:
+            out.append(await ORDERED_STEPS[name](name))
+        except durably.NonDeterminismError as exc:
+            out.append(f"caught: {exc}")
+    return out
+
+
+# --- steps whose results cannot be stored ----------------------------------------------
+
+
+@durably.step
+def returns_socket() -> Any:
+    record()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.close()  # closed, so the test process never warns about it; still unencodable
+    return sock
+
+
+@durably.step
+def returns_lambda() -> Any:
+    record()
+    return lambda: None
+
+
+@durably.workflow
+async def unencodable(kind: str) -> Any:
+    a = await step_a(1)
+    b = await (returns_socket() if kind == "socket" else returns_lambda())
+    return [a, b]
+
+
+# --- the generic shape interpreter of the property test ---------------------------------
+
+MODULUS = 1_000_003
+
+
+def mix(acc: int, p: int) -> int:
+    """The deterministic function every shape step computes."""
+    return (acc * 31 + p) % MODULUS
+
+
+@durably.step
+def det(index: int, acc: int, p: int, observed: list[Any]) -> int:
+    record(index, acc, p, observed)
+    return mix(acc, p)
+
+
+@durably.step(retry=durably.Retry(max_attempts=4, initial=0.05, backoff=1.0, jitter=0.0))
+def flaky_det(index: int, acc: int, p: int, k: int, observed: list[Any]) -> int:
+    info = record(index, acc, p, k, observed)
+    if info.attempt <= k:
+        raise RuntimeError(f"planned failure {info.attempt} of {k}")
+    return mix(acc, p)
+
+
+def _call(index: int, acc: int, item: dict[str, Any], observed: list[Any]) -> Any:
+    if item.get("k", 0):
+        return flaky_det(index, acc, item["p"], item["k"], observed)
+    return det(index, acc, item["p"], observed)
+
+
+@durably.workflow
+async def shape(ops: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+    """Interpret a list of ops (see tests/test_property_crashes.py)."""
+    acc = seed
+    values: list[Any] = []
+    outputs: list[int] = []
+    for index, op in enumerate(ops):
+        kind = op["op"]
+        if kind == "step":
+            acc = await _call(index, acc, op, list(values))
+        elif kind == "now":
+            values.append(durably.now().isoformat())
+        elif kind == "random":
+            values.append(durably.random())
+        elif kind == "uuid4":
+            values.append(str(durably.uuid4()))
+        elif kind == "gather":
+            calls = [_call(index, acc, item, list(values)) for item in op["items"]]
+            results = await asyncio.gather(*calls)
+            acc = sum(results) % MODULUS
+        else:
+            raise ValueError(f"unknown op {kind!r}")
+        outputs.append(acc)
+    return {"acc": acc, "outputs": outputs, "values": values}

@@ -1,0 +1,174 @@
+"""Unknown outcomes in one process: an engine stopped hard leaves an intent without receipt."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import durably
+
+LOG: list[tuple[str, Any]] = []
+GATE: dict[str, asyncio.Event] = {}
+VERDICT: dict[str, Any] = {}
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    LOG.clear()
+    GATE.clear()
+    VERDICT.clear()
+
+
+def find(key: str, order: str) -> Any:
+    LOG.append(("reconcile", key))
+    verdict = VERDICT["answer"]
+    if isinstance(verdict, Exception):
+        raise verdict
+    return verdict
+
+
+@durably.step(reconcile=find)
+async def refund(order: str) -> dict[str, str]:
+    LOG.append(("refund", durably.idempotency_key()))
+    if "hang" in GATE:
+        await GATE["hang"].wait()
+    return {"refund_id": f"re-{order}"}
+
+
+@durably.step(at_most_once=True)
+async def transfer(order: str) -> dict[str, str]:
+    LOG.append(("transfer", durably.idempotency_key()))
+    if "hang" in GATE:
+        await GATE["hang"].wait()
+    return {"transfer_id": f"tr-{order}"}
+
+
+@durably.workflow
+async def pay(order: str, kind: str) -> Any:
+    if kind == "reconcile":
+        return await refund(order)
+    try:
+        return await transfer(order)
+    except durably.ResolvedAsFailed as exc:
+        return f"gave up: {exc}"
+
+
+async def interrupt(url: str, kind: str, wid: str) -> None:
+    """Start the workflow and stop the engine hard while the step hangs: intent, no receipt."""
+    GATE["hang"] = asyncio.Event()
+    engine = durably.Engine(url, hold_seconds=0.05, poll_interval=0.1)
+    await engine.open()
+    await engine.start(pay, "ORD-1", kind, workflow_id=wid)
+    while not LOG:
+        await asyncio.sleep(0.01)
+    await engine.close(drain_timeout=0.05)
+    del GATE["hang"]
+    history = durably.Client(url).history(wid)
+    assert [(e.name, e.status) for e in history] == [(history[0].name, "started")]
+
+
+async def test_reconcile_found_records_the_original_receipt(sqlite_url: str) -> None:
+    await interrupt(sqlite_url, "reconcile", "r1")
+    VERDICT["answer"] = durably.Found({"refund_id": "re-original"})
+    async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
+        assert await e.handle("r1").result(timeout=5) == {"refund_id": "re-original"}
+    assert LOG == [("refund", "r1:1"), ("reconcile", "r1:1")]
+
+
+async def test_reconcile_not_found_runs_again_with_the_same_key(sqlite_url: str) -> None:
+    await interrupt(sqlite_url, "reconcile", "r2")
+    VERDICT["answer"] = durably.NotFound
+    async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
+        assert await e.handle("r2").result(timeout=5) == {"refund_id": "re-ORD-1"}
+        (entry,) = await e.history("r2")
+    assert LOG == [("refund", "r2:1"), ("reconcile", "r2:1"), ("refund", "r2:1")]
+    assert entry.attempt == 2
+
+
+@pytest.mark.parametrize("answer", [durably.Unknown, RuntimeError("lookup down")])
+async def test_reconcile_that_cannot_tell_parks_for_review(sqlite_url: str, answer: Any) -> None:
+    await interrupt(sqlite_url, "reconcile", "r3")
+    VERDICT["answer"] = answer
+    async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
+        for _ in range(100):
+            if (await e.handle("r3").status()) == "needs_review":
+                break
+            await asyncio.sleep(0.05)
+        (review,) = await e.reviews()
+        assert (review.workflow_id, review.seq, review.step) == ("r3", 1, "refund")
+        assert review.idempotency_key == "r3:1" and "ORD-1" in (review.intent or "")
+        assert ("Unknown" if answer is durably.Unknown else "lookup down") in review.reason
+        await e.resolve("r3", 1, retry=True, by="alice")
+        assert await e.handle("r3").result(timeout=5) == {"refund_id": "re-ORD-1"}
+    assert [x for x in LOG if x[0] == "refund"] == [("refund", "r3:1"), ("refund", "r3:1")]
+
+
+async def test_at_most_once_parks_and_a_person_decides_once(sqlite_url: str) -> None:
+    await interrupt(sqlite_url, "at_most_once", "t1")
+    async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
+        for _ in range(100):
+            if (await e.handle("t1").status()) == "needs_review":
+                break
+            await asyncio.sleep(0.05)
+        assert [r.step for r in await e.reviews()] == ["transfer"]
+        decided = await e.resolve("t1", 1, result={"transfer_id": "tr-seen"}, by="bob")
+        assert (decided.decision, decided.decided_by) == ("result", "bob")
+        with pytest.raises(durably.NothingToResolve):
+            await e.resolve("t1", 1, retry=True, by="carol")
+        assert await e.handle("t1").result(timeout=5) == {"transfer_id": "tr-seen"}
+        assert await e.reviews() == []
+    assert [x[0] for x in LOG] == ["transfer"]  # never repeated
+
+
+async def test_resolved_as_failed_reaches_the_workflow(sqlite_url: str) -> None:
+    await interrupt(sqlite_url, "at_most_once", "t2")
+    async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
+        for _ in range(100):
+            if (await e.handle("t2").status()) == "needs_review":
+                break
+            await asyncio.sleep(0.05)
+        await e.resolve("t2", 1, fail="bank says no", by="dan")
+        result = await e.handle("t2").result(timeout=5)
+    assert result == "gave up: resolved as failed by dan: bank says no"
+
+
+@durably.step
+async def book(item: str) -> str:
+    LOG.append(("book", item))
+    return item
+
+
+@durably.step
+async def unbook(item: str) -> None:
+    LOG.append(("unbook", item))
+
+
+@durably.step
+async def charge() -> None:
+    LOG.append(("charge", None))
+    raise ValueError("card declined")
+
+
+@durably.workflow
+async def trip() -> None:
+    for item in ("flight", "hotel"):
+        await book(item)
+        durably.compensate(unbook, item)
+    await charge()
+
+
+async def test_compensations_run_newest_first_then_the_workflow_fails(sqlite_url: str) -> None:
+    async with durably.Engine(sqlite_url) as e:
+        with pytest.raises(ValueError, match="card declined"):
+            await (await e.start(trip, workflow_id="trip")).result(timeout=5)
+        names = [x.name for x in await e.history("trip")]
+    assert LOG == [
+        ("book", "flight"),
+        ("book", "hotel"),
+        ("charge", None),
+        ("unbook", "hotel"),
+        ("unbook", "flight"),
+    ]
+    assert names[-2:] == ["compensate:unbook", "compensate:unbook"]
