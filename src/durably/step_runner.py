@@ -55,7 +55,7 @@ async def _run(
         if entry.status == _S.RETRYING:
             attempt = entry.attempt + 1
             if entry.wake_at is not None:
-                await _backoff(run, entry.wake_at - run.services.clock(), step.name)
+                await _backoff(run, seq, entry.wake_at)
         if entry.status == _S.STARTED:  # an intent without a receipt: outcome unknown
             found = await _unknown_outcome(run, seq, step, entry, args, kwargs, key, where)
             if found is not None:
@@ -85,7 +85,7 @@ async def _run(
             if delay is None:
                 raise
             faults.reached("in_backoff", step.name)
-            await _backoff(run, delay, step.name)
+            await _backoff(run, seq, finished + delay)
             attempt += 1
             continue
         finished = run.services.clock()
@@ -224,15 +224,15 @@ async def _call(
         context.current_step.reset(token)
 
 
-async def _backoff(run: Run, seconds: float, name: str) -> None:
-    """Wait out a retry delay; the wake-up time is already in the journal."""
-    if seconds <= 0:
-        return
-    try:
-        await asyncio.wait_for(run.services.stopping.wait(), timeout=seconds)
-    except TimeoutError:
-        return
-    raise runtime.Suspended(f"engine stopping during the back-off of step {name!r}")
+async def _backoff(run: Run, seq: int, wake_at: float) -> None:
+    """Wait until the next attempt is due: a durable timer (the time is in the journal).
+
+    A long back-off parks the workflow like ``durably.sleep``; a short one stays.
+    """
+    with run.not_active():
+        while run.services.clock() < wake_at:
+            await run.block(journal.Kind.SLEEP, "", wake_at)
+            run.cancel_point(seq)
 
 
 def error_json(exc: BaseException) -> str:
