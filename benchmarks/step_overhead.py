@@ -1,6 +1,6 @@
 """Per-step overhead of durably on SQLite, as a ratio to one raw SQLite commit.
 
-    python benchmarks/step_overhead.py [--steps 100] [--runs 5] [--workflows 10] [--dir DIR]
+    python benchmarks/step_overhead.py [--steps 100] [--runs 9] [--workflows 10] [--dir DIR]
 
 For synchronous=FULL and NORMAL, each run measures, on fresh files in one temp
 directory (same filesystem for all of them):
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import shutil
@@ -142,7 +143,7 @@ async def durably_run(url: str, kind: str, steps: int, workflows: int) -> Durabl
         _spans.clear()
         if workflows == 1:
             await (await engine.start(wf, steps, False)).result()
-            (t0, t1), = _spans
+            ((t0, t1),) = _spans
             return DurablyResult((t1 - t0) / steps * 1e6, wall=t1 - t0, steps=steps)
         _gate = asyncio.Event()
         handles = [await engine.start(wf, steps, True) for _ in range(workflows)]
@@ -216,9 +217,15 @@ def pick_dir(requested: str | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100, help="steps per workflow (100)")
-    parser.add_argument("--runs", type=int, default=5, help="measured runs per row (5)")
+    parser.add_argument("--runs", type=int, default=9, help="measured runs per row (9)")
     parser.add_argument("--workflows", type=int, default=10, help="concurrent workflows (10)")
-    parser.add_argument("--dir", help="parent directory for the temp files (default: see --help)")
+    parser.add_argument(
+        "--dir",
+        help=(
+            "parent directory for the temp files (default: the system temp dir when it "
+            "is on the repo's disk and not tmpfs, else <repo>/.bench-tmp)"
+        ),
+    )
     parser.add_argument("--keep", action="store_true", help="keep the database files")
     args = parser.parse_args(argv)
 
@@ -235,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         counter[0] += 1
         return os.path.join(workdir, f"{counter[0]:04d}-{name}.db")
 
+    load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     started = time.perf_counter()
     try:
         for run in range(args.runs + 1):  # run 0 is the warm-up, not recorded
@@ -252,10 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
             if Path(parent) == REPO / ".bench-tmp":
-                try:
+                with contextlib.suppress(OSError):
                     os.rmdir(parent)
-                except OSError:
-                    pass
     elapsed = time.perf_counter() - started
 
     print(f"durably {durably.__version__} step overhead vs raw SQLite commit")
@@ -263,13 +269,18 @@ def main(argv: list[str] | None = None) -> int:
         f"Python {platform.python_version()} ({sys.implementation.name}), "
         f"SQLite {sqlite3.sqlite_version}, {platform.machine()}, {os.cpu_count()} CPUs"
     )
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"load average before/after: {load_before} / {load} (other processes add noise)")
     print(f"files: {workdir}{'' if args.keep else ' (removed)'} on {filesystem_of(parent)}")
     print(
         f"{args.steps} steps per workflow, {args.runs} runs + 1 warm-up, "
         f"median [min]; {elapsed:.1f} s total"
     )
     print()
-    head = f"{'mode':<8} | {'step':<16} | {'raw commit us':>15} | {'durably step us':>17} | {'ratio':>11}"
+    head = (
+        f"{'mode':<8} | {'step':<16} | {'raw commit us':>15} | "
+        f"{'durably step us':>17} | {'ratio':>6}"
+    )
     print(head)
     print("-" * len(head))
     for mode in MODES:
@@ -280,7 +291,6 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{mode.upper():<8} | {label:<16} | {r.median:7.1f} [{r.min:5.1f}] | "
                 f"{d.median:8.1f} [{d.min:6.1f}] | {d.median / r.median:5.2f}x"
-                f"{'':>5}"
             )
     if args.workflows > 1:
         print()
@@ -305,11 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     full = dur[("full", "async", 1)].median / raw["full"].median
     verdict = "MET" if full <= TARGET_RATIO else "NOT met"
     print(
-        f"target: FULL plain async step <= {TARGET_RATIO}x one raw commit -> "
-        f"{full:.2f}x: {verdict}"
+        f"target: FULL plain async step <= {TARGET_RATIO}x one raw commit -> {full:.2f}x: {verdict}"
     )
-    print("reference: raw commit ~122 us FULL / ~10 us NORMAL on the reference machine; "
-          "DBOS Transact ~880 us per step")
+    print(
+        "reference: raw commit ~122 us FULL / ~10 us NORMAL on the reference machine; "
+        "DBOS Transact ~880 us per step"
+    )
     return 0
 
 
