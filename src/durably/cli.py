@@ -24,7 +24,9 @@ from rich.console import Console
 from rich.table import Table
 
 import durably
+from durably import queues as queues_module
 from durably import receipts
+from durably.testing import crashes
 
 console = Console(highlight=False)
 
@@ -190,23 +192,65 @@ def start(database: str, target: str, args_json: str, workflow_id: str | None, w
 @main.command()
 @click.argument("modules", nargs=-1, required=True)
 @click.option("--lease", default=30.0, show_default=True, help="Lease seconds.")
+@click.option(
+    "--queue",
+    "queue_names",
+    multiple=True,
+    help="Serve this durably.Queue defined in MODULES (repeatable; default: every one).",
+)
+@click.option(
+    "--poll",
+    default=1.0,
+    show_default=True,
+    help="Seconds between looks for work when nothing announces it (SQLite; a fallback on "
+    "PostgreSQL, which announces it).",
+)
+@click.option("--max-recoveries", default=5, show_default=True, help="Crashes before failing.")
 @click.pass_obj
-def worker(database: str, modules: tuple[str, ...], lease: float) -> None:
-    """Import MODULES (registering their workflows) and run workflows until SIGTERM.
+def worker(
+    database: str,
+    modules: tuple[str, ...],
+    lease: float,
+    queue_names: tuple[str, ...],
+    poll: float,
+    max_recoveries: int,
+) -> None:
+    """Import MODULES (registering their workflows and queues) and run workflows until SIGTERM.
 
-    On SIGTERM or Ctrl-C running steps finish and commit, then the workflows
-    are released for another worker.
+    Run one per process, on as many machines as share the database. A worker
+    runs the workflows started without a queue and those of the queues it
+    serves, within their limits. On SIGTERM or Ctrl-C running steps finish
+    and commit, then the workflows are released for another worker.
     """
     for module in modules:
         _import(module)
+    defined = {q.name: q for q in queues_module.Queue.defined()}
+    missing = [name for name in queue_names if name not in defined]
+    if missing:
+        raise click.ClickException(
+            f"no durably.Queue named {', '.join(map(repr, missing))} in "
+            f"{', '.join(modules)} (defined: {', '.join(sorted(defined)) or 'none'})"
+        )
+    queues = [defined[name] for name in queue_names] if queue_names else list(defined.values())
 
     async def serve() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with durably.Engine(database, lease_seconds=lease) as engine:
-            console.print(f"worker {engine.executor_id} serving {database}", soft_wrap=True)
+        engine = durably.Engine(
+            database,
+            lease_seconds=lease,
+            poll_interval=poll,
+            max_recoveries=max_recoveries,
+            queues=queues,
+        )
+        async with engine:
+            serving = ", ".join(q.name for q in queues) or "none"
+            console.print(
+                f"worker {engine.executor_id} serving {engine.url} (queues: {serving})",
+                soft_wrap=True,
+            )
             await stop.wait()
             console.print("stopping: letting running steps finish")
         console.print("stopped")
@@ -215,6 +259,33 @@ def worker(database: str, modules: tuple[str, ...], lease: float) -> None:
         asyncio.run(serve())
     except durably.DurablyError as exc:
         _fail(exc)
+
+
+@main.command()
+@click.pass_obj
+def workers(database: str) -> None:
+    """List the executors (workers) registered in the database, oldest first."""
+    try:
+        with durably.Client(database) as client:
+            rows = client.executors()
+    except durably.DurablyError as exc:
+        _fail(exc)
+    if not rows:
+        console.print("no workers")
+        return
+    now = time.time()
+    table = Table("executor", "host", "pid", "started", "last heartbeat", box=None)
+    for e in rows:
+        age = now - e.heartbeat_at
+        beat = f"{age:.0f}s ago" if age < 3600 else _when(e.heartbeat_at)
+        table.add_row(
+            e.executor_id,
+            e.host,
+            str(e.pid),
+            _when(e.started_at),
+            f"[yellow]{beat}[/]" if age > 60 else beat,
+        )
+    console.print(table, soft_wrap=True)
 
 
 @main.command("signal")
@@ -362,6 +433,9 @@ def migrate(database: str) -> None:
     except durably.DurablyError as exc:
         _fail(exc)
     console.print(f"{database}: schema version {version}")
+
+
+main.add_command(crashes.test_crashes_command)
 
 
 @main.command()

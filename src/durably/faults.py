@@ -21,6 +21,8 @@ import signal
 
 POINTS = (
     "engine_start",
+    "before_intent",
+    "after_intent",
     "before_call",
     "after_call",
     "after_receipt",

@@ -1,5 +1,23 @@
-"""Test kit for agents built on durably: real services that count side effects."""
+"""Test kit for agents built on durably: real services that count side effects, and
+``crash_points`` to kill your own workflow at every commit boundary."""
 
+from durably.testing.crashes import (
+    Boundary,
+    CrashReport,
+    CrashToolError,
+    KeyCount,
+    Scenario,
+    crash_points,
+)
 from durably.testing.payments import FakePaymentsServer, refund
 
-__all__ = ["FakePaymentsServer", "refund"]
+__all__ = [
+    "Boundary",
+    "CrashReport",
+    "CrashToolError",
+    "FakePaymentsServer",
+    "KeyCount",
+    "Scenario",
+    "crash_points",
+    "refund",
+]
