@@ -24,6 +24,9 @@ def test_all_is_frozen() -> None:
 
 
 FROZEN = [
+    "Agent",
+    "AgentResult",
+    "ApprovalRejected",
     "Cancelled",
     "ChildHandle",
     "Claim",
@@ -40,6 +43,7 @@ FROZEN = [
     "ExecutorInfo",
     "FencedError",
     "Found",
+    "MaxTurnsExceeded",
     "NonDeterminismError",
     "NotADurablyDatabase",
     "NotFound",
@@ -53,6 +57,7 @@ FROZEN = [
     "StepError",
     "StepTimeout",
     "StoreError",
+    "ToolError",
     "Unknown",
     "WorkflowFailed",
     "WorkflowHandle",
@@ -62,6 +67,7 @@ FROZEN = [
     "WorkflowNotRegistered",
     "compensate",
     "idempotency_key",
+    "llm",
     "now",
     "random",
     "run",
@@ -72,6 +78,7 @@ FROZEN = [
     "start_child",
     "step",
     "step_info",
+    "tool",
     "uuid4",
     "wait_for_signal",
     "workflow",

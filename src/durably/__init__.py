@@ -5,10 +5,17 @@ the workflow re-runs from its first line and finished steps return their
 recorded results. See README.md and docs/.
 """
 
+from durably.agents import (
+    Agent,
+    AgentResult,
+    llm,
+    tool,
+)
 from durably.client import Client
 from durably.context import idempotency_key, step_info
 from durably.engine import Engine, WorkflowHandle, run
 from durably.errors import (
+    ApprovalRejected,
     Cancelled,
     DatabaseLocked,
     DatabaseReadOnly,
@@ -18,6 +25,7 @@ from durably.errors import (
     DurablyError,
     EncodeError,
     FencedError,
+    MaxTurnsExceeded,
     NonDeterminismError,
     NotADurablyDatabase,
     NothingToResolve,
@@ -27,6 +35,7 @@ from durably.errors import (
     StepError,
     StepTimeout,
     StoreError,
+    ToolError,
     WorkflowFailed,
     WorkflowIdConflict,
     WorkflowNotFound,
@@ -40,6 +49,9 @@ from durably.workflows import compensate, now, random, uuid4, workflow
 __version__ = "0.1.0"
 
 __all__ = [
+    "Agent",
+    "AgentResult",
+    "ApprovalRejected",
     "Cancelled",
     "ChildHandle",
     "Claim",
@@ -56,6 +68,7 @@ __all__ = [
     "ExecutorInfo",
     "FencedError",
     "Found",
+    "MaxTurnsExceeded",
     "NonDeterminismError",
     "NotADurablyDatabase",
     "NotFound",
@@ -69,6 +82,7 @@ __all__ = [
     "StepError",
     "StepTimeout",
     "StoreError",
+    "ToolError",
     "Unknown",
     "WorkflowFailed",
     "WorkflowHandle",
@@ -78,6 +92,7 @@ __all__ = [
     "WorkflowNotRegistered",
     "compensate",
     "idempotency_key",
+    "llm",
     "now",
     "random",
     "run",
@@ -88,6 +103,7 @@ __all__ = [
     "start_child",
     "step",
     "step_info",
+    "tool",
     "uuid4",
     "wait_for_signal",
     "workflow",

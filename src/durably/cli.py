@@ -26,6 +26,7 @@ from rich.table import Table
 import durably
 from durably import queues as queues_module
 from durably import receipts
+from durably.agents import cli as agents_cli
 from durably.testing import crashes
 
 console = Console(highlight=False)
@@ -436,6 +437,9 @@ def migrate(database: str) -> None:
 
 
 main.add_command(crashes.test_crashes_command)
+main.add_command(agents_cli.approvals_cmd)
+main.add_command(agents_cli.approve_cmd)
+main.add_command(agents_cli.reject_cmd)
 
 
 @main.command()

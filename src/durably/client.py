@@ -189,3 +189,40 @@ class Client:
             time.time(),
             write=True,
         )
+
+    # --- approvals of agent tool calls --------------------------------------------------
+
+    def approve(
+        self,
+        workflow_id: str,
+        *,
+        by: str,
+        tool_call_id: str | None = None,
+        override_args: Any = None,
+        note: str = "",
+    ) -> Any:
+        """Approve the workflow's pending tool call (see :func:`durably.agents.approve`)."""
+        from durably.agents import decisions
+
+        return decisions.approve(
+            self,
+            workflow_id,
+            by=by,
+            tool_call_id=tool_call_id,
+            override_args=override_args,
+            note=note,
+        )
+
+    def reject(
+        self, workflow_id: str, *, by: str, reason: str = "", tool_call_id: str | None = None
+    ) -> Any:
+        """Reject the workflow's pending tool call; the model reads the reason."""
+        from durably.agents import decisions
+
+        return decisions.reject(self, workflow_id, by=by, reason=reason, tool_call_id=tool_call_id)
+
+    def list_approvals(self, workflow_id: str | None = None) -> list[Any]:
+        """Tool calls waiting for a person's approval, with their exact arguments."""
+        from durably.agents import decisions
+
+        return decisions.list_approvals(self, workflow_id)

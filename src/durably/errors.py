@@ -145,3 +145,57 @@ class FencedError(StoreError):
     The write was rejected by the store; the caller must stop touching the
     workflow.
     """
+
+
+# --- agents -------------------------------------------------------------------
+
+
+class ToolError(DurablyError):
+    """Raise it from a tool to tell the model the call failed.
+
+    The message becomes the tool's result (``{"error": message}``) and the agent
+    goes on; any other exception from a tool fails the workflow.
+    """
+
+
+class ApprovalRejected(DurablyError):
+    """A person rejected (or a timeout rejected) an approval-gated tool call.
+
+    Raised by a *direct* call of a gated tool; an agent's call instead tells the
+    model why, as the tool's result.
+    """
+
+    def __init__(self, tool: str, by: str, reason: str) -> None:
+        super().__init__(tool, by, reason)
+        self.tool, self.by, self.reason = tool, by, reason
+
+    def __str__(self) -> str:
+        return f"rejected by {self.by}: {self.reason}" if self.reason else f"rejected by {self.by}"
+
+
+class ApprovalError(DurablyError):
+    """A decision on an approval could not be sent."""
+
+
+class ApprovalNotPending(ApprovalError, LookupError):
+    """No approval of that workflow (and tool call) waits for a decision."""
+
+
+class ApprovalStale(ApprovalError):
+    """The approval now pending is not the one the decision was made on.
+
+    The arguments shown to the person differ from the ones the workflow waits
+    on, so the decision is refused rather than applied to something unseen.
+    """
+
+
+class ApprovalAlreadyDecided(ApprovalError):
+    """A decision for this approval was already sent; each is made once."""
+
+
+class MaxTurnsExceeded(DurablyError):
+    """The agent used ``max_turns`` model calls without reaching a final answer."""
+
+
+class ModelResponseError(DurablyError):
+    """The model's response cannot be used (no choices, or no message)."""

@@ -9,15 +9,22 @@ from durably.testing.crashes import (
     Scenario,
     crash_points,
 )
+from durably.testing.models import FakeModelServer, by_turn, call, failure, text, tool_calls
 from durably.testing.payments import FakePaymentsServer, refund
 
 __all__ = [
     "Boundary",
     "CrashReport",
     "CrashToolError",
+    "FakeModelServer",
     "FakePaymentsServer",
     "KeyCount",
     "Scenario",
+    "by_turn",
+    "call",
     "crash_points",
+    "failure",
     "refund",
+    "text",
+    "tool_calls",
 ]

@@ -1,0 +1,63 @@
+"""Durable agents for OpenAI-compatible models: tools, the agent loop, approvals, usage.
+
+Nothing here is more magic than workflows and steps: a tool is a step, each
+model turn is a step, an approval is an event plus a signal. See
+docs/agents.md.
+"""
+
+from durably.agents.agent import Agent, AgentResult
+from durably.agents.approvals import Decision, PendingApproval, args_hash
+from durably.agents.completions import ModelRetry
+from durably.agents.decisions import approve, list_approvals, reject
+from durably.agents.durable_client import DurableLLM, llm
+from durably.agents.exceptions import (
+    ApprovalAlreadyDecided,
+    ApprovalError,
+    ApprovalNotPending,
+    ApprovalRejected,
+    ApprovalStale,
+    ClientRetriesWarning,
+    MaxTurnsExceeded,
+    ModelResponseError,
+    ToolError,
+)
+from durably.agents.tools import Tool, tool
+from durably.agents.usage import (
+    DEFAULT_PRICES,
+    Price,
+    Tokens,
+    Usage,
+    run_usage,
+    usage_from_history,
+)
+
+__all__ = [
+    "DEFAULT_PRICES",
+    "Agent",
+    "AgentResult",
+    "ApprovalAlreadyDecided",
+    "ApprovalError",
+    "ApprovalNotPending",
+    "ApprovalRejected",
+    "ApprovalStale",
+    "ClientRetriesWarning",
+    "Decision",
+    "DurableLLM",
+    "MaxTurnsExceeded",
+    "ModelResponseError",
+    "ModelRetry",
+    "PendingApproval",
+    "Price",
+    "Tokens",
+    "Tool",
+    "ToolError",
+    "Usage",
+    "approve",
+    "args_hash",
+    "list_approvals",
+    "llm",
+    "reject",
+    "run_usage",
+    "tool",
+    "usage_from_history",
+]

@@ -1,0 +1,133 @@
+"""Command-line approvals: ``approvals``, ``approve``, ``reject``.
+
+The commands take the database URL as click's context object, like the
+``durably`` CLI's own commands, so the lead can mount them there
+(``main.add_command(approvals_cmd)``...). Until then:
+``python -m durably.agents --database URL approvals|approve|reject ...``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Any
+
+import click
+
+from durably import client as client_module
+from durably import errors
+from durably.agents import decisions, exceptions
+
+
+def _client(database: str) -> client_module.Client:
+    return client_module.Client(database)
+
+
+@click.command("approvals")
+@click.argument("workflow_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+def approvals_cmd(database: str, workflow_id: str | None, as_json: bool) -> None:
+    """List tool calls waiting for approval (of one workflow, or of all)."""
+    with _client(database) as client:
+        pending = decisions.list_approvals(client, workflow_id)
+    for p in pending:
+        if as_json:
+            click.echo(json.dumps({**dataclasses.asdict(p), "signal": p.signal}))
+        else:
+            deadline = f"  (until {p.deadline})" if p.deadline else ""
+            click.echo(f"{p.workflow_id}  {p.approval_id}  {p.describe()}{deadline}")
+    if not pending and not as_json:
+        click.echo("no pending approvals")
+
+
+def _decide(action: str, database: str, workflow_id: str, **kw: Any) -> None:
+    try:
+        with _client(database) as client:
+            if action == "approve":
+                decided = decisions.approve(client, workflow_id, **kw)
+            else:
+                decided = decisions.reject(client, workflow_id, **kw)
+    except (exceptions.ApprovalError, errors.WorkflowNotFound) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"{action}d {decided.describe()} in {workflow_id}")
+
+
+@click.command("approve")
+@click.argument("workflow_id")
+@click.option("--by", required=True, help="Who decides (journaled).")
+@click.option("--call", "tool_call_id", default=None, help="The tool_call_id, if several wait.")
+@click.option("--expect", default=None, help="The args_sha256 you were shown.")
+@click.option("--args", "override", default=None, help="Run with these JSON arguments instead.")
+@click.option("--note", default="", help="A note kept with the decision.")
+@click.pass_obj
+def approve_cmd(
+    database: str,
+    workflow_id: str,
+    by: str,
+    tool_call_id: str | None,
+    expect: str | None,
+    override: str | None,
+    note: str,
+) -> None:
+    """Approve the pending tool call of WORKFLOW_ID."""
+    override_args = json.loads(override) if override else None
+    _decide(
+        "approve",
+        database,
+        workflow_id,
+        by=by,
+        tool_call_id=tool_call_id,
+        expect=expect,
+        override_args=override_args,
+        note=note,
+    )
+
+
+@click.command("reject")
+@click.argument("workflow_id")
+@click.option("--by", required=True, help="Who decides (journaled).")
+@click.option("--reason", default="", help="Told to the model.")
+@click.option("--call", "tool_call_id", default=None, help="The tool_call_id, if several wait.")
+@click.option("--expect", default=None, help="The args_sha256 you were shown.")
+@click.pass_obj
+def reject_cmd(
+    database: str,
+    workflow_id: str,
+    by: str,
+    reason: str,
+    tool_call_id: str | None,
+    expect: str | None,
+) -> None:
+    """Reject the pending tool call of WORKFLOW_ID; the model reads the reason."""
+    _decide(
+        "reject",
+        database,
+        workflow_id,
+        by=by,
+        reason=reason,
+        tool_call_id=tool_call_id,
+        expect=expect,
+    )
+
+
+@click.group()
+@click.option(
+    "--database",
+    "-d",
+    envvar="DURABLY_DATABASE_URL",
+    default="sqlite:///durably.db",
+    show_default=True,
+    help="Database URL (or DURABLY_DATABASE_URL).",
+)
+@click.pass_context
+def main(ctx: click.Context, database: str) -> None:
+    """Decide approval-gated tool calls of durable agents."""
+    ctx.obj = database
+
+
+main.add_command(approvals_cmd)
+main.add_command(approve_cmd)
+main.add_command(reject_cmd)

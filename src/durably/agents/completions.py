@@ -1,0 +1,282 @@
+"""Model calls as durable steps: one chat completion per step, retried by the engine.
+
+A model call is a step named ``llm:chat.completions`` whose result is the
+response as plain JSON (``ChatCompletion.model_dump``): the assistant message,
+the finish reason and the usage. Never the request: the messages sent are
+rebuilt on replay from earlier journaled turns and tool results, so a long
+conversation costs linear storage.
+
+The engine owns retries. Clients are expected with ``max_retries=0`` (a client
+that retries on its own does so invisibly inside one step; we warn). A 429,
+408, 409 or 5xx answer and connection errors are retried with durable back-off,
+honouring ``Retry-After`` (capped); any other 4xx is final. Every attempt of one
+call carries the same ``Idempotency-Key`` header (the step's key), so a gateway
+that deduplicates can tell a retry from a new request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import inspect
+import sys
+import time
+import warnings
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any
+
+from durably import context, errors, steps
+from durably.agents import exceptions, usage
+
+STEP_NAME = usage.MODEL_STEP_PREFIX + "chat.completions"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_RETRY_STATUSES = frozenset({408, 409, 429})
+
+JSON = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRetry(steps.Retry):
+    """The retry policy of model calls: transient failures only, honouring ``Retry-After``.
+
+    Retried: HTTP 408, 409, 429 and 5xx answers, connection errors and step
+    timeouts. Not retried: every other 4xx (a bad request stays bad). When the
+    answer carries ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP
+    date) that delay is used, capped at ``max_retry_after``; otherwise the usual
+    exponential back-off. The wait is a durable timer like any step retry.
+    """
+
+    max_attempts: int = 6
+    max_retry_after: float = 120.0
+
+    def __post_init__(self) -> None:
+        steps.Retry.__post_init__(self)
+        if self.max_retry_after < 0:
+            raise errors.DefinitionError(f"max_retry_after={self.max_retry_after}: must be >= 0")
+
+    def delay_after(self, attempt: int, exc: BaseException) -> float | None:
+        """Seconds before the next attempt, or None when ``exc`` is final."""
+        if attempt >= self.max_attempts or not is_transient(exc):
+            return None
+        if not isinstance(exc, self.retry_on) or isinstance(exc, self.dont_retry_on):
+            return None
+        hinted = retry_after(exc)
+        if hinted is not None:
+            return min(hinted, self.max_retry_after)
+        return steps.Retry.delay_after(self, attempt, exc)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a model call that raised ``exc`` may succeed if tried again."""
+    status = getattr(exc, "status_code", None)
+    if isinstance(status, int):
+        return status in _RETRY_STATUSES or status >= 500
+    if isinstance(exc, errors.StepTimeout | ConnectionError | TimeoutError):
+        return True
+    openai = sys.modules.get("openai")
+    return openai is not None and isinstance(exc, openai.APIConnectionError)
+
+
+def retry_after(exc: BaseException, now: Callable[[], float] = time.time) -> float | None:
+    """The delay the server asked for in ``retry-after-ms`` or ``Retry-After``, in seconds."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    if headers is None:
+        return None
+    millis = _header(headers, "retry-after-ms")
+    if millis is not None:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = _header(headers, "retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - now())
+
+
+def _header(headers: Any, name: str) -> str | None:
+    value = headers.get(name)
+    if value is None and isinstance(headers, Mapping):
+        value = next((v for k, v in headers.items() if str(k).lower() == name), None)
+    return None if value is None else str(value)
+
+
+def warn_if_client_retries(client: Any) -> None:
+    """Warn when an OpenAI-style client would retry on its own, inside one durable step."""
+    retries = getattr(client, "max_retries", 0)
+    if isinstance(retries, int) and retries > 0:
+        warnings.warn(
+            f"{type(client).__name__}(max_retries={retries}) retries on its own, inside one "
+            "durable step and invisibly to the journal; create it with max_retries=0 so "
+            "durably owns retries (durable back-off, Retry-After honoured, 4xx not retried)",
+            exceptions.ClientRetriesWarning,
+            stacklevel=3,
+        )
+
+
+def is_async_client(client: Any) -> bool:
+    """True for ``AsyncOpenAI``-style clients (their ``create`` is a coroutine function)."""
+    create = client.chat.completions.create
+    return inspect.iscoroutinefunction(inspect.unwrap(create))
+
+
+# --- the step ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class Call:
+    """One model call in flight: set ``live`` when its step body ran in this process."""
+
+    params: JSON
+    live: bool = False
+
+
+def model_step(
+    client: Any,
+    *,
+    retry: steps.Retry | None,
+    timeout: float | None,
+    idempotency_header: str | None,
+    name: str = STEP_NAME,
+) -> steps.StepFunction[[Call], JSON]:
+    """The step that sends one ``Call`` with ``client`` and returns the response as JSON.
+
+    The body runs only when the journal has no result for the call, so it is
+    where a call is known to be billed. With ``stream=True`` in the params the
+    stream is consumed inside the step and journaled as one completion.
+    """
+    create = client.chat.completions.create
+
+    def request(call: Call) -> JSON:
+        params = dict(call.params)
+        if params.get("stream"):
+            options = dict(params.get("stream_options") or {})
+            options.setdefault("include_usage", True)
+            params["stream_options"] = options
+        step = context.current_step.get()
+        if idempotency_header and step is not None:  # None: a plain call outside a workflow
+            headers = dict(params.get("extra_headers") or {})
+            headers.setdefault(idempotency_header, step.idempotency_key)
+            params["extra_headers"] = headers
+        return params
+
+    if is_async_client(client):
+
+        async def call_async(call: Call) -> JSON:
+            params = request(call)
+            response = await create(**params)
+            if params.get("stream"):
+                async with response as stream:
+                    result = assemble([_dump(chunk) async for chunk in stream])
+            else:
+                result = _dump(response)
+            call.live = True
+            return result
+
+        return steps.step(name=name, retry=retry, timeout=timeout)(call_async)
+
+    def call_sync(call: Call) -> JSON:
+        params = request(call)
+        response = create(**params)
+        if params.get("stream"):
+            with response as stream:
+                result = assemble([_dump(chunk) for chunk in stream])
+        else:
+            result = _dump(response)
+        call.live = True
+        return result
+
+    return steps.step(name=name, retry=retry, timeout=timeout)(call_sync)
+
+
+def _dump(response: Any) -> JSON:
+    """A response object as the JSON the server sent (fields it did not send left out)."""
+    if isinstance(response, dict):
+        return response
+    dumped: JSON = response.model_dump(mode="json", exclude_unset=True)
+    return dumped
+
+
+def assemble(chunks: Iterable[Mapping[str, Any]]) -> JSON:
+    """One chat completion (as JSON) from the chunks of a streamed one."""
+    out: JSON = {"id": "", "object": "chat.completion", "created": 0, "model": "", "choices": []}
+    by_index: dict[int, JSON] = {}
+    for chunk in chunks:
+        for key in ("id", "created", "model", "system_fingerprint"):
+            if chunk.get(key) and not out.get(key):
+                out[key] = chunk[key]
+        if chunk.get("usage"):
+            out["usage"] = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            slot = by_index.setdefault(
+                int(choice.get("index") or 0),
+                {"content": "", "refusal": "", "calls": {}, "finish_reason": None},
+            )
+            delta = choice.get("delta") or {}
+            slot["content"] += delta.get("content") or ""
+            slot["refusal"] += delta.get("refusal") or ""
+            for part in delta.get("tool_calls") or ():
+                call = slot["calls"].setdefault(
+                    int(part.get("index") or 0),
+                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                call["id"] = part.get("id") or call["id"]
+                function = part.get("function") or {}
+                call["function"]["name"] += function.get("name") or ""
+                call["function"]["arguments"] += function.get("arguments") or ""
+            slot["finish_reason"] = choice.get("finish_reason") or slot["finish_reason"]
+    for index, slot in sorted(by_index.items()):
+        message: JSON = {"role": "assistant", "content": slot["content"] or None}
+        if slot["refusal"]:
+            message["refusal"] = slot["refusal"]
+        if slot["calls"]:
+            message["tool_calls"] = [slot["calls"][i] for i in sorted(slot["calls"])]
+        finish = slot["finish_reason"] or "stop"
+        out["choices"].append({"index": index, "message": message, "finish_reason": finish})
+    return out
+
+
+def call_model(
+    step: steps.StepFunction[[Call], JSON],
+    params: JSON,
+    prices: Mapping[str, usage.Price],
+    *meters: usage.Meter,
+) -> Coroutine[Any, Any, JSON]:
+    """Take the model call's seq now (program order) and return the awaitable that makes it.
+
+    When it returns, the call is counted as billed (its body ran here) or
+    replayed (its response came from the journal) in ``meters`` and in the
+    current workflow run's tally.
+    """
+    call = Call(params)
+    pending = step(call)
+    run_meter = usage.run_meter()
+
+    async def finish() -> JSON:
+        response = await pending
+        tokens = usage.tokens_of(response, prices)
+        for meter in (*meters, run_meter):
+            if meter is not None:
+                meter.add(tokens, live=call.live)
+        return response
+
+    return finish()
+
+
+def first_message(response: Mapping[str, Any]) -> JSON:
+    """The assistant message of the response's first choice; ModelResponseError if none."""
+    choices = response.get("choices") or []
+    message = choices[0].get("message") if choices else None
+    if not isinstance(message, dict):
+        raise exceptions.ModelResponseError(
+            f"the model's response has no message: {str(dict(response))[:200]}"
+        )
+    return message

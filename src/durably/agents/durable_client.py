@@ -1,0 +1,118 @@
+"""``durably.llm(client)``: the client's own API, where every ``create()`` is a durable step.
+
+For hand-written agent loops. ``await llm.chat.completions.create(model=...,
+messages=...)`` takes a seq in program order like any step call, journals the
+response (never the request) and returns a ``ChatCompletion``; on replay the
+journaled response comes back without a request to the provider.
+
+The call is always awaited, whether the client is ``OpenAI`` or ``AsyncOpenAI``:
+a durable call in a workflow is awaited like every step, and a sync client's
+request runs in a step thread so the event loop never blocks. ``stream=True``
+is refused: a journal holds whole responses, so a replay could not be a stream;
+use ``Agent(stream=True)``, which streams inside the step and journals the
+assembled completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Mapping
+from typing import TYPE_CHECKING, Any
+
+from durably import steps
+from durably.agents import completions, usage
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletion
+
+
+class DurableCompletions:
+    """``llm.chat.completions``: ``create()`` as a durable step."""
+
+    def __init__(self, owner: DurableLLM) -> None:
+        self._owner = owner
+
+    def create(self, **params: Any) -> Coroutine[Any, Any, ChatCompletion]:
+        """Make (or replay) one chat completion; await the result.
+
+        Takes the same keyword arguments as the client's ``create``. The seq is
+        taken now, so ``asyncio.gather`` over several calls replays in order.
+        """
+        if params.get("stream"):
+            raise ValueError(
+                "durably.llm(...).chat.completions.create(stream=True) is not supported: the "
+                "journal holds whole responses, so a replay cannot be a stream. Call it "
+                "without stream=True, or use durably.Agent(stream=True), which streams "
+                "inside the step and journals the assembled completion."
+            )
+        owner = self._owner
+        pending = completions.call_model(owner.step, params, owner.price_table)
+        return _as_completion(pending)
+
+
+async def _as_completion(pending: Coroutine[Any, Any, completions.JSON]) -> ChatCompletion:
+    from openai.types.chat import ChatCompletion
+
+    return ChatCompletion.model_validate(await pending)
+
+
+class DurableChat:
+    """``llm.chat``."""
+
+    def __init__(self, owner: DurableLLM) -> None:
+        self.completions = DurableCompletions(owner)
+
+
+class DurableLLM:
+    """An OpenAI-compatible client whose ``chat.completions.create`` calls are durable steps.
+
+    ``retry`` defaults to :class:`~durably.agents.ModelRetry` (429/5xx with
+    ``Retry-After``, other 4xx final); ``timeout`` bounds one attempt in
+    seconds; ``price_table`` prices usage (see :mod:`durably.agents.usage`);
+    ``idempotency_header`` names the header that carries the step's key on every
+    attempt (None to send none).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        retry: steps.Retry | None = None,
+        timeout: float | None = None,
+        price_table: Mapping[str, usage.Price] | None = None,
+        idempotency_header: str | None = completions.IDEMPOTENCY_HEADER,
+    ) -> None:
+        completions.warn_if_client_retries(client)
+        self.client = client
+        self.price_table = usage.DEFAULT_PRICES if price_table is None else price_table
+        self.step = completions.model_step(
+            client,
+            retry=completions.ModelRetry() if retry is None else retry,
+            timeout=timeout,
+            idempotency_header=idempotency_header,
+        )
+        self.chat = DurableChat(self)
+
+    def __repr__(self) -> str:
+        return f"<durably.llm {type(self.client).__name__}>"
+
+
+def llm(
+    client: Any,
+    *,
+    retry: steps.Retry | None = None,
+    timeout: float | None = None,
+    price_table: Mapping[str, usage.Price] | None = None,
+    idempotency_header: str | None = completions.IDEMPOTENCY_HEADER,
+) -> DurableLLM:
+    """Wrap an ``OpenAI`` or ``AsyncOpenAI`` client (created with ``max_retries=0``).
+
+    ``await durably.llm(client).chat.completions.create(...)`` inside a workflow
+    is a durable step; see :class:`DurableLLM` for the options.
+    """
+    return DurableLLM(
+        client,
+        retry=retry,
+        timeout=timeout,
+        price_table=price_table,
+        idempotency_header=idempotency_header,
+    )

@@ -1,0 +1,48 @@
+"""The agent and workflow that the child processes run.
+
+The model is reached at ``AGENTKIT_MODEL_URL`` (a FakeModelServer in the test
+process); every tool effect is appended, fsync'd, to ``AGENTKIT_EFFECTS`` so a
+test counts what really ran. ``AGENTKIT_DELAYS`` (JSON ``{name: seconds}``)
+overrides how long ``work`` takes, so a restarted process can finish parallel
+calls in another order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import openai
+
+import durably
+from durably import agents
+from tests.agentkit import harness
+from tests.agentkit.tools import lookup_order, refund, work
+
+client = openai.AsyncOpenAI(
+    base_url=os.environ.get(harness.MODEL_URL_ENV, "http://127.0.0.1:9/v1"),
+    api_key="test",
+    max_retries=0,
+)
+agent = agents.Agent(
+    client=client,
+    model="gpt-4.1-mini",
+    instructions="You are a support agent.",
+    tools=[lookup_order, refund, work],
+    max_turns=50,
+)
+
+
+@durably.workflow(name="agentkit-support")
+async def support(question: str) -> dict[str, Any]:
+    """Answer a support question with the agent; report what it cost."""
+    result = await agent.run(question)
+    return {
+        "output": result.output,
+        "turns": result.turns,
+        "billed": dataclasses.asdict(result.usage.billed),
+        "replayed": dataclasses.asdict(result.usage.replayed),
+        "summary": result.usage.summary(),
+        "tool_messages": [m for m in result.messages if m["role"] == "tool"],
+    }
