@@ -1,11 +1,12 @@
-"""The engine in one process: steps, retries, replay, journaled values, suspension."""
+"""The engine in one process: steps, retries, replay, journaled values, suspension.
+
+Every test runs on each backend (``store_url``: SQLite and PostgreSQL).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,8 +58,8 @@ async def flaky_flow(fail_times: int) -> str:
     return await flaky(fail_times)
 
 
-async def test_workflow_completes_and_journals_each_step(sqlite_url: str) -> None:
-    async with durably.Engine(sqlite_url) as engine:
+async def test_workflow_completes_and_journals_each_step(store_url: str) -> None:
+    async with durably.Engine(store_url) as engine:
         handle = await engine.start(arithmetic, 4, workflow_id="wf-1")
         assert await handle.result() == {"a": 5, "b": 10}
         assert await handle.status() == "completed"
@@ -70,8 +71,8 @@ async def test_workflow_completes_and_journals_each_step(sqlite_url: str) -> Non
     assert CALLS == [("add", "wf-1:1"), ("double", 1)]
 
 
-async def test_start_is_idempotent_on_workflow_id(sqlite_url: str) -> None:
-    async with durably.Engine(sqlite_url) as engine:
+async def test_start_is_idempotent_on_workflow_id(store_url: str) -> None:
+    async with durably.Engine(store_url) as engine:
         first = await engine.start(arithmetic, 1, workflow_id="same")
         second = await engine.start(arithmetic, 99, workflow_id="same")
         assert await first.result() == await second.result() == {"a": 2, "b": 4}
@@ -80,28 +81,25 @@ async def test_start_is_idempotent_on_workflow_id(sqlite_url: str) -> None:
     assert [c[0] for c in CALLS] == ["add", "double"]
 
 
-async def test_start_commits_before_returning(sqlite_url: str, tmp_path: Path) -> None:
-    async with durably.Engine(sqlite_url) as engine:
+async def test_start_commits_before_returning(store_url: str) -> None:
+    async with durably.Engine(store_url) as engine:
         await engine.start(arithmetic, 1, workflow_id="committed")
-        # Read the file from another connection before the workflow has run.
-        conn = sqlite3.connect(tmp_path / "durably.db")
-        row = conn.execute(
-            "SELECT name, input FROM workflows WHERE workflow_id='committed'"
-        ).fetchone()
-        conn.close()
-        assert row == ("arithmetic", '{"args":[1],"kwargs":{}}')
+        # Read it through another connection before the workflow has run.
+        with durably.Client(store_url) as client:
+            row = client.get_workflow("committed")
+        assert (row.name, row.input) == ("arithmetic", '{"args":[1],"kwargs":{}}')
         await engine.handle("committed").result()
 
 
-def test_run_is_a_sync_one_liner(sqlite_url: str) -> None:
-    assert durably.run(arithmetic, 2, workflow_id="r", database=sqlite_url) == {"a": 3, "b": 6}
+def test_run_is_a_sync_one_liner(store_url: str) -> None:
+    assert durably.run(arithmetic, 2, workflow_id="r", database=store_url) == {"a": 3, "b": 6}
     # Running again returns the recorded result without running a step.
-    assert durably.run(arithmetic, 2, workflow_id="r", database=sqlite_url) == {"a": 3, "b": 6}
+    assert durably.run(arithmetic, 2, workflow_id="r", database=store_url) == {"a": 3, "b": 6}
     assert len(CALLS) == 2
 
 
-async def test_retry_records_attempts_and_succeeds(sqlite_url: str) -> None:
-    async with durably.Engine(sqlite_url) as engine:
+async def test_retry_records_attempts_and_succeeds(store_url: str) -> None:
+    async with durably.Engine(store_url) as engine:
         handle = await engine.start(flaky_flow, 2, workflow_id="f")
         assert await handle.result() == "ok after 3"
         (entry,) = await engine.history("f")
@@ -109,14 +107,14 @@ async def test_retry_records_attempts_and_succeeds(sqlite_url: str) -> None:
     assert (entry.status, entry.attempt) == ("completed", 3)
 
 
-async def test_exhausted_retries_reraise_the_original_type_on_every_replay(sqlite_url: str) -> None:
-    async with durably.Engine(sqlite_url) as engine:
+async def test_exhausted_retries_reraise_the_original_type_on_every_replay(store_url: str) -> None:
+    async with durably.Engine(store_url) as engine:
         handle = await engine.start(flaky_flow, 5, workflow_id="f")
         with pytest.raises(Flaky, match="attempt 3 failed"):
             await handle.result()
         (entry,) = await engine.history("f")
         assert (entry.status, entry.attempt) == ("failed", 3)
-    async with durably.Engine(sqlite_url) as engine:
+    async with durably.Engine(store_url) as engine:
         with pytest.raises(Flaky, match="attempt 3 failed"):
             await engine.handle("f").result()
     assert len(CALLS) == 3
@@ -142,8 +140,8 @@ async def catches() -> str:
     return "no error"
 
 
-async def test_step_error_is_catchable_in_the_workflow(sqlite_url: str) -> None:
-    async with durably.Engine(sqlite_url) as engine:
+async def test_step_error_is_catchable_in_the_workflow(store_url: str) -> None:
+    async with durably.Engine(store_url) as engine:
         assert await (await engine.start(catches, workflow_id="c")).result() == "Unbuildable"
 
 
@@ -159,8 +157,8 @@ async def slow_flow() -> str:
     return await slow_step()
 
 
-async def test_step_timeout_fails_the_attempt(sqlite_url: str) -> None:
-    async with durably.Engine(sqlite_url) as engine:
+async def test_step_timeout_fails_the_attempt(store_url: str) -> None:
+    async with durably.Engine(store_url) as engine:
         with pytest.raises(durably.StepTimeout, match=r"slow_step.*timeout of 0\.05s"):
             await (await engine.start(slow_flow, workflow_id="t")).result()
     assert CALLS == [("slow", 1), ("slow", 2)]
@@ -178,8 +176,8 @@ async def fan_out() -> list[str]:
     return list(await asyncio.gather(sleepy("a", 0.15), sleepy("b", 0.05), sleepy("c", 0.0)))
 
 
-async def test_gather_takes_seqs_in_call_order_whatever_finishes_first(sqlite_url: str) -> None:
-    async with durably.Engine(sqlite_url) as engine:
+async def test_gather_takes_seqs_in_call_order_whatever_finishes_first(store_url: str) -> None:
+    async with durably.Engine(store_url) as engine:
         assert await (await engine.start(fan_out, workflow_id="g")).result() == ["a", "b", "c"]
         history = await engine.history("g")
     assert [c[1] for c in CALLS] == ["c", "b", "a"]
@@ -207,11 +205,11 @@ async def values_then_gate() -> dict[str, Any]:
 
 
 async def test_close_lets_the_running_step_finish_then_a_new_engine_replays(
-    sqlite_url: str,
+    store_url: str,
 ) -> None:
     GATE.clear()
     GATE["one"], GATE["two"] = asyncio.Event(), asyncio.Event()
-    engine = durably.Engine(sqlite_url)
+    engine = durably.Engine(store_url)
     await engine.open()
     await engine.start(values_then_gate, workflow_id="v")
     while ("gate", "one") not in CALLS:
@@ -221,14 +219,14 @@ async def test_close_lets_the_running_step_finish_then_a_new_engine_replays(
     assert not closing.done()  # it waits for the running step
     GATE["one"].set()
     await closing
-    client = durably.Client(sqlite_url)
+    client = durably.Client(store_url)
     info = client.get_workflow("v")
     assert (info.status, info.owner) == ("running", None)  # released, not failed
     recorded = client.history("v")
     client.close()
     assert [e.kind for e in recorded] == ["now", "random", "uuid4", "step"]
     GATE["two"].set()
-    async with durably.Engine(sqlite_url) as engine:
+    async with durably.Engine(store_url) as engine:
         result = await engine.handle("v").result()
     assert CALLS == [("gate", "one"), ("gate", "two")]  # step one did not run again
     assert result["t"].isoformat() in (recorded[0].payload or "")
@@ -236,7 +234,7 @@ async def test_close_lets_the_running_step_finish_then_a_new_engine_replays(
     assert isinstance(result["u"], uuid.UUID) and result["u"].hex in (recorded[2].payload or "")
 
 
-async def test_unknown_names_and_bad_definitions_fail_early(sqlite_url: str) -> None:
+async def test_unknown_names_and_bad_definitions_fail_early(store_url: str) -> None:
     with pytest.raises(durably.DefinitionError, match="async def"):
         durably.workflow(lambda: None)
     with pytest.raises(durably.DefinitionError, match="generator"):
@@ -251,7 +249,7 @@ async def test_unknown_names_and_bad_definitions_fail_early(sqlite_url: str) -> 
         durably.now()
     with pytest.raises(durably.NotInWorkflow):
         durably.idempotency_key()
-    async with durably.Engine(sqlite_url) as engine:
+    async with durably.Engine(store_url) as engine:
         with pytest.raises(durably.WorkflowNotRegistered, match="nope"):
             await engine.start("nope")
 

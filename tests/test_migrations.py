@@ -39,8 +39,9 @@ def _apply_first_migration_only(path: Path) -> None:
     conn.execute("INSERT INTO durably_migrations VALUES (?, ?, ?)", (version, name, time.time()))
     now = time.time()
     conn.execute(
-        "INSERT INTO workflows (workflow_id, name, status, input, owner, epoch, lease_expires_at, "
-        "crash_count, created_at, updated_at) VALUES (?, ?, 'running', ?, 'gone:1:x', 1, ?, 0, ?, ?)",
+        "INSERT INTO workflows (workflow_id, name, status, input, owner, epoch, "
+        "lease_expires_at, crash_count, created_at, updated_at) "
+        "VALUES (?, ?, 'running', ?, 'gone:1:x', 1, ?, 0, ?, ?)",
         ("old-1", "written_by_v1", json.dumps({"args": [10], "kwargs": {}}), now - 1, now, now),
     )
     conn.execute(

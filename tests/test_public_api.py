@@ -49,6 +49,7 @@ FROZEN = [
     "NotFound",
     "NotInWorkflow",
     "NothingToResolve",
+    "Queue",
     "ResolvedAsFailed",
     "Retry",
     "Review",

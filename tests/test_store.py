@@ -8,6 +8,7 @@ need a dialect's own kind of failure say so in their name.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import threading
 import time
@@ -19,7 +20,7 @@ import pytest
 import durably
 from durably import errors, journal
 from durably.storage import base, create_store, dispatch
-from durably.storage import sql as sqlstore
+from durably.storage import sqlbase as sqlstore
 
 NOW = 1_000_000.0
 LEASE = 30.0
@@ -74,6 +75,22 @@ def owned(db: Verbs, wid: str = "wf-1", owner: str = "ex-a") -> journal.Workflow
     info, created = db.create_workflow(new(wid), owner, NOW + LEASE, NOW)
     assert created
     return info
+
+
+RUNNABLE = [("refund", None), ("triage", None)]
+
+
+def claim_next(db: Verbs, owner: str, now: float = NOW, limit: int = 10, queues=()) -> list[str]:
+    """The ids ``claim_next`` takes for ``owner`` at ``now``, in the order taken."""
+    claimed = db.claim_next(owner, RUNNABLE, now + LEASE, now, limit, queues)
+    assert all(w.owner == owner and w.status == "running" for w in claimed)
+    return [w.workflow_id for w in claimed]
+
+
+def take_over(db: Verbs, wid: str, owner: str, now: float = NOW + 2 * LEASE):
+    """Claim ``wid`` for ``owner`` once its lease has run out (at ``now``)."""
+    assert wid in claim_next(db, owner, now)
+    return db.get_workflow(wid)
 
 
 # --- schema ---------------------------------------------------------------------------
@@ -163,17 +180,19 @@ def test_get_and_list_workflows(db):
     assert db.get_workflow("nope") is None
     for i, name in enumerate(["refund", "refund", "triage", "refund"]):
         db.create_workflow(new(f"wf-{i}", name), None, None, NOW + i)
-    db.claim(db.get_workflow("wf-1"), "ex-a", NOW + LEASE, NOW)
+    assert claim_next(db, "ex-a", NOW, 2) == ["wf-0", "wf-1"]
+    db.release("wf-0", 1, NOW)
+    db.create_workflow(new("wf-0b", "refund"), None, None, NOW)  # not listed below
 
     def ids(status: str | None, name: str | None, limit: int = 10) -> list[str]:
         return [w.workflow_id for w in db.list_workflows(status, name, limit)]
 
-    assert ids(None, None) == ["wf-3", "wf-2", "wf-1", "wf-0"]
-    assert ids(None, "refund") == ["wf-3", "wf-1", "wf-0"]
-    assert ids("pending", None) == ["wf-3", "wf-2", "wf-0"]
+    assert ids(None, None, 5) == ["wf-3", "wf-2", "wf-1", "wf-0", "wf-0b"]
+    assert ids(None, "refund", 3) == ["wf-3", "wf-1", "wf-0"]
+    assert ids("pending", None) == ["wf-3", "wf-2", "wf-0b"]
     assert ids("pending", "refund", 1) == ["wf-3"]
     assert ids("running", "triage") == []
-    assert db.get_workflow("wf-1").status == "running"
+    assert ids("running", None) == ["wf-1", "wf-0"]
 
 
 # --- the journal ------------------------------------------------------------------------
@@ -190,7 +209,7 @@ def test_load_history_is_in_seq_order(db):
 
 def test_append_with_a_stale_epoch_is_fenced_and_writes_nothing(db):
     info = owned(db)
-    taken = db.claim(info, "ex-b", NOW + LEASE, NOW)
+    taken = take_over(db, "wf-1", "ex-b")
     assert taken.epoch == info.epoch + 1
     with pytest.raises(durably.FencedError, match="ex-b"):
         db.append_entries("wf-1", info.epoch, [step(1)], NOW)
@@ -231,7 +250,7 @@ def test_an_entry_of_another_call_is_never_replaced(db):
 
 def test_finish_workflow_is_fenced(db):
     info = owned(db)
-    db.claim(info, "ex-b", NOW + LEASE, NOW)
+    take_over(db, "wf-1", "ex-b")
     with pytest.raises(durably.FencedError):
         db.finish_workflow("wf-1", info.epoch, "completed", '"zombie"', None, [step(1)], NOW)
     row = db.get_workflow("wf-1")
@@ -244,39 +263,47 @@ def test_finish_workflow_is_fenced(db):
         "completed", '"done"', None, None,
     )  # fmt: skip
     assert db.load_history("wf-1") == [step(1)]
-    assert db.claimable(NOW + 10 * LEASE, 10) == []
+    assert claim_next(db, "ex-b", NOW + 10 * LEASE) == []
 
 
 # --- claims and leases --------------------------------------------------------------------
 
 
-def test_claimable_lists_unowned_and_expired_work_oldest_first(db):
+def test_claim_next_takes_unowned_expired_and_due_work_oldest_first(db):
     db.create_workflow(new("pending"), None, None, NOW)
     owned(db, "live")
     db.create_workflow(new("expired"), "ex-a", NOW - 1, NOW - 5)
     done = owned(db, "done")
     db.finish_workflow("done", done.epoch, "completed", "1", None, [], NOW)
-    assert [w.workflow_id for w in db.claimable(NOW, 10)] == ["expired", "pending"]
-    assert [w.workflow_id for w in db.claimable(NOW, 1)] == ["expired"]
-    assert [w.workflow_id for w in db.claimable(NOW + 2 * LEASE, 10)] == [
-        "expired", "pending", "live",
-    ]  # fmt: skip
+    assert claim_next(db, "ex-b", NOW, limit=1) == ["expired"]
+    assert claim_next(db, "ex-b", NOW) == ["pending"]
+    assert claim_next(db, "ex-c", NOW) == []  # every lease is live
+    assert claim_next(db, "ex-c", NOW + 2 * LEASE) == ["expired", "live", "pending"]
+
+
+def test_claim_next_takes_only_what_runs_here(db):
+    db.create_workflow(new("refund"), None, None, NOW)
+    db.create_workflow(base.NewWorkflow("v2", "refund", "{}", "2", None), None, None, NOW)
+    db.create_workflow(new("other", "unknown"), None, None, NOW)
+    only_v2 = db.claim_next("ex-a", [("refund", "2")], NOW + LEASE, NOW, 10)
+    assert [w.workflow_id for w in only_v2] == ["v2"]
+    assert claim_next(db, "ex-a") == ["refund"]  # unversioned matches version None only
+    assert db.get_workflow("other").status == "pending"
 
 
 def test_claim_bumps_the_epoch_and_records_why(db):
     db.create_workflow(new("fresh"), None, None, NOW)
-    started = db.claim(db.get_workflow("fresh"), "ex-a", NOW + LEASE, NOW)
+    (started,) = db.claim_next("ex-a", RUNNABLE, NOW + LEASE, NOW, 10)
     assert (started.owner, started.epoch, started.status, started.crash_count) == (
         "ex-a", 1, "running", 0,
     )  # fmt: skip
 
-    crashed = db.claim(started, "ex-b", NOW + 2 * LEASE, NOW + LEASE + 1)
+    (crashed,) = db.claim_next("ex-b", RUNNABLE, NOW + 2 * LEASE, NOW + LEASE + 1, 10)
     assert (crashed.owner, crashed.epoch, crashed.crash_count) == ("ex-b", 2, 1)
     assert crashed.lease_expires_at == NOW + 2 * LEASE
 
     db.release("fresh", crashed.epoch, NOW + 50)
-    released = db.get_workflow("fresh")
-    resumed = db.claim(released, "ex-c", NOW + 3 * LEASE, NOW + 60)
+    (resumed,) = db.claim_next("ex-c", RUNNABLE, NOW + 3 * LEASE, NOW + 60, 10)
     assert (resumed.owner, resumed.epoch, resumed.crash_count) == ("ex-c", 3, 1)
 
     claims = db.load_claims("fresh")
@@ -289,25 +316,17 @@ def test_claim_bumps_the_epoch_and_records_why(db):
 
 
 def test_progress_resets_the_crash_count(db):
-    info = owned(db)
-    info = db.claim(info, "ex-b", NOW + LEASE, NOW)
+    owned(db)
+    info = take_over(db, "wf-1", "ex-b")
     assert info.crash_count == 1
     db.append_entries("wf-1", info.epoch, [step(1)], NOW)
     assert db.get_workflow("wf-1").crash_count == 0
 
 
-def test_a_claim_on_a_stale_candidate_loses(db):
-    candidate = owned(db)
-    assert db.claim(candidate, "ex-b", NOW + LEASE, NOW) is not None
-    assert db.claim(candidate, "ex-c", NOW + LEASE, NOW) is None
-    assert [c.owner for c in db.load_claims("wf-1")] == ["ex-a", "ex-b"]
-    assert db.get_workflow("wf-1").owner == "ex-b"
-
-
-def test_two_racing_claims_one_wins(store_url, db):
-    """Two connections claim the same candidate; the first holds its transaction open."""
-    db.create_workflow(new(), None, None, NOW)
-    candidate = db.get_workflow("wf-1")
+def test_racing_claimers_take_disjoint_work_without_waiting(store_url, db):
+    """While one claimer holds its claim transaction open, another takes the rest at once."""
+    for i in range(6):
+        db.create_workflow(new(f"w{i}"), None, None, NOW + i)
     first, second = create_store(store_url), create_store(store_url)
     first.open()
     second.open()
@@ -316,25 +335,26 @@ def test_two_racing_claims_one_wins(store_url, db):
     results: dict[str, Any] = {}
 
     def claim_and_hold() -> Any:
-        row = first.claim(candidate, "ex-a", NOW + LEASE, NOW)
+        rows = first.claim_next("ex-a", RUNNABLE, NOW + LEASE, NOW, 3)
         claimed.set()
         go_on.wait(10)
-        return row
+        return rows
 
     def run(name: str, s: base.Store, fn: Any, *args: Any) -> None:
         op = base.Op(fn, args, write=True)
         s.run_batch([op])
-        results[name] = op.error or op.result
+        results[name] = (op.error or op.result, time.monotonic())
 
     a = threading.Thread(target=run, args=("a", first, claim_and_hold))
     b = threading.Thread(
-        target=run, args=("b", second, second.claim, candidate, "ex-b", NOW + LEASE, NOW)
+        target=run, args=("b", second, second.claim_next, "ex-b", RUNNABLE, NOW + LEASE, NOW, 10)
     )
     try:
         a.start()
         assert claimed.wait(10)
         b.start()
-        time.sleep(0.2)  # b is now waiting for a's lock (or has not begun: the same outcome)
+        b.join(5.0 if store_url.startswith("postgres") else 0.05)  # PG: b returns at once
+        released_at = time.monotonic()
         go_on.set()
         a.join(10)
         b.join(10)
@@ -342,10 +362,70 @@ def test_two_racing_claims_one_wins(store_url, db):
         go_on.set()
         first.close()
         second.close()
-    assert isinstance(results["a"], journal.WorkflowInfo)
-    assert results["b"] is None
-    assert [(c.epoch, c.owner) for c in db.load_claims("wf-1")] == [(1, "ex-a")]
-    assert db.get_workflow("wf-1").owner == "ex-a"
+    taken_a = [w.workflow_id for w in results["a"][0]]
+    assert taken_a == ["w0", "w1", "w2"]
+    taken_b = results["b"][0]
+    if store_url.startswith("postgres"):
+        # SKIP LOCKED: b neither waited for a nor took a's rows.
+        assert results["b"][1] < released_at
+        assert [w.workflow_id for w in taken_b] == ["w3", "w4", "w5"]
+    else:
+        # BEGIN IMMEDIATE: b waited for a's commit, then took what was left.
+        assert [w.workflow_id for w in taken_b] == ["w3", "w4", "w5"]
+    for i in range(6):
+        assert len(db.load_claims(f"w{i}")) == 1
+
+
+def queued(db: Verbs, wid: str, queue: str, now: float, **kw: Any) -> None:
+    wf = base.NewWorkflow(wid, "refund", "{}", None, None, queue=queue, **kw)
+    db.create_workflow(wf, None, None, now)
+
+
+def test_queue_concurrency_counts_running_work_of_every_owner(db):
+    for i in range(6):
+        queued(db, f"q{i}", "llm", NOW + i)
+    limits = base.QueueLimits("llm", concurrency=3, worker_concurrency=2)
+    assert claim_next(db, "ex-a", NOW, queues=[limits]) == ["q0", "q1"]
+    assert claim_next(db, "ex-b", NOW, queues=[limits]) == ["q2"]
+    assert claim_next(db, "ex-c", NOW, queues=[limits]) == []
+    assert claim_next(db, "ex-c", NOW) == []  # without the queue given, none of it
+    db.finish_workflow("q0", 1, "completed", "1", None, [], NOW + 1)
+    assert claim_next(db, "ex-c", NOW + 1, queues=[limits]) == ["q3"]
+    # An expired lease holds no place: its workflow is claimed again within the limits.
+    assert claim_next(db, "ex-d", NOW + 2 * LEASE, queues=[limits]) == ["q1", "q2"]
+
+
+def test_queue_priority_then_age(db):
+    queued(db, "low-old", "llm", NOW)
+    queued(db, "high", "llm", NOW + 1, priority=5)
+    queued(db, "low-new", "llm", NOW + 2)
+    limits = base.QueueLimits("llm")
+    assert claim_next(db, "ex-a", NOW + 3, limit=2, queues=[limits]) == ["high", "low-old"]
+
+
+def test_queue_rate_limit_counts_first_claims_in_the_window(db):
+    for i in range(5):
+        queued(db, f"q{i}", "llm", NOW)
+    limits = base.QueueLimits("llm", rate_limit=2, rate_per=10.0)
+    assert claim_next(db, "ex-a", NOW, queues=[limits]) == ["q0", "q1"]
+    assert claim_next(db, "ex-a", NOW + 5, queues=[limits]) == []
+    # A recovery is not a start: q0 and q1 are claimed again, q2 waits for the window.
+    assert claim_next(db, "ex-b", NOW + LEASE + 5, queues=[limits]) == ["q0", "q1", "q2", "q3"]
+
+
+def test_a_deduplication_id_is_held_by_one_unfinished_workflow(db):
+    queued(db, "first", "llm", NOW, deduplication_id="doc-7")
+    wf = base.NewWorkflow("second", "refund", "{}", None, None, queue="llm",
+                          deduplication_id="doc-7")  # fmt: skip
+    info, created = db.create_workflow(wf, None, None, NOW)
+    assert (info.workflow_id, created) == ("first", False)
+    assert db.get_workflow("second") is None
+    other_queue = dataclasses.replace(wf, workflow_id="elsewhere", queue="other")
+    assert db.create_workflow(other_queue, None, None, NOW)[1]
+    (taken,) = claim_next(db, "ex-a", queues=[base.QueueLimits("llm")])
+    db.finish_workflow(taken, 1, "completed", "1", None, [], NOW)
+    info, created = db.create_workflow(wf, None, None, NOW)
+    assert (info.workflow_id, created, info.queue) == ("second", True, "llm")
 
 
 def test_release_lets_go_only_at_the_owning_epoch(db):
@@ -355,7 +435,7 @@ def test_release_lets_go_only_at_the_owning_epoch(db):
     db.release("wf-1", info.epoch, NOW)
     row = db.get_workflow("wf-1")
     assert (row.owner, row.lease_expires_at, row.epoch) == (None, None, info.epoch)
-    assert [w.workflow_id for w in db.claimable(NOW, 10)] == ["wf-1"]
+    assert claim_next(db, "ex-b") == ["wf-1"]
 
 
 def test_release_owned_lets_go_of_the_owners_workflows_only(db):
@@ -368,16 +448,25 @@ def test_release_owned_lets_go_of_the_owners_workflows_only(db):
     assert owners == {"a1": None, "a2": None, "b1": "ex-b"}
 
 
-def test_heartbeat_renews_only_the_owners_leases(db):
+def test_heartbeat_renews_only_the_owners_leases_and_names_them(db):
     db.register_executor(executor("ex-a"))
     db.register_executor(executor("ex-b"))
     owned(db, "a1", "ex-a")
     owned(db, "b1", "ex-b")
-    db.heartbeat("ex-a", NOW + 20, NOW + 20 + LEASE)
+    assert db.heartbeat(executor("ex-a"), NOW + 20, NOW + 20 + LEASE) == [("a1", 1)]
     leases = {w.workflow_id: w.lease_expires_at for w in db.list_workflows(None, None, 10)}
     assert leases == {"a1": NOW + 20 + LEASE, "b1": NOW + LEASE}
     beats = {e.executor_id: e.heartbeat_at for e in db.list_executors()}
     assert beats == {"ex-a": NOW + 20, "ex-b": NOW}
+    take_over(db, "a1", "ex-b", NOW + 20 + 2 * LEASE)
+    assert db.heartbeat(executor("ex-a"), NOW + 21, NOW + 21 + LEASE) == []  # a1 is lost
+
+
+def test_a_forgotten_executor_is_registered_again_by_its_heartbeat(db):
+    db.register_executor(executor("ex-a"))
+    db.remove_executor("ex-a", False)
+    db.heartbeat(executor("ex-a"), NOW + 5, NOW + 5 + LEASE)
+    assert [(e.executor_id, e.heartbeat_at) for e in db.list_executors()] == [("ex-a", NOW + 5)]
 
 
 def test_executors_register_list_and_remove(db):
@@ -392,10 +481,63 @@ def test_executors_register_list_and_remove(db):
     owned(db, "a1", "ex-a")
     owned(db, "b1", "ex-b")
     db.remove_executor("ex-b", False)
-    assert db.claimable(NOW, 10) == []  # b1's lease still runs
+    assert claim_next(db, "ex-c") == []  # b1's lease still runs
     db.remove_executor("ex-a", True)
-    assert [w.workflow_id for w in db.claimable(NOW, 10)] == ["a1"]
+    assert claim_next(db, "ex-c") == ["a1"]
     assert db.list_executors() == []
+
+
+def test_a_repeated_commit_of_the_same_entries_is_accepted(db):
+    """A commit whose outcome was lost with its connection is simply sent again."""
+    info = owned(db)
+    db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+    db.append_entries("wf-1", info.epoch, [step(1)], NOW + 1)  # the same receipt: fine
+    wait = journal.Entry(2, "signal", "go", "started", 1, None, NOW, None, None)
+    db.append_entries("wf-1", info.epoch, [wait], NOW)
+    db.send_signal("wf-1", "go", '"one"', None, NOW)
+    db.send_signal("wf-1", "go", '"two"', None, NOW)
+    got = db.receive_signal("wf-1", info.epoch, wait, [], NOW)
+    assert got.payload == '"one"'
+    assert db.receive_signal("wf-1", info.epoch, wait, [], NOW) == got  # not '"two"'
+    assert [s["consumed_seq"] for s in db.list_signals("wf-1")] == [2, None]
+
+
+# --- wake-ups ----------------------------------------------------------------------------------
+
+
+def test_committed_changes_wake_listeners_and_rolled_back_ones_do_not(store_url, store, db):
+    got: list[base.Wakeup] = []
+    stop = store.listen(got.append)
+    try:
+        if store_url.startswith("sqlite"):
+            db.create_workflow(new("x"), None, None, NOW)
+            assert got == []  # SQLite engines poll
+            return
+        time.sleep(0.2)  # the listener connects
+        info = owned(db)
+        db.create_workflow(new("pending"), None, None, NOW)
+        db.send_signal("wf-1", "approval", "1", None, NOW)
+        db.park("wf-1", info.epoch, "sleeping", NOW + 50, [], [], [], NOW)
+
+        def signal_then_fail() -> None:
+            store.send_signal("wf-1", "never", "1", None, NOW)
+            raise RuntimeError("rolled back")
+
+        with pytest.raises(RuntimeError):
+            db.run(signal_then_fail)
+        db.request_cancel("wf-1", NOW)
+        deadline = time.monotonic() + 5
+        while len(got) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+    finally:
+        stop()
+    assert got == [
+        base.Wakeup("work"),
+        base.Wakeup("signal", "wf-1", "approval"),
+        base.Wakeup("timer", at=NOW + 50),
+        base.Wakeup("cancel", "wf-1"),
+    ]
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -404,7 +546,8 @@ def test_executors_register_list_and_remove(db):
 def test_a_failing_op_does_not_undo_the_others_in_its_batch(store, db):
     a = owned(db, "a")
     b = owned(db, "b")
-    db.claim(b, "ex-b", NOW + LEASE, NOW)  # b's first owner is now a zombie
+    db.release("b", b.epoch, NOW)
+    take_over(db, "b", "ex-b", NOW)  # b's first run is now a zombie
     ops = [
         base.Op(store.append_entries, ("a", a.epoch, [step(1)], NOW), True),
         base.Op(store.append_entries, ("b", b.epoch, [step(1)], NOW), True),
@@ -513,6 +656,33 @@ def test_postgres_batch_cut_by_a_restart_fails_and_the_next_reconnects(pg_cluste
         assert [type(op.error) for op in batch] == [errors.DatabaseUnavailable] * 2
         assert db.list_workflows(None, None, 10) == []
     finally:
+        store.close()
+
+
+def test_postgres_listener_hears_again_after_a_server_restart(pg_cluster, postgres_url):
+    store = create_store(postgres_url)
+    store.open()
+    db = Verbs(store)
+    got: list[base.Wakeup] = []
+    stop = store.listen(got.append)
+
+    def wait_for(wakeup: base.Wakeup) -> None:
+        deadline = time.monotonic() + 15
+        while wakeup not in got:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.02)
+
+    try:
+        time.sleep(0.2)
+        db.create_workflow(new("before"), None, None, NOW)
+        wait_for(base.Wakeup("work"))
+        pg_cluster.restart()
+        got.clear()
+        wait_for(base.Wakeup("work"))  # reconnected: "you may have missed something"
+        db.send_signal("before", "after-restart", "1", None, NOW)
+        wait_for(base.Wakeup("signal", "before", "after-restart"))
+    finally:
+        stop()
         store.close()
 
 

@@ -42,6 +42,7 @@ from durably.errors import (
     WorkflowNotRegistered,
 )
 from durably.journal import Claim, Entry, ExecutorInfo, Review, Status, WorkflowInfo
+from durably.queues import Queue
 from durably.steps import Found, NotFound, Retry, Unknown, run_step, step
 from durably.waits import ChildHandle, set_event, sleep, sleep_until, start_child, wait_for_signal
 from durably.workflows import compensate, now, random, uuid4, workflow
@@ -74,6 +75,7 @@ __all__ = [
     "NotFound",
     "NotInWorkflow",
     "NothingToResolve",
+    "Queue",
     "ResolvedAsFailed",
     "Retry",
     "Review",

@@ -98,7 +98,7 @@ class Client:
             definition = workflows.definition_of(wf)
             name, version = definition.name, definition.version
             source_hash = definition.source_hash
-        wid = workflow_id or uuid.uuid4().hex
+        wid = workflows.new_workflow_id(workflow_id)
         payload = codec.encode(
             {"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input"
         )

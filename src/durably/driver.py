@@ -33,16 +33,21 @@ async def drive(
             raise errors.DecodeError(f"workflow {wid!r} input is not an argument record")
         context.current_run.set(run)
         result = await definition.fn(*call["args"], **call["kwargs"])
+        await run.close()  # a branch the function did not await may still run a step
         run.replayer.check_finished()
         output = codec.encode(result, where=f"workflow {definition.name!r} ({wid!r}) result")
         faults.reached("before_finish", definition.name)
         await run.finish(journal.Status.COMPLETED, output, None)
     except runtime.Suspended:
-        await run.wait_idle()  # steps of other branches finish and commit first
+        await run.close()  # steps of other branches finish and commit first
         log.info("workflow %s let go (%s)", wid, "parked" if run.parked else "suspended")
+    except runtime.Abandoned as exc:
+        log.error("workflow %s stopped: %s; it resumes from its journal", wid, exc)
     except errors.FencedError as exc:
         log.warning("workflow %s: %s", wid, exc)
     except Exception as exc:
+        await run.close()  # a failing branch must not strand its siblings' steps
+        run.closing = False  # compensations and the final write still need the run
         await _fail(run, exc)
     finally:
         run.retire()
@@ -65,9 +70,6 @@ async def _fail(run: runtime.Run, exc: Exception) -> None:
     if diverged is not None or isinstance(exc, errors.NonDeterminismError):
         status, err = journal.Status.DIVERGED, diverged or exc
         log.error("workflow %s diverged: %s", run.workflow_id, err)
-    elif isinstance(exc, errors.StoreError):
-        log.error("workflow %s stopped, the database failed: %s", run.workflow_id, exc)
-        return  # nothing can be written; recovery will resume it from its journal
     elif isinstance(exc, errors.Cancelled) and run.cancel_delivered:
         status, err = journal.Status.CANCELLED, exc
     else:
@@ -75,12 +77,12 @@ async def _fail(run: runtime.Run, exc: Exception) -> None:
     if status != journal.Status.DIVERGED and run.compensations:
         try:
             await _compensate(run, err)
-        except (runtime.Suspended, errors.FencedError, errors.StoreError) as stop:
+        except (runtime.Suspended, runtime.Abandoned, errors.FencedError) as stop:
             log.warning("workflow %s: compensation interrupted: %s", run.workflow_id, stop)
             return  # it resumes from its journal; finished compensations won't run again
     try:
         await run.finish(status, None, error_payload(err))
-    except (errors.StoreError, runtime.Suspended) as store_exc:
+    except (runtime.Abandoned, runtime.Suspended, errors.FencedError) as store_exc:
         log.error("could not record the end of workflow %s: %s", run.workflow_id, store_exc)
 
 

@@ -2,9 +2,14 @@
 
 An engine is one executor. On entry it opens the store, registers itself, and
 claims every unfinished workflow whose owner is gone (at once for a dead
-process on this host, after the lease for others). Each claimed or started
-workflow runs as an asyncio task that replays its journal from the first line.
-Leases are renewed by one heartbeat for the whole executor.
+process on this host, after the lease for others), in one ``claim_next``
+transaction per pass, together with the work of the queues it serves. Each
+claimed or started workflow runs as an asyncio task that replays its journal
+from the first line. Leases are renewed by one heartbeat for the whole
+executor, which also notices the workflows this executor lost (see
+:mod:`durably.leases`). A pass runs when the store reports a wake-up
+(PostgreSQL's LISTEN/NOTIFY), when a timer of this process is due, and every
+``poll_interval`` seconds as the fallback.
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from durably import (
     codec,
@@ -24,6 +30,7 @@ from durably import (
     errors,
     faults,
     journal,
+    leases,
     liveness,
     runtime,
     step_runner,
@@ -32,7 +39,14 @@ from durably import (
 )
 from durably.storage import base, create_store, dispatch, resolve_url
 
+if TYPE_CHECKING:
+    from durably.queues import Queue
+
 log = logging.getLogger("durably")
+
+#: The most workflows one recovery pass claims (the rest wait for the next pass, which
+#: follows at once when this one was full, so that other executors get their share).
+CLAIM_BATCH = 100
 
 R = TypeVar("R")
 
@@ -90,11 +104,15 @@ def outcome(info: journal.WorkflowInfo) -> Any:
 class Engine:
     """Runs durable workflows against one database (an async context manager).
 
-    ``url`` is ``sqlite:///path`` (default: ``DURABLY_DATABASE_URL``, else
-    ``sqlite:///durably.db``). ``lease_seconds`` bounds how long another host
-    waits before taking over the work of an executor that vanished;
-    ``max_recoveries`` is how many crashes in a row, without any progress in
-    its journal, a workflow may cause before it is marked failed.
+    ``url`` is ``sqlite:///path`` or ``postgresql://...`` (default:
+    ``DURABLY_DATABASE_URL``, else ``sqlite:///durably.db``). ``lease_seconds``
+    bounds how long another host waits before taking over the work of an
+    executor that vanished; ``max_recoveries`` is how many crashes in a row,
+    without any progress in its journal, a workflow may cause before it is
+    marked failed. ``queues`` are the :class:`~durably.Queue` s whose work
+    this engine also runs, within their limits (workflows started without a
+    queue are always served). ``poll_interval`` is how often it looks for work
+    without being told (PostgreSQL tells it at once).
     """
 
     def __init__(
@@ -108,16 +126,20 @@ class Engine:
         step_threads: int = 32,
         executor_id: str | None = None,
         clock: Callable[[], float] = time.time,
+        queues: Sequence[Queue] = (),
     ) -> None:
         if lease_seconds <= 0 or poll_interval <= 0:
             raise ValueError("lease_seconds and poll_interval must be > 0")
-        self.url = resolve_url(url)
         self.lease_seconds = lease_seconds
         self.max_recoveries = max_recoveries
         self.poll_interval = poll_interval
         self.hold_seconds = hold_seconds
         self.clock = clock
-        self._store = dispatch.StoreThread(create_store(self.url))
+        self.queues = tuple(queues)
+        if len({q.name for q in self.queues}) != len(self.queues):
+            raise ValueError("each queue may be given once")
+        self._store = dispatch.StoreThread(create_store(resolve_url(url)))
+        self.url = self._store.store.url  # as shown in messages: without a password
         self._step_threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=step_threads, thread_name_prefix="durably-step"
         )
@@ -128,6 +150,8 @@ class Engine:
         self._background: list[asyncio.Task[None]] = []
         self._services: runtime.Services | None = None
         self._kick: asyncio.Event | None = None
+        self._leases = leases.Leases(self)
+        self._stop_listening: Callable[[], None] = lambda: None
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -161,10 +185,19 @@ class Engine:
             hold_seconds=self.hold_seconds,
         )
         self._kick = asyncio.Event()
-        await self._call(self._store.store.register_executor, self._me)
-        await self.recover()
+        try:
+            await self._call(self._store.store.register_executor, self._me)
+            self._stop_listening = await loop.run_in_executor(
+                None, self._store.store.listen, functools.partial(self._on_wakeup_threadsafe, loop)
+            )
+            await self.recover()
+        except BaseException:
+            self._services = None
+            await loop.run_in_executor(None, self._stop_listening)
+            await loop.run_in_executor(None, self._store.stop)
+            raise
         self._background = [
-            asyncio.create_task(self._heartbeat_loop(), name="durably-heartbeat"),
+            asyncio.create_task(self._leases.heartbeat_loop(), name="durably-heartbeat"),
             asyncio.create_task(self._recovery_loop(), name="durably-recovery"),
         ]
 
@@ -175,6 +208,7 @@ class Engine:
             self._step_threads.shutdown(wait=False)
             return
         self._services.stopping.set()
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_listening)
         for live in list(self._runs.values()):
             live.poke()  # blocked waits re-check, see the engine stopping and park
         for task in self._background:
@@ -237,6 +271,20 @@ class Engine:
             self._kick_recovery()
         return WorkflowHandle(self, wid)
 
+    async def _submit(self, new: base.NewWorkflow) -> journal.WorkflowInfo:
+        """Commit a pending workflow for any engine to claim (a queue's ``enqueue``).
+
+        Returns the row: the new one, or the one already holding its id or its
+        queue's deduplication id.
+        """
+        self._require_open()
+        info, created = await self._call(
+            self._store.store.create_workflow, new, None, None, self.clock()
+        )
+        if created:
+            self._kick_recovery()
+        return info
+
     def handle(self, workflow_id: str) -> WorkflowHandle:
         """A handle to an existing workflow (checked when used)."""
         return WorkflowHandle(self, workflow_id)
@@ -287,11 +335,7 @@ class Engine:
         sent = await self._call(
             self._store.store.send_signal, workflow_id, name, data, idempotency_key, self.clock()
         )
-        live = self._runs.get(workflow_id)
-        if live is not None:
-            live.poke(journal.Kind.SIGNAL, name)
-        else:
-            self._kick_recovery()
+        self._on_wakeup(base.Wakeup("signal", workflow_id, name))
         return sent
 
     async def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
@@ -320,10 +364,7 @@ class Engine:
         """
         asked = await self._call(self._store.store.request_cancel, workflow_id, self.clock())
         for wid in asked:
-            live = self._runs.get(wid)
-            if live is not None:
-                live.request_cancel()
-        self._kick_recovery()
+            self._on_wakeup(base.Wakeup("cancel", wid))
         return asked
 
     async def resume(self, workflow_id: str) -> WorkflowHandle:
@@ -344,6 +385,46 @@ class Engine:
         await self._call(self._store.store.fork, workflow_id, from_seq, new_id, self.clock())
         self._kick_recovery()
         return WorkflowHandle(self, new_id)
+
+    async def approve(
+        self,
+        workflow_id: str,
+        *,
+        by: str,
+        tool_call_id: str | None = None,
+        override_args: Any = None,
+        note: str = "",
+    ) -> Any:
+        """Approve the workflow's pending tool call, once, bound to the arguments shown.
+
+        See :func:`durably.agents.approve`; who and when are journaled.
+        """
+        from durably.agents import decisions
+
+        return await decisions.approve(
+            self,
+            workflow_id,
+            by=by,
+            tool_call_id=tool_call_id,
+            override_args=override_args,
+            note=note,
+        )
+
+    async def reject(
+        self, workflow_id: str, *, by: str, reason: str = "", tool_call_id: str | None = None
+    ) -> Any:
+        """Reject the workflow's pending tool call; the model reads the reason as its result."""
+        from durably.agents import decisions
+
+        return await decisions.reject(
+            self, workflow_id, by=by, reason=reason, tool_call_id=tool_call_id
+        )
+
+    async def list_approvals(self, workflow_id: str | None = None) -> list[Any]:
+        """Tool calls waiting for a person's approval, with their exact arguments."""
+        from durably.agents import decisions
+
+        return await decisions.list_approvals(self, workflow_id)
 
     async def reviews(self, workflow_id: str | None = None) -> list[journal.Review]:
         """Steps parked in ``needs_review``, oldest first, with their intent and key."""
@@ -373,29 +454,47 @@ class Engine:
     # --- recovery ----------------------------------------------------------------------
 
     async def recover(self) -> list[str]:
-        """Claim and run every unfinished workflow whose owner is gone; return their ids."""
+        """Claim and run every unfinished workflow whose owner is gone; return their ids.
+
+        Also takes the work of the engine's queues that their limits leave room for.
+        """
         services = self._require_open()
+        if services.stopping.is_set():
+            return []
         store = self._store.store
+        now = self.clock()
+        silent = now - max(10 * self.lease_seconds, 60.0)
         for other in await self._call(store.list_executors, write=False):
-            if other.executor_id != self.executor_id and liveness.is_dead_here(other):
+            if other.executor_id == self.executor_id:
+                continue
+            if liveness.is_dead_here(other):
                 log.info("executor %s is dead; its workflows are free", other.executor_id)
                 await self._call(store.remove_executor, other.executor_id, True)
-        claimed: list[str] = []
-        now = self.clock()
-        for candidate in await self._call(store.claimable, now, 500, write=False):
-            if candidate.workflow_id in self._tasks:
+            elif other.heartbeat_at < silent:  # long gone; it registers again if it is not
+                await self._call(store.remove_executor, other.executor_id, False)
+        runnable = [
+            (name, definition.version)
+            for name in workflows.registered_names()
+            if (definition := workflows.registered(name)) is not None
+        ]
+        claimed = await self._call(
+            store.claim_next,
+            self.executor_id,
+            runnable,
+            now + self.lease_seconds,
+            now,
+            CLAIM_BATCH,
+            [q.limits for q in self.queues],
+        )
+        for info in claimed:
+            definition = workflows.registered(info.name)
+            if definition is None or services.stopping.is_set():  # unregistered meanwhile
+                await self._call(store.release, info.workflow_id, info.epoch, self.clock())
                 continue
-            definition = workflows.registered(candidate.name)
-            if definition is None or definition.version != candidate.version:
-                continue
-            info = await self._call(
-                store.claim, candidate, self.executor_id, now + self.lease_seconds, now
-            )
-            if info is None:
-                continue
-            claimed.append(info.workflow_id)
             self._launch(services, info, definition)
-        return claimed
+        if len(claimed) >= CLAIM_BATCH:
+            self._kick_recovery()  # there may be more: take it in the next pass
+        return [info.workflow_id for info in claimed]
 
     def _kick_recovery(self) -> None:
         if self._kick is not None:
@@ -406,6 +505,29 @@ class Engine:
         if wake_at is not None:
             delay = max(0.0, wake_at - self.clock())
             asyncio.get_running_loop().call_later(delay, self._kick_recovery)
+
+    def _on_wakeup(self, wakeup: base.Wakeup) -> None:
+        """Act on a committed change: poke the run it concerns if it lives here, else
+        look for work (on the event loop's thread)."""
+        if self._services is None:
+            return
+        live = self._runs.get(wakeup.workflow_id or "")
+        awake = live is not None and not live.parked and not live.retired
+        if live is not None and awake and wakeup.kind == "signal":
+            live.poke(journal.Kind.SIGNAL, wakeup.name)
+        elif live is not None and awake and wakeup.kind == "join":
+            live.poke(journal.Kind.JOIN, wakeup.name)
+        elif live is not None and awake and wakeup.kind == "cancel":
+            live.request_cancel()
+        elif wakeup.kind == "timer":
+            self._wake_later(wakeup.at)
+        else:
+            self._kick_recovery()
+
+    def _on_wakeup_threadsafe(self, loop: asyncio.AbstractEventLoop, wakeup: base.Wakeup) -> None:
+        """The store's listener thread reports a wake-up."""
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is left to wake
+            loop.call_soon_threadsafe(self._on_wakeup, wakeup)
 
     async def _recovery_loop(self) -> None:
         assert self._kick is not None
@@ -425,17 +547,6 @@ class Engine:
             except errors.StoreError as exc:
                 log.warning("recovery pass failed: %s", exc)
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.lease_seconds / 3)
-            now = self.clock()
-            try:
-                await self._call(
-                    self._store.store.heartbeat, self.executor_id, now, now + self.lease_seconds
-                )
-            except errors.StoreError as exc:
-                log.warning("heartbeat failed: %s", exc)
-
     # --- running one workflow ---------------------------------------------------------
 
     def _launch(
@@ -444,26 +555,44 @@ class Engine:
         info: journal.WorkflowInfo,
         definition: workflows.WorkflowDefinition,
     ) -> None:
+        wid = info.workflow_id
+        previous = self._tasks.get(wid)  # a run of it here that is still letting go
         task = asyncio.create_task(
-            self._drive(services, info, definition), name=f"durably:{info.workflow_id}"
+            self._drive(services, info, definition, previous), name=f"durably:{wid}"
         )
-        self._tasks[info.workflow_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(info.workflow_id, None))
+        self._tasks[wid] = task
+        task.add_done_callback(functools.partial(self._forget_task, wid))
+
+    def _forget_task(self, workflow_id: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(workflow_id) is task:
+            del self._tasks[workflow_id]
 
     async def _drive(
         self,
         services: runtime.Services,
         info: journal.WorkflowInfo,
         definition: workflows.WorkflowDefinition,
+        previous: asyncio.Task[None] | None,
     ) -> None:
         wid = info.workflow_id
-        history = await self._call(self._store.store.load_history, wid, write=False)
+        if previous is not None:
+            await asyncio.wait({previous})
+        try:
+            history = await self._call(self._store.store.load_history, wid, write=False)
+        except errors.StoreError as exc:  # the heartbeat releases what nothing runs
+            log.warning("cannot load the journal of workflow %s: %s", wid, exc)
+            return
         live = runtime.Run(services, info, history)
         self._runs[wid] = live
+        self._leases.track(live)
         try:
             await driver.drive(live, info, definition, history, self.max_recoveries)
         finally:
-            self._runs.pop(wid, None)
+            if self._runs.get(wid) is live:
+                del self._runs[wid]
+            self._leases.untrack(live)
+        if info.queue is not None:
+            self._kick_recovery()  # a place in its queue is free
         if info.parent_id is not None and live.retired and not live.parked:
             parent = self._runs.get(info.parent_id)
             if parent is not None:

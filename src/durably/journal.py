@@ -112,6 +112,8 @@ class WorkflowInfo:
     created_at: float = 0.0
     updated_at: float = 0.0
     cancel_requested: int = 0
+    queue: str | None = None  # the queue it was enqueued on, if any
+    priority: int = 0  # within its queue, higher is claimed first
 
     @property
     def finished(self) -> bool:

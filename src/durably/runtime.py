@@ -28,6 +28,14 @@ T = TypeVar("T")
 _TRANSIENT = (errors.DatabaseLocked, errors.DatabaseUnavailable)
 
 
+class Abandoned(BaseException):
+    """Unwinds a run whose database stopped answering: nothing more of it can be written.
+
+    A BaseException so that workflow code cannot catch it and go on with a gap
+    in its journal; recovery resumes the workflow from what was committed.
+    """
+
+
 class Suspended(BaseException):
     """Unwinds a workflow that must stop here and be resumed later (engine draining).
 
@@ -82,15 +90,22 @@ class Run:
         self.parent_id = info.parent_id
         self.pending: list[journal.Entry] = []  # journaled values not yet committed
         self.lost: errors.FencedError | None = None
+        self.abandoned: errors.StoreError | None = None
         self.cancel_requested = bool(info.cancel_requested)
         self.cancel_delivered = False
+        # A replay meets the journaled cancellation at its own seq; never earlier.
+        self._cancel_in_journal = any(e.kind == journal.Kind.CANCEL for e in history)
         self.inflight = 0  # steps running and commits on their way
         self.parked = False
         self.retired = False
+        self.closing = False  # the workflow function ended: no new durable call may start
         self._blocks: list[Block] = []
         self.compensations: list[Compensation] = []
         self._park_timer: asyncio.TimerHandle | None = None
         self._parking = False
+        self._park_task: asyncio.Task[None] | None = None
+        self._settled = asyncio.Event()  # set whenever no park is on its way
+        self._settled.set()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -110,7 +125,8 @@ class Run:
         batch = self.take_pending()
         store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
         await self.store_op(
-            lambda now: store.finish_workflow(wid, epoch, status, output, error, batch, now)
+            lambda now: store.finish_workflow(wid, epoch, status, output, error, batch, now),
+            internal=True,
         )
 
     def take_pending(self) -> list[journal.Entry]:
@@ -118,15 +134,15 @@ class Run:
         batch, self.pending = self.pending, []
         return batch
 
-    async def store_op(self, write: Callable[[float], T]) -> T:
+    async def store_op(self, write: Callable[[float], T], *, internal: bool = False) -> T:
         """Run a fenced write on the store thread, waiting out a locked database a while.
 
-        Counts as activity: a run never parks while one is on its way.
+        Counts as activity: a run never parks while one is on its way, and none
+        starts while a park is on its way (it waits to see whether the run parked).
+        A database that keeps failing abandons the run (``Abandoned``).
         """
-        if self.lost is not None:
-            raise self.lost
-        if self.retired or self.parked:
-            raise Suspended("this run has let go of the workflow")
+        if not internal:  # the run's own park and final write skip the check
+            await self.ready()
         delay, waited = 0.05, 0.0
         with self.active():
             while True:
@@ -135,16 +151,40 @@ class Run:
                 except errors.FencedError as exc:
                     self.lost = exc
                     raise
-                except _TRANSIENT:
+                except _TRANSIENT as exc:
                     if waited >= self.services.commit_patience:
-                        raise
+                        raise self._abandon(exc) from exc
                     await asyncio.sleep(delay)
                     waited += delay
                     delay = min(delay * 2, 2.0)
+                except errors.StoreError as exc:
+                    raise self._abandon(exc) from exc
+
+    def _abandon(self, exc: errors.StoreError) -> Abandoned:
+        self.abandoned = exc
+        return Abandoned(f"workflow {self.workflow_id!r}: the database failed: {exc}")
+
+    async def ready(self) -> None:
+        """Wait out a park on its way; raise if the run let go of the workflow."""
+        while not self._settled.is_set():
+            await self._settled.wait()
+        self._check_live()
+
+    def _check_live(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+        if self.abandoned is not None:
+            raise Abandoned(str(self.abandoned))
+        if self.parked or self.retired:
+            raise Suspended("this run has let go of the workflow")
 
     async def flush(self) -> None:
-        """Commit pending journaled values now (before a step may observe them)."""
-        if self.pending:
+        """Commit journaled values a step could observe (now, random, uuid4) before it runs.
+
+        Other pending entries (events, finished sleeps) ride with the step's
+        receipt, so a plain step still costs one commit.
+        """
+        if any(e.kind in _OBSERVABLE for e in self.pending):
             await self.commit()
 
     # --- journaled values -------------------------------------------------------
@@ -174,20 +214,21 @@ class Run:
         return step_runner.run_step(self, self.take_seq(), step, args, kwargs)
 
     def check_stopping(self) -> None:
-        """Raise Suspended when the engine is stopping: no new step may start."""
+        """Raise Suspended when no new step may start: the engine or the workflow is ending."""
         if self.services.stopping.is_set():
             raise Suspended("engine stopping")
+        if self.closing:
+            raise Suspended("the workflow function has ended")
 
     # --- seqs, cancellation ---------------------------------------------------------
 
     def take_seq(self) -> int:
         """The next seq, for a durable call made now; refuses once the run cannot go on."""
-        if self.lost is not None:
-            raise self.lost
         if self.replayer.diverged is not None:
             raise self.replayer.diverged
-        if self.parked or self.retired:
-            raise Suspended("this run has let go of the workflow")
+        self._check_live()
+        if self.closing:
+            raise Suspended("the workflow function has ended")
         return self.replayer.next_seq()
 
     def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
@@ -207,7 +248,7 @@ class Run:
 
     def cancel_point(self, seq: int) -> None:
         """Raise Cancelled at ``seq`` if cancellation was requested and not yet delivered."""
-        if not self.cancel_requested or self.cancel_delivered:
+        if not self.cancel_requested or self.cancel_delivered or self._cancel_in_journal:
             return
         self.cancel_delivered = True
         now = self.services.clock()
@@ -289,18 +330,22 @@ class Run:
         hold = 0.0 if urgent else self.services.hold_seconds
         if wakes and all(w is not None and w - now <= hold for w in wakes):
             return  # every wait ends soon: cheaper to stay than to park and replay
-        loop = asyncio.get_running_loop()
-        self._park_timer = loop.call_later(hold, lambda: loop.create_task(self._park()))
+        self._park_timer = asyncio.get_running_loop().call_later(hold, self._start_park)
 
-    async def _park(self) -> None:
+    def _start_park(self) -> None:
         self._park_timer = None
-        if self.parked or self.retired or self.inflight or not self._blocks:
+        if self.parked or self.retired or self.inflight or not self._blocks or self._parking:
             return
         self._parking = True
+        self._settled.clear()
+        self._park_task = asyncio.get_running_loop().create_task(self._park())
+
+    async def _park(self) -> None:
         try:
             await self._park_now()
         finally:
             self._parking = False
+            self._settled.set()
 
     async def _park_now(self) -> None:
         waits = list(self._blocks)
@@ -317,11 +362,12 @@ class Run:
         store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
         try:
             parked = await self.store_op(
-                lambda now: store.park(wid, epoch, status, wake_at, batch, signals, children, now)
+                lambda now: store.park(wid, epoch, status, wake_at, batch, signals, children, now),
+                internal=True,
             )
-        except (errors.StoreError, Suspended):
+        except (errors.FencedError, Abandoned):
             parked = True  # nothing more can be written: let the waits unwind
-        if not parked:  # a signal or a child arrived meanwhile: look again
+        if not parked:  # a signal or a child arrived meanwhile (entries are written): look again
             self.poke()
             return
         self.parked = True
@@ -329,6 +375,11 @@ class Run:
             if not block.future.done():
                 block.future.set_exception(Suspended(f"parked {status}"))
         self.services.on_park(wake_at)
+
+    async def close(self) -> None:
+        """The workflow function ended: start nothing new, let running steps commit."""
+        self.closing = True
+        await self.wait_idle()
 
     def retire(self) -> None:
         """The workflow task ended: refuse every later write of this run."""
@@ -340,6 +391,9 @@ class Run:
 
 #: The block kind of a step waiting for a person's decision (see step_runner).
 REVIEW = "review"
+
+#: Journaled values a step could observe: committed before any step starts.
+_OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
 
 _FINAL = frozenset(
     {journal.EntryStatus.COMPLETED, journal.EntryStatus.FAILED, journal.EntryStatus.TIMED_OUT}

@@ -143,7 +143,11 @@ async def _start_child(
     entry = run.lookup(seq, journal.Kind.CHILD, definition.name)
     if entry is not None:
         return ChildHandle(str(codec.decode(entry.payload or '""', where="child id")))
-    child_id = workflow_id or f"{run.workflow_id}:{seq}"
+    child_id = (
+        f"{run.workflow_id}:{seq}"
+        if workflow_id is None
+        else workflows.new_workflow_id(workflow_id)
+    )
     payload = codec.encode(
         {"args": list(args), "kwargs": kwargs}, where=f"child workflow {definition.name!r} input"
     )
@@ -173,7 +177,9 @@ async def _join(run: Run, seq: int, child_id: str) -> Any:
         now = run.services.clock()
         entry = journal.Entry(seq, journal.Kind.JOIN, child_id, _STARTED, 1, None, now)
     entry = await _until_final(run, entry, run.services.store.store.join_child)
-    outcome = json.loads(entry.payload or "{}")
+    outcome = codec.decode(entry.payload or "{}", where=f"outcome of child {child_id!r}")
+    if not isinstance(outcome, dict):
+        raise errors.DecodeError(f"outcome of child {child_id!r} is not an object")
     return finished_outcome(
         f"child workflow {child_id!r}",
         outcome.get("status"),

@@ -117,6 +117,15 @@ def workflow(
     return lambda f: _register(f, name, version)
 
 
+def new_workflow_id(workflow_id: str | None) -> str:
+    """The given id, checked, or a fresh random one when None."""
+    if workflow_id is None:
+        return _uuid.uuid4().hex
+    if not isinstance(workflow_id, str) or not workflow_id.strip():
+        raise ValueError(f"workflow_id must be a non-empty string, got {workflow_id!r}")
+    return workflow_id
+
+
 def definition_of(wf: object) -> WorkflowDefinition:
     """The definition behind a decorated workflow or a registered name."""
     if isinstance(wf, WorkflowFunction):

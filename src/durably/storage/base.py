@@ -32,7 +32,7 @@ class Op:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NewWorkflow:
-    """What ``start`` commits: the workflow's identity and input."""
+    """What ``start`` (or a queue's ``enqueue``) commits: the workflow's identity and input."""
 
     workflow_id: str
     name: str
@@ -40,6 +40,49 @@ class NewWorkflow:
     version: str | None
     source_hash: str | None
     parent_id: str | None = None
+    queue: str | None = None
+    priority: int = 0
+    deduplication_id: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """What ``claim_next`` may take from one queue: its limits, as this executor knows them.
+
+    ``concurrency`` bounds the queue's running workflows across every executor,
+    ``worker_concurrency`` those of the claiming executor, and ``rate_limit``
+    the first claims (starts) within any ``rate_per`` seconds. None: no bound.
+    """
+
+    name: str
+    concurrency: int | None = None
+    worker_concurrency: int | None = None
+    rate_limit: int | None = None
+    rate_per: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wakeup:
+    """What a committed change may wake, as told to listening executors.
+
+    ``kind`` is ``work`` (something may have become claimable), ``signal``
+    (``workflow_id`` got signal ``name``), ``cancel`` (``workflow_id`` was asked
+    to stop), ``join`` (child ``name`` of ``workflow_id`` finished) or ``timer``
+    (a parked workflow is due at ``at``).
+    """
+
+    kind: str
+    workflow_id: str | None = None
+    name: str | None = None
+    at: float | None = None
+
+
+#: Runnable workflows are named (name, version); an unversioned workflow has version None.
+Runnable = tuple[str, str | None]
+
+
+def _nothing() -> None:
+    """Stop listening where nothing listens."""
 
 
 class Store(abc.ABC):
@@ -78,7 +121,9 @@ class Store(abc.ABC):
         """Insert the workflow unless its id exists; return its row and whether it was new.
 
         With an owner the row is created ``running`` at epoch 1, owned; without,
-        ``pending`` at epoch 0 for any executor to claim.
+        ``pending`` at epoch 0 for any executor to claim. A queued workflow whose
+        ``deduplication_id`` an unfinished workflow of its queue already holds is
+        not created: that one's row is returned, with False.
         """
 
     @abc.abstractmethod
@@ -92,21 +137,28 @@ class Store(abc.ABC):
         """Workflows, newest first, optionally filtered by status and name."""
 
     @abc.abstractmethod
-    def claimable(self, now: float, limit: int) -> list[journal.WorkflowInfo]:
-        """Unfinished workflows that no live executor holds, oldest first."""
-
-    @abc.abstractmethod
-    def claim(
+    def claim_next(
         self,
-        candidate: journal.WorkflowInfo,
         owner: str,
+        runnable: Sequence[Runnable],
         lease_expires_at: float,
         now: float,
-    ) -> journal.WorkflowInfo | None:
-        """Take the workflow if its epoch is still the candidate's; bump the epoch.
+        limit: int,
+        queues: Sequence[QueueLimits] = (),
+    ) -> list[journal.WorkflowInfo]:
+        """Select and take up to ``limit`` claimable workflows in one transaction.
 
-        Counts a crash when the candidate was running under another owner, and
-        records the claim. Returns the new row, or None if someone else won.
+        Claimable: unfinished, runnable here (its name and version are in
+        ``runnable``), and held by no live lease (pending, released, its
+        owner's lease expired, or parked and due). Workflows without a queue
+        come first, oldest first; then those of each queue in ``queues``
+        (highest priority, then oldest, first), as many as the queue's limits
+        leave room for. Rows another claimer is taking at this moment are
+        skipped, never waited for; claimers of one queue take turns.
+
+        Each taken workflow is owned by ``owner`` until ``lease_expires_at`` at
+        epoch + 1; a crash is counted when it was running under another owner,
+        and a claim row records why it changed hands. Returns the new rows.
         """
 
     @abc.abstractmethod
@@ -173,7 +225,8 @@ class Store(abc.ABC):
 
         Returns False, without letting go, when one of the awaited ``signals``
         is already there or one of the awaited ``children`` has finished: the
-        caller looks again instead of sleeping through it.
+        caller looks again instead of sleeping through it. A workflow asked to
+        stop meanwhile parks due at once, so that its next claim delivers it.
         """
 
     @abc.abstractmethod
@@ -291,8 +344,15 @@ class Store(abc.ABC):
         """Announce (or re-announce) a running executor."""
 
     @abc.abstractmethod
-    def heartbeat(self, executor_id: str, now: float, lease_expires_at: float) -> None:
-        """Record that the executor lives and extend the leases it holds."""
+    def heartbeat(
+        self, executor: journal.ExecutorInfo, now: float, lease_expires_at: float
+    ) -> list[tuple[str, int]]:
+        """Record that the executor lives and extend the leases it holds.
+
+        Returns the ``(workflow_id, epoch)`` of every workflow it still holds:
+        a run of the executor whose workflow is missing there has lost it.
+        An executor forgotten meanwhile (thought dead) is registered again.
+        """
 
     @abc.abstractmethod
     def list_executors(self) -> list[journal.ExecutorInfo]:
@@ -301,3 +361,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def remove_executor(self, executor_id: str, expire_leases: bool) -> None:
         """Forget an executor; with expire_leases its workflows become claimable now."""
+
+    # --- wake-ups (not verbs: called from any thread, outside run_batch) ----------
+
+    def listen(self, callback: Callable[[Wakeup], None]) -> Callable[[], None]:
+        """Call ``callback`` (from another thread) for each committed change that may
+        wake something; return the function that stops listening.
+
+        A store without notifications (SQLite) calls nothing: its executors poll.
+        After a lost connection the callback gets a ``work`` wake-up, since
+        notifications sent meanwhile are lost.
+        """
+        return _nothing

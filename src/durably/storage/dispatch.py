@@ -51,9 +51,9 @@ class StoreThread:
         """Finish queued calls, close the store and end the thread."""
         with self._lock:
             thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._queue.put(_STOP)
+            if thread is None:
+                return
+            self._queue.put(_STOP)  # under the lock: nothing can be queued behind it
         thread.join()
 
     def submit(
@@ -82,9 +82,10 @@ class StoreThread:
         return self.submit(fn, *args, write=write, _raw=_raw).result()
 
     def _put(self, op: base.Op, waiter: Any, raw: bool) -> None:
-        if self._thread is None:
-            raise errors.DatabaseUnavailable(f"{self.store.url} is closed")
-        self._queue.put((op, waiter, raw))
+        with self._lock:
+            if self._thread is None:
+                raise errors.DatabaseUnavailable(f"{self.store.url} is closed")
+            self._queue.put((op, waiter, raw))
 
     def _serve(self) -> None:
         while True:

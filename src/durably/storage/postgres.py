@@ -26,17 +26,29 @@ hit its COMMIT -- and the next batch connects again. A batch that finds the
 connection dead before it ran anything (the server restarted while we were
 idle) reconnects at once: nothing of it had reached the server.
 
-Claiming. ``claimable`` and ``claim`` are two verbs (the engine filters the
-candidates by the workflows its process has registered before claiming one), so
-``FOR UPDATE SKIP LOCKED`` has nothing to hold its lock across; it belongs to a
-single claim-next verb, which this dialect would then override with its own query.
+Claiming. ``claim_next`` selects the claimable rows ``FOR UPDATE SKIP LOCKED``
+and claims them in the same transaction: concurrent claimers on any number of
+machines take disjoint rows without waiting for each other. Claimers of one
+queue lock its row in ``queues`` first, so they count its running workflows
+and recent starts one at a time (the limits hold across machines).
+
+Wake-ups. Verbs that make something claimable or deliver a signal send a
+``NOTIFY durably`` in their transaction (delivered only if it commits).
+:meth:`PostgresStore.listen` holds a second connection, in its own thread,
+that LISTENs and hands each wake-up to the engine; when that connection is
+lost it reconnects with back-off and reports ``work``, since notifications sent
+meanwhile are gone. Executors still poll, rarely, as the fallback.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import select
+import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psycopg
@@ -44,7 +56,9 @@ import psycopg.conninfo
 import psycopg.pq
 
 from durably import errors
-from durably.storage import sql
+from durably.storage import base, sql, sqlbase
+
+log = logging.getLogger("durably")
 
 #: libpq parameters durably sets when the URL leaves them out.
 DEFAULTS = {
@@ -100,6 +114,7 @@ class PostgresStore(sql.SqlStore):
     """A Store in one PostgreSQL database (the tables live in its current schema)."""
 
     driver_errors = (psycopg.Error,)
+    skip_locked = "\nFOR UPDATE SKIP LOCKED"
 
     def __init__(self, url: str) -> None:
         if url.split(":", 1)[0].lower() not in {"postgresql", "postgres"}:
@@ -215,6 +230,18 @@ class PostgresStore(sql.SqlStore):
         except psycopg.Error:
             self._drop()  # in an unknown state: the next batch starts on a new connection
 
+    def _next_savepoint(self) -> None:
+        self._execute("RELEASE SAVEPOINT op; SAVEPOINT op")  # one round trip, not two
+
+    def _notify(self, channel: str, payload: str) -> None:
+        params = {"channel": channel, "payload": payload}
+        self._execute("SELECT pg_notify(%(channel)s, %(payload)s)", params)
+
+    def listen(self, callback: Callable[[base.Wakeup], None]) -> Callable[[], None]:
+        listener = Listener(self._conninfo, self.where, callback)
+        listener.start()
+        return listener.stop
+
     def _lock_migrations(self) -> None:
         # BEGIN takes no lock here; this one is held until the migration commits.
         self._execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": MIGRATION_LOCK})
@@ -260,3 +287,86 @@ class PostgresStore(sql.SqlStore):
     def _scrub(self, exc: BaseException) -> str:
         text = " ".join(str(exc).split())
         return text.replace(self._password, "***") if self._password else text
+
+
+class Listener:
+    """A thread holding a LISTEN connection; hands every notification to a callback.
+
+    It waits in ``select`` on the connection's socket and on a pipe that
+    :meth:`stop` writes to, so stopping is immediate. A quiet connection is
+    checked every ``keepalive`` seconds; a lost one is replaced with back-off.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        where: str,
+        callback: Callable[[base.Wakeup], None],
+        keepalive: float = 15.0,
+    ) -> None:
+        self._conninfo = conninfo
+        self._where = where
+        self._callback = callback
+        self._keepalive = keepalive
+        self._stop_r, self._stop_w = os.pipe()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="durably-listen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop listening and wait for the thread. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        os.write(self._stop_w, b"x")
+        self._thread.join()
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+    def _run(self) -> None:
+        delay, lost = 0.1, False
+        while not self._stopped.is_set():
+            try:
+                conn = psycopg.connect(self._conninfo, autocommit=True)
+            except psycopg.Error as exc:
+                log.info("cannot listen on %s yet: %s", self._where, " ".join(str(exc).split()))
+                self._pause(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            try:
+                conn.execute(f"LISTEN {sqlbase.CHANNEL}")
+                delay = 0.1
+                if lost:
+                    self._deliver(base.Wakeup("work"))  # what was sent meanwhile is lost
+                self._serve(conn)
+            except psycopg.Error as exc:
+                log.info("lost the wake-up connection to %s: %s", self._where, exc)
+                lost = True
+                self._pause(delay)
+            finally:
+                conn.close()
+
+    def _serve(self, conn: psycopg.Connection[Any]) -> None:
+        conn.add_notify_handler(lambda n: self._deliver(sqlbase.decode_wakeup(n.payload)))
+        fd = conn.fileno()
+        while not self._stopped.is_set():
+            ready, _, _ = select.select([fd, self._stop_r], [], [], self._keepalive)
+            if self._stop_r in ready:
+                return
+            if not ready:
+                conn.execute("SELECT 1")  # raises if the server went away silently
+                continue
+            conn.pgconn.consume_input()  # raises if the connection was closed
+            while (notify := conn.pgconn.notifies()) is not None:
+                self._deliver(sqlbase.decode_wakeup(notify.extra.decode()))
+
+    def _deliver(self, wakeup: base.Wakeup) -> None:
+        try:
+            self._callback(wakeup)
+        except Exception:  # the engine's problem; never the end of listening
+            log.exception("wake-up callback failed")
+
+    def _pause(self, seconds: float) -> None:
+        select.select([self._stop_r], [], [], seconds)

@@ -4,42 +4,99 @@
 -- Casts are written CAST(x AS TEXT), never x::text, so both dialects read them.
 
 -- name: create_workflow
+-- Without a conflict target: a taken id and a taken (queue, deduplication_id) both do nothing.
 INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, owner, epoch,
-                       lease_expires_at, crash_count, parent_id, created_at, updated_at)
+                       lease_expires_at, crash_count, parent_id, created_at, updated_at,
+                       queue, priority, deduplication_id, started_at)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :owner, :epoch,
-        :lease_expires_at, 0, :parent_id, :now, :now)
-ON CONFLICT (workflow_id) DO NOTHING
+        :lease_expires_at, 0, :parent_id, :now, :now,
+        :queue, :priority, :deduplication_id, :started_at)
+ON CONFLICT DO NOTHING
+
+-- name: deduplicated
+SELECT workflow_id FROM workflows
+WHERE queue = :queue AND deduplication_id = :deduplication_id
+  AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
 
 -- name: get_workflow
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested
+       cancel_requested, queue, priority
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: list_workflows
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested
+       cancel_requested, queue, priority
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
 ORDER BY created_at DESC, workflow_id
 LIMIT :limit
 
--- name: claimable
-SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
-       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested
-FROM workflows
-WHERE (status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
-   OR (status IN ('sleeping', 'waiting') AND wake_at <= :now)
-ORDER BY created_at
+-- name: create_runnable
+-- The (name, version) pairs the claiming executor can run, for the claim queries below to
+-- join (version '' for an unversioned workflow). A temporary table lives as long as its
+-- connection; claim_next refills it every time.
+CREATE TEMPORARY TABLE IF NOT EXISTS runnable_here (
+    name    TEXT NOT NULL,
+    version TEXT NOT NULL
+)
+
+-- name: clear_runnable
+DELETE FROM runnable_here
+
+-- name: add_runnable
+INSERT INTO runnable_here (name, version) VALUES (:name, :version)
+
+-- name: claimable_unqueued
+-- The claimable queries end without a locking clause: a dialect whose claimers run
+-- concurrently appends one that skips the rows another claimer holds (SqlStore.skip_locked).
+SELECT workflow_id, status, owner, epoch
+FROM workflows w
+WHERE queue IS NULL
+  AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
+       OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
+  AND EXISTS (SELECT 1 FROM runnable_here r
+              WHERE r.name = w.name AND r.version = COALESCE(w.version, ''))
+ORDER BY created_at, workflow_id
 LIMIT :limit
+
+-- name: claimable_queued
+SELECT workflow_id, status, owner, epoch, started_at
+FROM workflows w
+WHERE queue = :queue
+  AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
+       OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
+  AND EXISTS (SELECT 1 FROM runnable_here r
+              WHERE r.name = w.name AND r.version = COALESCE(w.version, ''))
+ORDER BY priority DESC, created_at, workflow_id
+LIMIT :limit
+
+-- name: lock_queue
+-- The row lock this update takes makes the claimers of one queue take turns.
+UPDATE queues SET claimed_at = :now WHERE name = :queue
+
+-- name: create_queue
+INSERT INTO queues (name, claimed_at) VALUES (:queue, :now) ON CONFLICT (name) DO NOTHING
+
+-- name: queue_load
+-- Running under a live lease in the whole queue, running under this owner, and started
+-- (first claimed) since :since.
+SELECT
+    (SELECT COUNT(*) FROM workflows
+     WHERE queue = :queue AND status = 'running' AND owner IS NOT NULL
+       AND lease_expires_at >= :now),
+    (SELECT COUNT(*) FROM workflows
+     WHERE queue = :queue AND status = 'running' AND owner = :owner
+       AND lease_expires_at >= :now),
+    (SELECT COUNT(*) FROM workflows WHERE queue = :queue AND started_at > :since)
 
 -- name: claim
 UPDATE workflows
 SET owner = :owner, epoch = epoch + 1, lease_expires_at = :lease_expires_at, status = 'running',
-    crash_count = crash_count + :crashed, updated_at = :now
+    crash_count = crash_count + :crashed, started_at = COALESCE(started_at, :now),
+    updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
 
 -- name: insert_claim
@@ -52,7 +109,7 @@ FROM claims WHERE workflow_id = :workflow_id ORDER BY epoch
 
 -- name: fence
 UPDATE workflows SET crash_count = 0, updated_at = :now
-WHERE workflow_id = :workflow_id AND epoch = :epoch
+WHERE workflow_id = :workflow_id AND epoch = :epoch AND owner IS NOT NULL
 RETURNING cancel_requested
 
 -- name: owner_of
@@ -72,6 +129,10 @@ WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
   AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
        OR excluded.kind = 'cancel')
 
+-- name: entry_at
+SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+FROM journal WHERE workflow_id = :workflow_id AND seq = :seq
+
 -- name: load_history
 SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
@@ -81,6 +142,7 @@ UPDATE workflows
 SET status = :status, output = :output, error = :error, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
+RETURNING parent_id, queue
 
 -- name: release_owned
 UPDATE workflows SET owner = NULL, lease_expires_at = NULL, updated_at = :now
@@ -92,6 +154,7 @@ WHERE workflow_id = :workflow_id AND epoch = :epoch
 
 -- name: renew_leases
 UPDATE workflows SET lease_expires_at = :lease_expires_at WHERE owner = :owner
+RETURNING workflow_id, epoch
 
 -- name: expire_leases
 UPDATE workflows SET lease_expires_at = 0 WHERE owner = :owner
@@ -100,9 +163,6 @@ UPDATE workflows SET lease_expires_at = 0 WHERE owner = :owner
 INSERT INTO executors (executor_id, host, pid, pid_start, started_at, heartbeat_at)
 VALUES (:executor_id, :host, :pid, :pid_start, :started_at, :heartbeat_at)
 ON CONFLICT (executor_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
-
--- name: heartbeat_executor
-UPDATE executors SET heartbeat_at = :now WHERE executor_id = :executor_id
 
 -- name: list_executors
 SELECT executor_id, host, pid, pid_start, started_at, heartbeat_at
@@ -128,9 +188,11 @@ CREATE TABLE IF NOT EXISTS durably_migrations (
 UPDATE workflows
 SET status = :status, wake_at = :wake_at, owner = NULL, lease_expires_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
+RETURNING queue
 
 -- name: next_wake
-SELECT MIN(wake_at) FROM workflows WHERE status IN ('sleeping', 'waiting') AND wake_at IS NOT NULL
+SELECT MIN(wake_at) FROM workflows
+WHERE status IN ('sleeping', 'waiting', 'needs_review') AND wake_at IS NOT NULL
 
 -- name: wake
 UPDATE workflows
@@ -185,12 +247,13 @@ ON CONFLICT (workflow_id) DO NOTHING
 -- name: wake_parent
 UPDATE workflows
 SET wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END, updated_at = :now
-WHERE workflow_id = (SELECT parent_id FROM workflows WHERE workflow_id = :workflow_id)
+WHERE workflow_id = :parent_id
 
 -- name: request_cancel
 UPDATE workflows
 SET cancel_requested = 1,
-    wake_at = CASE WHEN status IN ('sleeping', 'waiting') THEN :now ELSE wake_at END,
+    wake_at = CASE WHEN status IN ('sleeping', 'waiting', 'needs_review') THEN :now
+                   ELSE wake_at END,
     updated_at = :now
 WHERE workflow_id = :workflow_id
   AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
@@ -239,3 +302,6 @@ WHERE workflow_id = :workflow_id AND seq = :seq AND decision IS NULL
 -- name: review_decided
 UPDATE workflows SET status = 'pending', wake_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND status = 'needs_review'
+
+-- name: cancel_delivered
+SELECT 1 FROM journal WHERE workflow_id = :workflow_id AND kind = 'cancel'

@@ -1,213 +1,27 @@
 """The Store verbs written once in SQL; dialects supply only what truly differs.
 
-Queries come from ``queries.sql`` and migrations from ``migrations/``; a dialect
-subclass provides the connection, how a transaction begins, how parameters are
-spelled, how tables are listed and how driver errors map to durably's errors.
+Every verb runs inside the transaction :meth:`SqlBase.run_batch` opened, with
+queries from ``queries.sql``; the dialect hooks it relies on are declared in
+:mod:`durably.storage.sqlbase`. A verb that makes something claimable, delivers
+a signal or frees a place in a queue says so with ``_wake``, which a dialect
+with notifications sends when the transaction commits.
 """
 
 from __future__ import annotations
 
-import abc
 import dataclasses
-import importlib.resources
 import json
-import re
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from durably import errors, journal
-from durably.storage import base
-
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-_MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
+from durably.storage import base, sqlbase
 
 _WORKFLOW_FIELDS = tuple(f.name for f in journal.WorkflowInfo.__dataclass_fields__.values())
 
 
-def load_queries() -> dict[str, str]:
-    """Every named query of queries.sql, with parameters still written ``:name``."""
-    text = importlib.resources.files("durably.storage").joinpath("queries.sql").read_text()
-    parts = _NAME.split(text)
-    return {name: sql.strip() for name, sql in zip(parts[1::2], parts[2::2], strict=True)}
-
-
-def load_migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) of every migration file, in order."""
-    found = []
-    for res in importlib.resources.files("durably.storage.migrations").iterdir():
-        match = _MIGRATION.match(res.name)
-        if match:
-            found.append((int(match.group(1)), match.group(2), res.read_text()))
-    return sorted(found)
-
-
-def split_statements(sql: str) -> Iterator[str]:
-    """The statements of a migration file (no semicolons inside statements).
-
-    Comment lines go first, so a semicolon in a comment splits nothing.
-    """
-    code = "\n".join(ln for ln in sql.splitlines() if not ln.strip().startswith("--"))
-    for statement in code.split(";"):
-        if statement.strip():
-            yield statement.strip("\n")
-
-
-class SqlStore(base.Store):
-    """A Store over a DB-API connection; subclasses are dialects."""
-
-    #: The driver's exception base classes, mapped by ``_map_error``.
-    driver_errors: tuple[type[Exception], ...] = ()
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._queries = {name: self._paramstyle(sql) for name, sql in load_queries().items()}
-
-    # --- dialect hooks -----------------------------------------------------------
-
-    @abc.abstractmethod
-    def _paramstyle(self, sql: str) -> str:
-        """Rewrite ``:name`` parameters into the driver's style."""
-
-    @abc.abstractmethod
-    def _execute(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
-        """Run one statement on the connection; return the cursor."""
-
-    @abc.abstractmethod
-    def _begin(self, write: bool) -> None:
-        """Open a transaction (taking the write lock at once when ``write``)."""
-
-    @abc.abstractmethod
-    def _commit(self) -> None:
-        """Commit the open transaction."""
-
-    @abc.abstractmethod
-    def _rollback(self) -> None:
-        """Abandon the open transaction, if any."""
-
-    def _lock_migrations(self) -> None:
-        """Make concurrent migrators wait for each other, inside the migration's transaction.
-
-        Nothing to do where ``_begin(write=True)`` already takes the database's
-        write lock (SQLite's BEGIN IMMEDIATE).
-        """
-
-    @abc.abstractmethod
-    def _table_names(self) -> set[str]:
-        """Tables present in the database (to tell a foreign database from ours)."""
-
-    @abc.abstractmethod
-    def _map_error(self, exc: Exception) -> BaseException:
-        """A driver error as a durably StoreError that says what and where."""
-
-    # --- plumbing ------------------------------------------------------------------
-
-    def _q(self, query: str, /, **params: Any) -> Any:
-        return self._execute(self._queries[query], params)
-
-    def _translate(self, exc: Exception) -> BaseException:
-        """Driver errors become StoreErrors; durably's own and programming errors pass."""
-        return self._map_error(exc) if isinstance(exc, self.driver_errors) else exc
-
-    def run_batch(self, ops: Sequence[base.Op]) -> None:
-        write = any(op.write for op in ops)
-        try:
-            self._begin(write)
-        except Exception as exc:
-            mapped = self._translate(exc)
-            for op in ops:
-                op.error = mapped
-            return
-        if len(ops) == 1:
-            self._run_alone(ops[0])
-            return
-        try:
-            for op in ops:
-                self._execute("SAVEPOINT op")
-                try:
-                    op.result = op.fn(*op.args)
-                except Exception as exc:
-                    self._execute("ROLLBACK TO SAVEPOINT op")
-                    op.error = self._translate(exc)
-                self._execute("RELEASE SAVEPOINT op")
-        except Exception as exc:  # the transaction itself failed (a lost connection)
-            self._rollback()
-            self._fail_all(ops, self._translate(exc))
-            return
-        self._finish(ops)
-
-    def _run_alone(self, op: base.Op) -> None:
-        try:
-            op.result = op.fn(*op.args)
-        except Exception as exc:
-            self._rollback()
-            op.error = self._translate(exc)
-            return
-        self._finish([op])
-
-    def _finish(self, ops: Sequence[base.Op]) -> None:
-        try:
-            self._commit()
-        except Exception as exc:
-            self._rollback()
-            self._fail_all(ops, self._translate(exc))
-
-    @staticmethod
-    def _fail_all(ops: Sequence[base.Op], error: BaseException) -> None:
-        """Nothing of the transaction was committed: every op that had succeeded fails."""
-        for op in ops:
-            if op.error is None:
-                op.error = error
-                op.result = None
-
-    # --- migrations ----------------------------------------------------------------
-
-    def migrate(self) -> list[int]:
-        """Apply pending migrations in one transaction; return the versions applied."""
-        tables = self._table_names()
-        if tables and "durably_migrations" not in tables:
-            raise errors.NotADurablyDatabase(
-                f"{self.url} holds tables ({', '.join(sorted(tables)[:5])}) but no "
-                "durably_migrations table: it is not a durably database; "
-                "point durably at a new file or an empty database"
-            )
-        migrations = load_migrations()
-        newest = migrations[-1][0]
-        if tables:
-            applied = {int(r[0]) for r in self._q("applied_migrations").fetchall()}
-            if applied and max(applied) > newest:
-                raise errors.SchemaTooNew(
-                    f"{self.url} is at schema version {max(applied)}, newer than this "
-                    f"durably understands ({newest}); upgrade durably"
-                )
-        else:
-            applied = set()
-        pending = [m for m in migrations if m[0] not in applied]
-        if not pending:
-            return []
-        self._begin(True)
-        try:
-            self._lock_migrations()
-            self._q("create_migrations_table")
-            # Another process may have migrated while we waited for the lock.
-            applied = {int(r[0]) for r in self._q("applied_migrations").fetchall()}
-            done = []
-            for version, name, sql in pending:
-                if version in applied:
-                    continue
-                for statement in split_statements(sql):
-                    self._execute(statement)
-                self._q("record_migration", version=version, name=name, now=time.time())
-                done.append(version)
-            self._commit()
-        except Exception:
-            self._rollback()
-            raise
-        return done
-
-    def schema_version(self) -> int:
-        rows = self._q("applied_migrations").fetchall()
-        return int(rows[-1][0]) if rows else 0
+class SqlStore(sqlbase.SqlBase):
+    """The verbs of a Store in SQL; subclasses are dialects."""
 
     # --- workflows -------------------------------------------------------------------
 
@@ -228,6 +42,10 @@ class SqlStore(base.Store):
             lease_expires_at=lease_expires_at,
             parent_id=new.parent_id,
             now=now,
+            queue=new.queue,
+            priority=new.priority,
+            deduplication_id=new.deduplication_id,
+            started_at=now if owner else None,
         )
         created = cursor.rowcount == 1
         if created and owner:
@@ -240,8 +58,18 @@ class SqlStore(base.Store):
                 previous_owner=None,
                 reason="start",
             )
+        elif created:
+            self._wake("work")
         row = self.get_workflow(new.workflow_id)
-        assert row is not None
+        if row is None and new.queue is not None and new.deduplication_id is not None:
+            found = self._q(
+                "deduplicated", queue=new.queue, deduplication_id=new.deduplication_id
+            ).fetchone()
+            row = self.get_workflow(str(found[0])) if found else None
+        if row is None:
+            raise errors.StoreError(
+                f"workflow {new.workflow_id!r} was neither created nor found in {self.url}"
+            )
         return row, created
 
     def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
@@ -254,39 +82,96 @@ class SqlStore(base.Store):
         rows = self._q("list_workflows", status=status, name=name, limit=limit).fetchall()
         return [_workflow(r) for r in rows]
 
-    def claimable(self, now: float, limit: int) -> list[journal.WorkflowInfo]:
-        return [_workflow(r) for r in self._q("claimable", now=now, limit=limit).fetchall()]
-
-    def claim(
+    def claim_next(
         self,
-        candidate: journal.WorkflowInfo,
         owner: str,
+        runnable: Sequence[base.Runnable],
         lease_expires_at: float,
         now: float,
-    ) -> journal.WorkflowInfo | None:
-        crashed = candidate.owner is not None and candidate.status == journal.Status.RUNNING
+        limit: int,
+        queues: Sequence[base.QueueLimits] = (),
+    ) -> list[journal.WorkflowInfo]:
+        if limit <= 0:
+            return []
+        self._q("create_runnable")
+        self._q("clear_runnable")
+        for name, version in sorted(set(runnable), key=lambda r: (r[0], r[1] or "")):
+            self._q("add_runnable", name=name, version=version or "")
+        picked = self._pick("claimable_unqueued", now=now, limit=limit)
+        claimed = [self._take(c, owner, lease_expires_at, now) for c in picked]
+        # In name order, so that two claimers of the same queues never wait for each other
+        # in a cycle.
+        for queue in sorted(queues, key=lambda q: q.name):
+            room, starts = self._room(queue, owner, now)
+            room = min(room, limit - len(claimed))
+            if room <= 0:
+                continue
+            for *candidate, started_at in self._pick(
+                "claimable_queued", queue=queue.name, now=now, limit=room
+            ):
+                if started_at is None:  # a first claim: a start, within the rate limit
+                    if starts <= 0:
+                        continue
+                    starts -= 1
+                claimed.append(self._take(candidate, owner, lease_expires_at, now))
+        return claimed
+
+    def _pick(self, query: str, /, **params: Any) -> list[Any]:
+        """The claimable rows a query selects, locked against other claimers where they run."""
+        return list(self._execute(self._queries[query] + self.skip_locked, params).fetchall())
+
+    def _room(self, queue: base.QueueLimits, owner: str, now: float) -> tuple[int, int]:
+        """How many more workflows of the queue this owner may run now, and how many
+        of them may be starts (first claims) within the rate limit.
+
+        Locks the queue's row first: its claimers count and claim one at a time.
+        """
+        if self._q("lock_queue", queue=queue.name, now=now).rowcount != 1:
+            self._q("create_queue", queue=queue.name, now=now)
+            self._q("lock_queue", queue=queue.name, now=now)
+        since = now - queue.rate_per
+        running, mine, started = self._q(
+            "queue_load", queue=queue.name, owner=owner, now=now, since=since
+        ).fetchone()
+        room = starts = 1 << 30
+        if queue.concurrency is not None:
+            room = min(room, queue.concurrency - int(running))
+        if queue.worker_concurrency is not None:
+            room = min(room, queue.worker_concurrency - int(mine))
+        if queue.rate_limit is not None:
+            starts = queue.rate_limit - int(started)
+        return room, starts
+
+    def _take(
+        self, candidate: Sequence[Any], owner: str, lease_expires_at: float, now: float
+    ) -> journal.WorkflowInfo:
+        """Claim one selected row (still locked by this transaction); record why."""
+        workflow_id, status, previous_owner, epoch = candidate
+        crashed = previous_owner is not None and status == journal.Status.RUNNING
         cursor = self._q(
             "claim",
             owner=owner,
             lease_expires_at=lease_expires_at,
             crashed=1 if crashed else 0,
             now=now,
-            workflow_id=candidate.workflow_id,
-            epoch=candidate.epoch,
+            workflow_id=workflow_id,
+            epoch=epoch,
         )
-        if cursor.rowcount != 1:
-            return None
-        reason = "recovery" if crashed else ("resume" if candidate.epoch else "start")
+        if cursor.rowcount != 1:  # only if a dialect let another claimer take a selected row
+            raise errors.StoreError(f"workflow {workflow_id!r} changed hands while being claimed")
+        reason = "recovery" if crashed else ("resume" if epoch else "start")
         self._q(
             "insert_claim",
-            workflow_id=candidate.workflow_id,
-            epoch=candidate.epoch + 1,
+            workflow_id=workflow_id,
+            epoch=int(epoch) + 1,
             owner=owner,
             now=now,
-            previous_owner=candidate.owner,
+            previous_owner=previous_owner,
             reason=reason,
         )
-        return self.get_workflow(candidate.workflow_id)
+        row = self.get_workflow(workflow_id)
+        assert row is not None
+        return row
 
     def load_claims(self, workflow_id: str) -> list[journal.Claim]:
         rows = self._q("load_claims", workflow_id=workflow_id).fetchall()
@@ -296,10 +181,14 @@ class SqlStore(base.Store):
         ]
 
     def release(self, workflow_id: str, epoch: int, now: float) -> None:
-        self._q("release_one", workflow_id=workflow_id, epoch=epoch, now=now)
+        if self._q("release_one", workflow_id=workflow_id, epoch=epoch, now=now).rowcount:
+            self._wake("work")
 
     def release_owned(self, owner: str, now: float) -> int:
-        return int(self._q("release_owned", owner=owner, now=now).rowcount)
+        released = int(self._q("release_owned", owner=owner, now=now).rowcount)
+        if released:
+            self._wake("work")
+        return released
 
     # --- journal ---------------------------------------------------------------------
 
@@ -338,7 +227,7 @@ class SqlStore(base.Store):
                 finished_at=e.finished_at,
                 wake_at=e.wake_at,
             )
-            if cursor.rowcount != 1:
+            if cursor.rowcount != 1 and not self._holds(workflow_id, e):
                 raise errors.StoreError(
                     f"workflow {workflow_id!r} seq {e.seq} already holds a final or a "
                     f"different entry; refusing to overwrite it with {e.describe()}"
@@ -352,6 +241,28 @@ class SqlStore(base.Store):
                     seq=e.seq,
                     now=now,
                 )
+
+    def _entry_at(self, workflow_id: str, seq: int) -> journal.Entry | None:
+        r = self._q("entry_at", workflow_id=workflow_id, seq=seq).fetchone()
+        if r is None:
+            return None
+        return journal.Entry(int(r[0]), r[1], r[2], r[3], int(r[4]), r[5], r[6], r[7], r[8])
+
+    def _holds(self, workflow_id: str, entry: journal.Entry) -> bool:
+        """True if the journal already holds this very entry (a commit repeated because
+        the first one's outcome was unknown, its connection lost at COMMIT)."""
+        found = self._entry_at(workflow_id, entry.seq)
+        return found is not None and (
+            found.kind,
+            found.name,
+            found.status,
+            found.attempt,
+            found.payload,
+        ) == (entry.kind, entry.name, entry.status, entry.attempt, entry.payload)
+
+    def _final_at(self, workflow_id: str, seq: int) -> journal.Entry | None:
+        found = self._entry_at(workflow_id, seq)
+        return found if found is not None and found.status in _FINAL_ENTRY else None
 
     def append_entries(
         self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
@@ -372,7 +283,7 @@ class SqlStore(base.Store):
     ) -> None:
         self._fence(workflow_id, epoch, now)
         self._upsert(workflow_id, entries, now)
-        self._q(
+        parent_id, queue = self._q(
             "finish_workflow",
             status=status,
             output=output,
@@ -380,8 +291,12 @@ class SqlStore(base.Store):
             now=now,
             workflow_id=workflow_id,
             epoch=epoch,
-        )
-        self._q("wake_parent", workflow_id=workflow_id, now=now)
+        ).fetchone()
+        if parent_id is not None:
+            self._q("wake_parent", parent_id=parent_id, now=now)
+            self._wake("join", str(parent_id), name=workflow_id)
+        if queue is not None:
+            self._wake("work")  # a place in its queue is free
 
     # --- waiting ------------------------------------------------------------------------
 
@@ -396,7 +311,7 @@ class SqlStore(base.Store):
         children: Sequence[str],
         now: float,
     ) -> bool:
-        self._fence(workflow_id, epoch, now)
+        cancel = self._fence(workflow_id, epoch, now)
         self._upsert(workflow_id, entries, now)
         for name in signals:
             if self._q("next_signal", workflow_id=workflow_id, name=name).fetchone():
@@ -405,9 +320,15 @@ class SqlStore(base.Store):
             child = self.get_workflow(child_id)
             if child is None or child.finished:
                 return False
-        self._q(
+        if cancel and not self._q("cancel_delivered", workflow_id=workflow_id).fetchone():
+            wake_at = now  # asked to stop meanwhile: due at once, so a claim delivers it
+        (queue,) = self._q(
             "park", status=status, wake_at=wake_at, now=now, workflow_id=workflow_id, epoch=epoch
-        )
+        ).fetchone()
+        if wake_at is not None:
+            self._wake("timer", at=wake_at)
+        if queue is not None:
+            self._wake("work")  # a place in its queue is free
         return True
 
     def next_wake(self) -> float | None:
@@ -423,6 +344,10 @@ class SqlStore(base.Store):
         now: float,
     ) -> journal.Entry:
         self._fence(workflow_id, epoch, now)
+        done = self._final_at(workflow_id, wait.seq)
+        if done is not None:  # received by a commit whose outcome was unknown
+            self._upsert(workflow_id, entries, now)
+            return done
         found = self._q("next_signal", workflow_id=workflow_id, name=wait.name).fetchone()
         if found is not None:
             self._q("consume_signal", workflow_id=workflow_id, num=found[0], seq=wait.seq)
@@ -457,6 +382,7 @@ class SqlStore(base.Store):
             idempotency_key=idempotency_key,
             now=now,
         )
+        self._wake("signal", workflow_id, name=name)
         return True
 
     def get_event(self, workflow_id: str, key: str) -> str | None:
@@ -483,6 +409,7 @@ class SqlStore(base.Store):
             parent_id=workflow_id,
             now=now,
         )
+        self._wake("work")
         row = self.get_workflow(child.workflow_id)
         assert row is not None
         return row
@@ -496,6 +423,10 @@ class SqlStore(base.Store):
         now: float,
     ) -> journal.Entry:
         self._fence(workflow_id, epoch, now)
+        done = self._final_at(workflow_id, wait.seq)
+        if done is not None:  # joined by a commit whose outcome was unknown
+            self._upsert(workflow_id, entries, now)
+            return done
         child = self.get_workflow(wait.name)
         if child is not None and child.finished:
             outcome = {"status": child.status, "output": child.output, "error": child.error}
@@ -521,6 +452,7 @@ class SqlStore(base.Store):
             wid = todo.pop()
             if self._q("request_cancel", workflow_id=wid, now=now).rowcount == 1:
                 cancelled.append(wid)
+                self._wake("cancel", wid)
             todo.extend(str(r[0]) for r in self._q("unfinished_children", workflow_id=wid))
         return cancelled
 
@@ -540,6 +472,19 @@ class SqlStore(base.Store):
         history = self.load_history(workflow_id)
         cancels = [e.seq for e in history if e.kind == journal.Kind.CANCEL]
         if cancels:  # continue from where the cancellation stopped it
+            after = [
+                e
+                for e in history
+                if e.seq > min(cancels)
+                and e.kind == journal.Kind.STEP
+                and e.status == journal.EntryStatus.COMPLETED
+            ]
+            if after:
+                raise errors.DurablyError(
+                    f"workflow {workflow_id!r} ran {len(after)} step(s) after its cancellation "
+                    f"(cleanup or compensations, e.g. {after[0].name!r} at seq {after[0].seq}); "
+                    "resuming would forget them: fork it instead"
+                )
             self._q("delete_entries_from", workflow_id=workflow_id, seq=min(cancels))
         elif info.status == journal.Status.FAILED:
             failed = [
@@ -550,6 +495,7 @@ class SqlStore(base.Store):
             if failed:  # give the step that failed the workflow another try
                 self._q("retry_entry", workflow_id=workflow_id, seq=max(failed), now=now)
         self._q("reopen", workflow_id=workflow_id, now=now)
+        self._wake("work")
         reopened = self.get_workflow(workflow_id)
         assert reopened is not None
         return reopened
@@ -565,6 +511,7 @@ class SqlStore(base.Store):
         if not created:
             raise errors.WorkflowIdConflict(f"workflow id {new_id!r} is already taken")
         self._q("copy_entries", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
+        self._wake("work")
         return forked
 
     def open_review(
@@ -641,6 +588,7 @@ class SqlStore(base.Store):
             now=now,
         )
         self._q("review_decided", workflow_id=workflow_id, now=now)
+        self._wake("work")
         return dataclasses.replace(
             review, decision=decision, outcome=outcome, decided_by=decided_by, decided_at=now
         )
@@ -663,9 +611,14 @@ class SqlStore(base.Store):
             heartbeat_at=info.heartbeat_at,
         )
 
-    def heartbeat(self, executor_id: str, now: float, lease_expires_at: float) -> None:
-        self._q("renew_leases", owner=executor_id, lease_expires_at=lease_expires_at)
-        self._q("heartbeat_executor", executor_id=executor_id, now=now)
+    def heartbeat(
+        self, executor: journal.ExecutorInfo, now: float, lease_expires_at: float
+    ) -> list[tuple[str, int]]:
+        held = self._q(
+            "renew_leases", owner=executor.executor_id, lease_expires_at=lease_expires_at
+        ).fetchall()
+        self.register_executor(dataclasses.replace(executor, heartbeat_at=now))
+        return [(str(r[0]), int(r[1])) for r in held]
 
     def list_executors(self) -> list[journal.ExecutorInfo]:
         rows = self._q("list_executors").fetchall()
@@ -684,3 +637,8 @@ class SqlStore(base.Store):
 
 def _workflow(row: Sequence[Any]) -> journal.WorkflowInfo:
     return journal.WorkflowInfo(**dict(zip(_WORKFLOW_FIELDS, row, strict=True)))
+
+
+_FINAL_ENTRY = frozenset(
+    {journal.EntryStatus.COMPLETED, journal.EntryStatus.FAILED, journal.EntryStatus.TIMED_OUT}
+)

@@ -1,0 +1,99 @@
+"""The heartbeat of one executor: renewing its leases and noticing the ones it lost.
+
+An engine holds each workflow it runs under a lease (owner, expiry, epoch).
+Every ``lease_seconds / 3`` the heartbeat extends all of them in one statement,
+which also reports which workflows, at which epochs, the executor still holds.
+From that it settles two things a single commit cannot see:
+
+* **lost leases.** A run of this executor whose workflow is now at a later
+  epoch (another executor claimed it after this one stalled: a long GC pause,
+  a SIGSTOP, a network cut) must stop touching it. Its commits would already be
+  rejected by the fence; the heartbeat also stops the run at once, so a step
+  that is still running is cancelled instead of finishing an effect nobody
+  will record.
+* **orphans.** A workflow the store says this executor holds but that no run of
+  it drives (a claim whose commit outcome was lost with the connection, a run
+  that ended on a database error) would otherwise keep its lease renewed
+  forever. Seen orphaned by two heartbeats in a row, it is released so any
+  executor claims it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from durably import errors, runtime
+
+if TYPE_CHECKING:
+    from durably.engine import Engine
+
+log = logging.getLogger("durably")
+
+
+class Leases:
+    """The heartbeat of one engine and what it learns."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._drivers: dict[runtime.Run, asyncio.Task[None]] = {}
+        self._orphans: dict[str, int] = {}
+
+    def track(self, run: runtime.Run) -> None:
+        """Note the task driving ``run`` (call from that task)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._drivers[run] = task
+
+    def untrack(self, run: runtime.Run) -> None:
+        self._drivers.pop(run, None)
+
+    async def heartbeat_loop(self) -> None:
+        engine = self._engine
+        while True:
+            await asyncio.sleep(engine.lease_seconds / 3)
+            try:
+                await self.beat()
+            except errors.StoreError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    async def beat(self) -> None:
+        """Renew every lease once; stop the runs that lost theirs; release orphans."""
+        engine = self._engine
+        store = engine._store.store
+        me = engine._me
+        assert me is not None
+        runs = list(self._drivers)  # every one of them was claimed before this heartbeat
+        now = engine.clock()
+        held = dict(await engine._call(store.heartbeat, me, now, now + engine.lease_seconds))
+        for run in runs:
+            if run.parked or run.retired or held.get(run.workflow_id) == run.epoch:
+                continue
+            info = await engine._call(store.get_workflow, run.workflow_id, write=False)
+            if info is not None and info.epoch != run.epoch and not run.retired:
+                self._lose(run, info.epoch, info.owner)
+        orphans = {wid: epoch for wid, epoch in held.items() if wid not in engine._tasks}
+        for wid, epoch in orphans.items():
+            if self._orphans.get(wid) == epoch:
+                log.warning("workflow %s is held here but nothing runs it; releasing it", wid)
+                await engine._call(store.release, wid, epoch, engine.clock())
+                engine._kick_recovery()
+        self._orphans = orphans
+
+    def _lose(self, run: runtime.Run, epoch: int, owner: str | None) -> None:
+        log.warning(
+            "workflow %s was taken over (epoch %s, owner %s) while this executor held "
+            "epoch %s; stopping its run",
+            run.workflow_id,
+            epoch,
+            owner,
+            run.epoch,
+        )
+        run.lost = errors.FencedError(
+            f"workflow {run.workflow_id!r} is now at epoch {epoch} (owner {owner}); "
+            f"this executor held epoch {run.epoch} and must stop"
+        )
+        task = self._drivers.get(run)
+        if task is not None:
+            task.cancel()

@@ -1,0 +1,191 @@
+"""Queues: work that any engine serving the queue runs, within limits that hold
+across every worker on every machine.
+
+::
+
+    llm = durably.Queue("llm", concurrency=10, worker_concurrency=3, rate_limit=(50, 60.0))
+
+    handle = await llm.enqueue(engine, summarize, doc_id, deduplication_id=doc_id)
+    workflow_id = llm.enqueue_sync(client, summarize, doc_id)   # from a web handler
+
+    async with durably.Engine(url, queues=[llm]) as worker: ...
+    # or, from a shell: durably worker MODULE --queue llm
+
+``enqueue`` commits a pending workflow on the queue and returns; it runs on
+an engine given the queue (possibly the one that enqueued it, possibly on
+another machine), when the queue's limits let it:
+
+* ``concurrency``: at most this many of the queue's workflows run at once,
+  counted over every executor (a sleeping or waiting workflow holds no place);
+* ``worker_concurrency``: at most this many at once on one executor;
+* ``rate_limit=(limit, per_seconds)``: at most ``limit`` workflows start (are
+  first claimed) within any ``per_seconds`` window, measured from the claim
+  times in the database: the way to stay inside an LLM API's quota.
+
+Within a queue, higher ``priority`` runs first, then older work. A
+``deduplication_id`` makes ``enqueue`` return the workflow of the queue that
+already holds it while that one is unfinished, instead of adding a second.
+
+Each executor enforces the limits of the Queue object it was given, so give
+every worker the same definition (define it once, in the module the workers
+import). Queues are registered by name when defined, which is how ``durably
+worker --queue NAME`` finds them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from durably import codec, errors, workflows
+from durably.storage import base
+
+if TYPE_CHECKING:
+    from durably.client import Client
+    from durably.engine import Engine, WorkflowHandle
+
+_registry: dict[str, Queue] = {}
+
+
+class Queue:
+    """A named queue of workflows with optional global, per-worker and rate limits."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        worker_concurrency: int | None = None,
+        rate_limit: tuple[int, float] | None = None,
+        priority: int = 0,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise errors.DefinitionError("a queue needs a non-empty name")
+        for label, value in (
+            ("concurrency", concurrency),
+            ("worker_concurrency", worker_concurrency),
+        ):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise errors.DefinitionError(
+                    f"queue {name!r}: {label} must be a positive int or None, not {value!r}"
+                )
+        if rate_limit is not None:
+            limit, per = rate_limit
+            if not isinstance(limit, int) or limit < 1 or not per > 0:
+                raise errors.DefinitionError(
+                    f"queue {name!r}: rate_limit is (limit >= 1, per_seconds > 0), "
+                    f"not {rate_limit!r}"
+                )
+        self.name = name
+        self.concurrency = concurrency
+        self.worker_concurrency = worker_concurrency
+        self.rate_limit = rate_limit
+        self.priority = priority
+        _registry[name] = self
+
+    @staticmethod
+    def named(name: str) -> Queue | None:
+        """The queue defined under ``name`` in this process (the last one defined)."""
+        return _registry.get(name)
+
+    @staticmethod
+    def defined() -> list[Queue]:
+        """Every queue defined in this process, by name."""
+        return [_registry[name] for name in sorted(_registry)]
+
+    def __repr__(self) -> str:
+        limits = [
+            f"{label}={value!r}"
+            for label, value in (
+                ("concurrency", self.concurrency),
+                ("worker_concurrency", self.worker_concurrency),
+                ("rate_limit", self.rate_limit),
+            )
+            if value is not None
+        ]
+        return f"Queue({', '.join([repr(self.name), *limits])})"
+
+    @property
+    def limits(self) -> base.QueueLimits:
+        """The limits as the store's ``claim_next`` takes them."""
+        limit, per = self.rate_limit if self.rate_limit is not None else (None, 1.0)
+        return base.QueueLimits(
+            self.name, self.concurrency, self.worker_concurrency, limit, float(per)
+        )
+
+    async def enqueue(
+        self,
+        engine: Engine,
+        wf: Any,
+        *args: Any,
+        workflow_id: str | None = None,
+        priority: int | None = None,
+        deduplication_id: str | None = None,
+        **kwargs: Any,
+    ) -> WorkflowHandle:
+        """Commit the workflow on this queue through an open engine; return its handle.
+
+        Committed before this returns. An existing ``workflow_id`` (or, while
+        unfinished, ``deduplication_id``) returns the workflow that holds it.
+        """
+        new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id)
+        info = await engine._submit(new)
+        _check_name(info.workflow_id, info.name, new)
+        return engine.handle(info.workflow_id)
+
+    def enqueue_sync(
+        self,
+        client: Client,
+        wf: Any,
+        *args: Any,
+        workflow_id: str | None = None,
+        priority: int | None = None,
+        deduplication_id: str | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Commit the workflow on this queue through a Client; return its id.
+
+        For code without an event loop (web handlers, scripts). As ``enqueue``.
+        """
+        new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id)
+        store = client._store.store
+        info, _ = client._call(store.create_workflow, new, None, None, time.time(), write=True)
+        _check_name(info.workflow_id, info.name, new)
+        return info.workflow_id
+
+    def _new(
+        self,
+        wf: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        workflow_id: str | None,
+        priority: int | None,
+        deduplication_id: str | None,
+    ) -> base.NewWorkflow:
+        if isinstance(wf, str) and workflows.registered(wf) is None:
+            name, version, source_hash = wf, None, None  # defined only where workers run
+        else:
+            definition = workflows.definition_of(wf)
+            name, version = definition.name, definition.version
+            source_hash = definition.source_hash
+        payload = codec.encode(
+            {"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input"
+        )
+        return base.NewWorkflow(
+            workflow_id or uuid.uuid4().hex,
+            name,
+            payload,
+            version,
+            source_hash,
+            queue=self.name,
+            priority=self.priority if priority is None else priority,
+            deduplication_id=deduplication_id,
+        )
+
+
+def _check_name(found_id: str, found_name: str, new: base.NewWorkflow) -> None:
+    if found_name != new.name:
+        raise errors.WorkflowIdConflict(
+            f"workflow id {found_id!r} already names a {found_name!r} workflow, not {new.name!r}"
+        )

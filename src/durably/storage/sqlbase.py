@@ -1,0 +1,259 @@
+"""How durably runs SQL: dialect hooks, batches of verbs in one transaction, migrations.
+
+:class:`SqlBase` is the machinery under :class:`~durably.storage.sql.SqlStore`
+(the verbs): it loads the named queries of ``queries.sql`` and the migrations
+of ``migrations/``, runs a batch of verbs in one transaction with a savepoint
+each (group commit), and declares what a dialect subclass provides: the
+connection, how a transaction begins, how parameters are spelled, how tables
+are listed, how driver errors map to durably's errors, and the two things only
+a server database has -- the locking clause that lets concurrent claimers skip
+each other's rows (``skip_locked``) and notifications sent on commit
+(``_notify``, heard through ``Store.listen``).
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib.resources
+import json
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from durably import errors
+from durably.storage import base
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+#: The NOTIFY channel (PostgreSQL) on which committed changes wake listening executors.
+CHANNEL = "durably"
+
+_MAX_PAYLOAD = 4000  # characters; PostgreSQL refuses a NOTIFY payload of 8000 bytes or more
+
+
+def load_queries() -> dict[str, str]:
+    """Every named query of queries.sql, with parameters still written ``:name``."""
+    text = importlib.resources.files("durably.storage").joinpath("queries.sql").read_text()
+    parts = _NAME.split(text)
+    return {name: sql.strip() for name, sql in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def load_migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every migration file, in order."""
+    found = []
+    for res in importlib.resources.files("durably.storage.migrations").iterdir():
+        match = _MIGRATION.match(res.name)
+        if match:
+            found.append((int(match.group(1)), match.group(2), res.read_text()))
+    return sorted(found)
+
+
+def split_statements(sql: str) -> Iterator[str]:
+    """The statements of a migration file (no semicolons inside statements).
+
+    Comment lines go first, so a semicolon in a comment splits nothing.
+    """
+    code = "\n".join(ln for ln in sql.splitlines() if not ln.strip().startswith("--"))
+    for statement in code.split(";"):
+        if statement.strip():
+            yield statement.strip("\n")
+
+
+class SqlBase(base.Store):
+    """A Store over a DB-API connection, without its verbs; dialects subclass SqlStore."""
+
+    #: The driver's exception base classes, mapped by ``_map_error``.
+    driver_errors: tuple[type[Exception], ...] = ()
+
+    #: Appended to the claimable queries: where claimers run concurrently, the clause that
+    #: locks the rows a claimer selects and skips those another claimer holds (PostgreSQL:
+    #: ``FOR UPDATE SKIP LOCKED``). Empty where a write transaction locks the database.
+    skip_locked: str = ""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._queries = {name: self._paramstyle(sql) for name, sql in load_queries().items()}
+
+    # --- dialect hooks -----------------------------------------------------------
+
+    @abc.abstractmethod
+    def _paramstyle(self, sql: str) -> str:
+        """Rewrite ``:name`` parameters into the driver's style."""
+
+    @abc.abstractmethod
+    def _execute(self, sql: str, params: Mapping[str, Any] | None = None) -> Any:
+        """Run one statement on the connection; return the cursor."""
+
+    @abc.abstractmethod
+    def _begin(self, write: bool) -> None:
+        """Open a transaction (taking the write lock at once when ``write``)."""
+
+    @abc.abstractmethod
+    def _commit(self) -> None:
+        """Commit the open transaction."""
+
+    @abc.abstractmethod
+    def _rollback(self) -> None:
+        """Abandon the open transaction, if any."""
+
+    def _notify(self, channel: str, payload: str) -> None:
+        """Tell listening executors, when the open transaction commits, what it may wake.
+
+        Nothing to do where nothing listens (SQLite: executors poll).
+        """
+
+    def _next_savepoint(self) -> None:
+        """Release the savepoint of the op just run and open the next op's.
+
+        Two statements; a dialect whose driver sends both in one round trip overrides this.
+        (The last savepoint needs no release: the commit keeps everything.)
+        """
+        self._execute("RELEASE SAVEPOINT op")
+        self._execute("SAVEPOINT op")
+
+    def _lock_migrations(self) -> None:
+        """Make concurrent migrators wait for each other, inside the migration's transaction.
+
+        Nothing to do where ``_begin(write=True)`` already takes the database's
+        write lock (SQLite's BEGIN IMMEDIATE).
+        """
+
+    @abc.abstractmethod
+    def _table_names(self) -> set[str]:
+        """Tables present in the database (to tell a foreign database from ours)."""
+
+    @abc.abstractmethod
+    def _map_error(self, exc: Exception) -> BaseException:
+        """A driver error as a durably StoreError that says what and where."""
+
+    # --- plumbing ------------------------------------------------------------------
+
+    def _q(self, query: str, /, **params: Any) -> Any:
+        return self._execute(self._queries[query], params)
+
+    def _wake(self, kind: str, workflow_id: str | None = None, **extra: Any) -> None:
+        """Queue a wake-up notification for when this transaction commits."""
+        self._notify(CHANNEL, encode_wakeup(base.Wakeup(kind, workflow_id, **extra)))
+
+    def _translate(self, exc: Exception) -> BaseException:
+        """Driver errors become StoreErrors; durably's own and programming errors pass."""
+        return self._map_error(exc) if isinstance(exc, self.driver_errors) else exc
+
+    def run_batch(self, ops: Sequence[base.Op]) -> None:
+        write = any(op.write for op in ops)
+        try:
+            self._begin(write)
+        except Exception as exc:
+            mapped = self._translate(exc)
+            for op in ops:
+                op.error = mapped
+            return
+        if len(ops) == 1:
+            self._run_alone(ops[0])
+            return
+        try:
+            self._execute("SAVEPOINT op")
+            for i, op in enumerate(ops):
+                if i:  # the previous op is done: keep it, and mark where this one begins
+                    self._next_savepoint()
+                try:
+                    op.result = op.fn(*op.args)
+                except Exception as exc:
+                    self._execute("ROLLBACK TO SAVEPOINT op")
+                    op.error = self._translate(exc)
+        except Exception as exc:  # the transaction itself failed (a lost connection)
+            self._rollback()
+            self._fail_all(ops, self._translate(exc))
+            return
+        self._finish(ops)
+
+    def _run_alone(self, op: base.Op) -> None:
+        try:
+            op.result = op.fn(*op.args)
+        except Exception as exc:
+            self._rollback()
+            op.error = self._translate(exc)
+            return
+        self._finish([op])
+
+    def _finish(self, ops: Sequence[base.Op]) -> None:
+        try:
+            self._commit()
+        except Exception as exc:
+            self._rollback()
+            self._fail_all(ops, self._translate(exc))
+
+    @staticmethod
+    def _fail_all(ops: Sequence[base.Op], error: BaseException) -> None:
+        """Nothing of the transaction was committed: every op that had succeeded fails."""
+        for op in ops:
+            if op.error is None:
+                op.error = error
+                op.result = None
+
+    # --- migrations ----------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        """Apply pending migrations in one transaction; return the versions applied."""
+        tables = self._table_names()
+        if tables and "durably_migrations" not in tables:
+            raise errors.NotADurablyDatabase(
+                f"{self.url} holds tables ({', '.join(sorted(tables)[:5])}) but no "
+                "durably_migrations table: it is not a durably database; "
+                "point durably at a new file or an empty database"
+            )
+        migrations = load_migrations()
+        newest = migrations[-1][0]
+        if tables:
+            applied = {int(r[0]) for r in self._q("applied_migrations").fetchall()}
+            if applied and max(applied) > newest:
+                raise errors.SchemaTooNew(
+                    f"{self.url} is at schema version {max(applied)}, newer than this "
+                    f"durably understands ({newest}); upgrade durably"
+                )
+        else:
+            applied = set()
+        pending = [m for m in migrations if m[0] not in applied]
+        if not pending:
+            return []
+        self._begin(True)
+        try:
+            self._lock_migrations()
+            self._q("create_migrations_table")
+            # Another process may have migrated while we waited for the lock.
+            applied = {int(r[0]) for r in self._q("applied_migrations").fetchall()}
+            done = []
+            for version, name, sql in pending:
+                if version in applied:
+                    continue
+                for statement in split_statements(sql):
+                    self._execute(statement)
+                self._q("record_migration", version=version, name=name, now=time.time())
+                done.append(version)
+            self._commit()
+        except Exception:
+            self._rollback()
+            raise
+        return done
+
+    def schema_version(self) -> int:
+        rows = self._q("applied_migrations").fetchall()
+        return int(rows[-1][0]) if rows else 0
+
+
+def encode_wakeup(wakeup: base.Wakeup) -> str:
+    """A wake-up as the payload of a notification (compact JSON, None fields left out)."""
+    fields = {"k": wakeup.kind, "w": wakeup.workflow_id, "n": wakeup.name, "t": wakeup.at}
+    text = json.dumps({k: v for k, v in fields.items() if v is not None}, separators=(",", ":"))
+    return text if len(text) < _MAX_PAYLOAD else '{"k":"work"}'  # too long for NOTIFY
+
+
+def decode_wakeup(payload: str) -> base.Wakeup:
+    """The wake-up a notification carries; a payload it cannot read wakes for ``work``."""
+    try:
+        data = json.loads(payload)
+        return base.Wakeup(str(data["k"]), data.get("w"), data.get("n"), data.get("t"))
+    except (ValueError, KeyError, TypeError):
+        return base.Wakeup("work")
