@@ -266,7 +266,7 @@ class Engine:
                 f"not {definition.name!r}"
             )
         if created:
-            self._launch(services, info, definition)
+            self._launch(services, info, definition, fresh=True)
         elif not info.finished:
             self._kick_recovery()
         return WorkflowHandle(self, wid)
@@ -554,11 +554,14 @@ class Engine:
         services: runtime.Services,
         info: journal.WorkflowInfo,
         definition: workflows.WorkflowDefinition,
+        *,
+        fresh: bool = False,
     ) -> None:
+        """Run the workflow in a task; ``fresh`` (just created here) has no journal to read."""
         wid = info.workflow_id
         previous = self._tasks.get(wid)  # a run of it here that is still letting go
         task = asyncio.create_task(
-            self._drive(services, info, definition, previous), name=f"durably:{wid}"
+            self._drive(services, info, definition, previous, fresh), name=f"durably:{wid}"
         )
         self._tasks[wid] = task
         task.add_done_callback(functools.partial(self._forget_task, wid))
@@ -573,12 +576,15 @@ class Engine:
         info: journal.WorkflowInfo,
         definition: workflows.WorkflowDefinition,
         previous: asyncio.Task[None] | None,
+        fresh: bool,
     ) -> None:
         wid = info.workflow_id
         if previous is not None:
             await asyncio.wait({previous})
         try:
-            history = await self._call(self._store.store.load_history, wid, write=False)
+            history = (
+                [] if fresh else await self._call(self._store.store.load_history, wid, write=False)
+            )
         except errors.StoreError as exc:  # the heartbeat releases what nothing runs
             log.warning("cannot load the journal of workflow %s: %s", wid, exc)
             return

@@ -59,7 +59,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -68,6 +67,8 @@ from typing import Any
 import click
 from rich.console import Console, Group
 from rich.table import Table
+
+from durably.testing import crash_child
 
 __all__ = [
     "Boundary",
@@ -84,23 +85,18 @@ __all__ = [
 SCENARIO_ENV = "DURABLY_SCENARIO_DIR"
 """The environment variable naming the scenario directory, for the user's fake services."""
 
-TRACE_FILE = "boundaries.jsonl"
-CALLS_FILE = "calls.jsonl"
 CRASH_MARKER = "crashed"
 
 #: Boundaries where an intent is committed and its receipt is not: the outcome is unknown.
 UNKNOWN_OUTCOME_POINTS = frozenset({"after_intent", "before_call", "after_call"})
-#: The boundaries a step with an intent reaches that older ``durably.faults`` may not accept.
-_INTENT_POINTS = ("before_intent", "after_intent")
 _CRASH_VARS = ("DURABLY_CRASH_AT", "DURABLY_CRASH_ONCE")
-_FINISHED = frozenset({"completed", "failed", "cancelled", "diverged"})
 _MAX_RUNS = 4  # the crashed process and up to three recoveries
 
 _BOOTSTRAP = (
     "import os, sys\n"
     "spec = os.environ.pop('DURABLY_CRASH_AT', None)\n"
-    "from durably.testing import crashes\n"
-    "sys.exit(crashes._child_main(sys.argv[1], spec))\n"
+    "from durably.testing import crash_child\n"
+    "sys.exit(crash_child.main(sys.argv[1], spec))\n"
 )
 
 Effects = str | os.PathLike[str] | Callable[[Path], Mapping[str, int]]
@@ -419,12 +415,12 @@ def crash_points(
     runner = _Runner(spec, tuple(args), dict(kwargs or {}), url_for, effects, timeout)
 
     baseline = runner.run(root / "00-baseline", f"{prefix}-0", None)
-    if baseline.status not in _FINISHED:
+    if baseline.status not in crash_child.FINISHED:
         raise CrashToolError(
             f"{spec} did not finish without a crash (it is {baseline.status}); "
             f"see {baseline.directory}"
         )
-    trace = _read_jsonl(baseline.directory / TRACE_FILE)
+    trace = _read_jsonl(baseline.directory / crash_child.TRACE_FILE)
     boundaries = [Boundary(t["point"], t["step"], int(t["nth"])) for t in trace]
     if only is not None:
         chosen = [b for b in boundaries if any(fnmatch.fnmatchcase(b.spec, p) for p in only)]
@@ -524,7 +520,7 @@ class _Runner:
                             f"{self.target} (scenario {folder.name}): {exit_.describe()}"
                         )
                     break  # judged as a violation: a recovery that hangs or breaks
-                if status in _FINISHED or status == "needs_review":
+                if status in crash_child.FINISHED or status == "needs_review":
                     break
             return self._collect(client, folder, workflow_id, exits, status, before)
 
@@ -564,9 +560,9 @@ class _Runner:
             result,
             error,
             journal,
-            _read_jsonl(folder / CALLS_FILE),
+            _read_jsonl(folder / crash_child.CALLS_FILE),
             self._effects(folder, before),
-            _read_jsonl(folder / TRACE_FILE),
+            _read_jsonl(folder / crash_child.TRACE_FILE),
             reason,
         )
 
@@ -800,162 +796,6 @@ def _count_keys(path: Path, offset: int) -> dict[str, int]:
         if isinstance(key, str) and key:
             counts[key] += 1
     return dict(counts)
-
-
-# --- the child process -------------------------------------------------------------------
-
-
-def _append(path: Path, record: Mapping[str, Any]) -> None:
-    """Append one JSON line with a single write on an O_APPEND descriptor (SIGKILL-safe)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(record, default=str) + "\n").encode())
-    finally:
-        os.close(fd)
-
-
-def _install_probes(folder: Path) -> None:
-    """Record every boundary and every step-function call of this process in ``folder``."""
-    from durably import faults, journal, runtime, step_runner, steps
-
-    pid = os.getpid()
-    seen: collections.Counter[tuple[str, str]] = collections.Counter()
-    reached = faults.reached
-
-    def traced(point: str, step: str = "") -> None:
-        seen[(point, step)] += 1
-        _append(
-            folder / TRACE_FILE,
-            {"pid": pid, "point": point, "step": step, "nth": seen[(point, step)]},
-        )
-        reached(point, step)
-
-    faults.reached = traced
-    missing = [p for p in _INTENT_POINTS if p not in faults.POINTS]
-    if missing:  # faults.POINTS omits the intent boundaries its docstring promises
-        setattr(faults, "POINTS", (*faults.POINTS, *missing))  # noqa: B010
-
-    invoke = getattr(step_runner, "invoke", None)
-    if invoke is None:
-        raise CrashToolError("durably.step_runner.invoke is gone: update durably.testing.crashes")
-
-    async def counted(
-        run: Any, step: steps.StepDefinition, args: Any, kwargs: Any, ctx: Any
-    ) -> Any:
-        policy = (
-            "reconcile"
-            if step.reconcile is not None
-            else "at_most_once"
-            if step.at_most_once
-            else "plain"
-        )
-        _append(
-            folder / CALLS_FILE,
-            {
-                "event": "call",
-                "pid": pid,
-                "workflow_id": ctx.workflow_id,
-                "seq": ctx.seq,
-                "step": step.name,
-                "attempt": ctx.attempt,
-                "key": ctx.idempotency_key,
-                "policy": policy,
-            },
-        )
-        return await invoke(run, step, args, kwargs, ctx)
-
-    step_runner.invoke = counted
-
-    commit = runtime.Run.commit
-
-    async def committed(self: runtime.Run, *entries: journal.Entry) -> None:
-        await commit(self, *entries)
-        for e in entries:  # durable now: a later call of this key re-ran a completed step
-            if e.kind == journal.Kind.STEP and e.status == journal.EntryStatus.COMPLETED:
-                _append(
-                    folder / CALLS_FILE,
-                    {
-                        "event": "receipt",
-                        "pid": pid,
-                        "workflow_id": self.workflow_id,
-                        "seq": e.seq,
-                        "step": e.name,
-                        "key": f"{self.workflow_id}:{e.seq}",
-                    },
-                )
-
-    setattr(runtime.Run, "commit", committed)  # noqa: B010
-
-
-def _load(target: str) -> Any:
-    import importlib
-
-    module_name, _, attr = target.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _child_main(config_json: str, crash_at: str | None) -> int:
-    """The child: probes on, crash plan set, then run the workflow until it settles."""
-    import asyncio
-
-    from durably import codec, faults
-
-    config = json.loads(config_json)
-    folder = Path(config["dir"])
-    _install_probes(folder)
-    if crash_at:
-        os.environ["DURABLY_CRASH_AT"] = crash_at
-    faults.configure(crash_at)
-    try:
-        wf = _load(config["target"])
-    except (ImportError, AttributeError) as exc:
-        sys.stderr.write(f"cannot load {config['target']!r}: {exc}\n")
-        return 2
-    call = codec.decode(config["call"], where="crash test arguments")
-    assert isinstance(call, dict)
-    status = asyncio.run(
-        _drive(
-            wf,
-            call["args"],
-            call["kwargs"],
-            config["workflow_id"],
-            config["database_url"],
-            set(config["until"]),
-            float(config["timeout"]),
-        )
-    )
-    sys.stdout.write(json.dumps({"workflow_id": config["workflow_id"], "status": status}) + "\n")
-    return 0 if status is not None else 3
-
-
-async def _drive(
-    wf: Any,
-    args: list[Any],
-    kwargs: dict[str, Any],
-    workflow_id: str,
-    url: str,
-    until: set[str],
-    timeout: float,
-) -> str | None:
-    import asyncio
-
-    from durably import Engine
-
-    async with Engine(url) as engine:
-        handle = await engine.start(wf, *args, workflow_id=workflow_id, **kwargs)
-        deadline = time.monotonic() + timeout
-        delay = 0.01
-        while time.monotonic() < deadline:
-            status = await handle.status()
-            if status in _FINISHED or status in until:
-                return str(status)
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.1)
-    sys.stderr.write(f"workflow {workflow_id!r} did not settle within {timeout}s\n")
-    return None
 
 
 # --- the command -------------------------------------------------------------------------

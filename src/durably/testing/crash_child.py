@@ -1,0 +1,168 @@
+"""The child process of ``crash_points``: probes on, a crash plan set, one workflow run.
+
+It records every commit boundary the engine reaches and every call of a step
+function (one ``O_APPEND`` write each, so a SIGKILL cannot tear a line), then
+starts or re-attaches to the workflow and waits until it settles.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+TRACE_FILE = "boundaries.jsonl"
+CALLS_FILE = "calls.jsonl"
+FINISHED = frozenset({"completed", "failed", "cancelled", "diverged"})
+
+
+def _append(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one JSON line with a single write on an O_APPEND descriptor (SIGKILL-safe)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record, default=str) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _install_probes(folder: Path) -> None:
+    """Record every boundary and every step-function call of this process in ``folder``."""
+    from durably import faults, journal, runtime, step_runner, steps
+
+    pid = os.getpid()
+    seen: collections.Counter[tuple[str, str]] = collections.Counter()
+    reached = faults.reached
+
+    def traced(point: str, step: str = "") -> None:
+        seen[(point, step)] += 1
+        _append(
+            folder / TRACE_FILE,
+            {"pid": pid, "point": point, "step": step, "nth": seen[(point, step)]},
+        )
+        reached(point, step)
+
+    faults.reached = traced
+    invoke = step_runner.invoke
+
+    async def counted(
+        run: Any, step: steps.StepDefinition, args: Any, kwargs: Any, ctx: Any
+    ) -> Any:
+        policy = (
+            "reconcile"
+            if step.reconcile is not None
+            else "at_most_once"
+            if step.at_most_once
+            else "plain"
+        )
+        _append(
+            folder / CALLS_FILE,
+            {
+                "event": "call",
+                "pid": pid,
+                "workflow_id": ctx.workflow_id,
+                "seq": ctx.seq,
+                "step": step.name,
+                "attempt": ctx.attempt,
+                "key": ctx.idempotency_key,
+                "policy": policy,
+            },
+        )
+        return await invoke(run, step, args, kwargs, ctx)
+
+    step_runner.invoke = counted
+
+    commit = runtime.Run.commit
+
+    async def committed(self: runtime.Run, *entries: journal.Entry) -> None:
+        await commit(self, *entries)
+        for e in entries:  # durable now: a later call of this key re-ran a completed step
+            if e.kind == journal.Kind.STEP and e.status == journal.EntryStatus.COMPLETED:
+                _append(
+                    folder / CALLS_FILE,
+                    {
+                        "event": "receipt",
+                        "pid": pid,
+                        "workflow_id": self.workflow_id,
+                        "seq": e.seq,
+                        "step": e.name,
+                        "key": f"{self.workflow_id}:{e.seq}",
+                    },
+                )
+
+    setattr(runtime.Run, "commit", committed)  # noqa: B010
+
+
+def _load(target: str) -> Any:
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def main(config_json: str, crash_at: str | None) -> int:
+    """The child: probes on, crash plan set, then run the workflow until it settles."""
+    import asyncio
+
+    from durably import codec, faults
+
+    config = json.loads(config_json)
+    folder = Path(config["dir"])
+    _install_probes(folder)
+    if crash_at:
+        os.environ["DURABLY_CRASH_AT"] = crash_at
+    faults.configure(crash_at)
+    try:
+        wf = _load(config["target"])
+    except (ImportError, AttributeError) as exc:
+        sys.stderr.write(f"cannot load {config['target']!r}: {exc}\n")
+        return 2
+    call = codec.decode(config["call"], where="crash test arguments")
+    assert isinstance(call, dict)
+    status = asyncio.run(
+        _drive(
+            wf,
+            call["args"],
+            call["kwargs"],
+            config["workflow_id"],
+            config["database_url"],
+            set(config["until"]),
+            float(config["timeout"]),
+        )
+    )
+    sys.stdout.write(json.dumps({"workflow_id": config["workflow_id"], "status": status}) + "\n")
+    return 0 if status is not None else 3
+
+
+async def _drive(
+    wf: Any,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    workflow_id: str,
+    url: str,
+    until: set[str],
+    timeout: float,
+) -> str | None:
+    import asyncio
+
+    from durably import Engine
+
+    async with Engine(url) as engine:
+        handle = await engine.start(wf, *args, workflow_id=workflow_id, **kwargs)
+        deadline = time.monotonic() + timeout
+        delay = 0.01
+        while time.monotonic() < deadline:
+            status = await handle.status()
+            if status in FINISHED or status in until:
+                return str(status)
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.1)
+    sys.stderr.write(f"workflow {workflow_id!r} did not settle within {timeout}s\n")
+    return None
