@@ -115,6 +115,7 @@ class PostgresStore(sql.SqlStore):
 
     driver_errors = (psycopg.Error,)
     skip_locked = "\nFOR UPDATE SKIP LOCKED"
+    lock_row = "\nFOR UPDATE"
 
     def __init__(self, url: str) -> None:
         if url.split(":", 1)[0].lower() not in {"postgresql", "postgres"}:

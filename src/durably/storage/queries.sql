@@ -108,9 +108,12 @@ SELECT workflow_id, epoch, owner, claimed_at, previous_owner, reason
 FROM claims WHERE workflow_id = :workflow_id ORDER BY epoch
 
 -- name: fence
-UPDATE workflows SET crash_count = 0, updated_at = :now
+SELECT cancel_requested, crash_count FROM workflows
 WHERE workflow_id = :workflow_id AND epoch = :epoch AND owner IS NOT NULL
-RETURNING cancel_requested
+
+-- name: progress
+UPDATE workflows SET crash_count = 0, updated_at = :now
+WHERE workflow_id = :workflow_id AND epoch = :epoch
 
 -- name: owner_of
 SELECT owner, epoch, status FROM workflows WHERE workflow_id = :workflow_id

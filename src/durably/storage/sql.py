@@ -200,9 +200,17 @@ class SqlStore(sqlbase.SqlBase):
         ]
 
     def _fence(self, workflow_id: str, epoch: int, now: float) -> bool:
-        """Check the epoch still owns the workflow (locking its row); return cancel_requested."""
-        rows = self._q("fence", workflow_id=workflow_id, epoch=epoch, now=now).fetchall()
+        """Check the epoch still owns the workflow (locking its row); return cancel_requested.
+
+        A plain SELECT (``FOR UPDATE`` where the dialect needs a row lock): the
+        row is written only to reset the crash counter after a recovery, so a
+        step's commit writes no workflow page.
+        """
+        sql_text = self._queries["fence"] + self.lock_row
+        rows = self._execute(sql_text, {"workflow_id": workflow_id, "epoch": epoch}).fetchall()
         if rows:
+            if rows[0][1]:  # progress after a recovery: the crashes in a row end here
+                self._q("progress", workflow_id=workflow_id, epoch=epoch, now=now)
             return bool(rows[0][0])
         row = self._q("owner_of", workflow_id=workflow_id).fetchone()
         if row is None:

@@ -72,6 +72,11 @@ class SqlBase(base.Store):
     #: ``FOR UPDATE SKIP LOCKED``). Empty where a write transaction locks the database.
     skip_locked: str = ""
 
+    #: Appended to the fence's SELECT: the clause that locks the workflow's row for the
+    #: rest of the transaction, so a signal sender or a finishing child waits for it
+    #: (PostgreSQL: ``FOR UPDATE``). Empty where a write transaction locks the database.
+    lock_row: str = ""
+
     def __init__(self, url: str) -> None:
         self.url = url
         self._queries = {name: self._paramstyle(sql) for name, sql in load_queries().items()}
