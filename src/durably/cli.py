@@ -9,6 +9,7 @@ The database comes from ``--database``, else ``DURABLY_DATABASE_URL``, else
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import importlib
 import json
@@ -17,7 +18,8 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -47,9 +49,19 @@ def _when(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception) -> NoReturn:
     console.print(f"[red]error:[/red] {exc}")
     sys.exit(1)
+
+
+@contextlib.contextmanager
+def _client(database: str) -> Iterator[durably.Client]:
+    """A Client for one command; a durably error ends the command with its message."""
+    try:
+        with durably.Client(database) as client:
+            yield client
+    except durably.DurablyError as exc:
+        _fail(exc)
 
 
 def _import(module: str) -> Any:
@@ -61,7 +73,8 @@ def _import(module: str) -> Any:
         raise click.ClickException(f"cannot import {module!r}: {exc}") from exc
 
 
-def _parse_args(text: str) -> tuple[list[Any], dict[str, Any]]:
+def parse_args_json(text: str) -> tuple[list[Any], dict[str, Any]]:
+    """Arguments from JSON: a list is positional, an object keywords, anything else one value."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -97,11 +110,8 @@ def main(ctx: click.Context, database: str, verbose: bool) -> None:
 @click.pass_obj
 def list_cmd(database: str, status: str | None, name: str | None, limit: int) -> None:
     """List workflows, newest first."""
-    try:
-        with durably.Client(database) as client:
-            rows = client.list_workflows(status=status, name=name, limit=limit)
-    except durably.DurablyError as exc:
-        _fail(exc)
+    with _client(database) as client:
+        rows = client.list_workflows(status=status, name=name, limit=limit)
     table = Table("id", "workflow", "status", "created", "updated", box=None)
     for info in rows:
         style = _STATUS_STYLE.get(info.status, "")
@@ -120,13 +130,10 @@ def list_cmd(database: str, status: str | None, name: str | None, limit: int) ->
 @click.pass_obj
 def show(database: str, workflow_id: str) -> None:
     """Show a workflow's receipts: each step, its attempt, duration and output."""
-    try:
-        with durably.Client(database) as client:
-            info = client.get_workflow(workflow_id)
-            entries = client.history(workflow_id)
-            claims = client.claims(workflow_id)
-    except durably.DurablyError as exc:
-        _fail(exc)
+    with _client(database) as client:
+        info = client.get_workflow(workflow_id)
+        entries = client.history(workflow_id)
+        claims = client.claims(workflow_id)
     print_receipts(info, entries, claims)
 
 
@@ -177,7 +184,7 @@ def start(database: str, target: str, args_json: str, workflow_id: str | None, w
     wf = getattr(_import(module), attr, None)
     if wf is None:
         raise click.ClickException(f"{module!r} has no attribute {attr!r}")
-    args, kwargs = _parse_args(args_json)
+    args, kwargs = parse_args_json(args_json)
     try:
         if not wait:
             with durably.Client(database) as client:
@@ -266,11 +273,8 @@ def worker(
 @click.pass_obj
 def workers(database: str) -> None:
     """List the executors (workers) registered in the database, oldest first."""
-    try:
-        with durably.Client(database) as client:
-            rows = client.executors()
-    except durably.DurablyError as exc:
-        _fail(exc)
+    with _client(database) as client:
+        rows = client.executors()
     if not rows:
         console.print("no workers")
         return
@@ -305,11 +309,8 @@ def signal_cmd(
         payload = json.loads(payload_json)
     except json.JSONDecodeError as exc:
         raise click.ClickException(f"PAYLOAD_JSON is not JSON: {exc}") from exc
-    try:
-        with durably.Client(database) as client:
-            sent = client.send_signal(workflow_id, name, payload, idempotency_key=idempotency_key)
-    except durably.DurablyError as exc:
-        _fail(exc)
+    with _client(database) as client:
+        sent = client.send_signal(workflow_id, name, payload, idempotency_key=idempotency_key)
     console.print(f"signal {name!r} sent to {workflow_id}" if sent else "already sent (same key)")
 
 
@@ -318,11 +319,8 @@ def signal_cmd(
 @click.pass_obj
 def cancel(database: str, workflow_id: str) -> None:
     """Cancel a workflow and its unfinished children (at their next durable call)."""
-    try:
-        with durably.Client(database) as client:
-            asked = client.cancel(workflow_id)
-    except durably.DurablyError as exc:
-        _fail(exc)
+    with _client(database) as client:
+        asked = client.cancel(workflow_id)
     console.print(f"cancellation requested: {', '.join(asked) or 'nothing unfinished'}")
 
 
@@ -331,11 +329,8 @@ def cancel(database: str, workflow_id: str) -> None:
 @click.pass_obj
 def resume(database: str, workflow_id: str) -> None:
     """Run a failed, cancelled or diverged workflow again from where it stopped."""
-    try:
-        with durably.Client(database) as client:
-            client.resume(workflow_id)
-    except durably.DurablyError as exc:
-        _fail(exc)
+    with _client(database) as client:
+        client.resume(workflow_id)
     console.print(f"{workflow_id} is pending again; a worker will resume it")
 
 
@@ -346,11 +341,8 @@ def resume(database: str, workflow_id: str) -> None:
 @click.pass_obj
 def fork(database: str, workflow_id: str, from_seq: int, new_id: str | None) -> None:
     """Start a copy of a workflow that replays its first entries and runs the rest live."""
-    try:
-        with durably.Client(database) as client:
-            fork_id = client.fork(workflow_id, from_seq, new_id)
-    except durably.DurablyError as exc:
-        _fail(exc)
+    with _client(database) as client:
+        fork_id = client.fork(workflow_id, from_seq, new_id)
     console.print(fork_id)
 
 
@@ -364,11 +356,8 @@ def review() -> None:
 @click.pass_obj
 def review_list(database: str, workflow_id: str | None) -> None:
     """List steps waiting for a decision, oldest first."""
-    try:
-        with durably.Client(database) as client:
-            rows = client.reviews(workflow_id)
-    except durably.DurablyError as exc:
-        _fail(exc)
+    with _client(database) as client:
+        rows = client.reviews(workflow_id)
     if not rows:
         console.print("no step awaits review")
         return
@@ -413,11 +402,8 @@ def review_resolve(
             choice = {"result": json.loads(result_json)}
         except json.JSONDecodeError as exc:
             raise click.ClickException(f"--result is not JSON: {exc}") from exc
-    try:
-        with durably.Client(database) as client:
-            decided = client.resolve(workflow_id, seq, by=by, **choice)
-    except durably.DurablyError as exc:
-        _fail(exc)
+    with _client(database) as client:
+        decided = client.resolve(workflow_id, seq, by=by, **choice)
     console.print(
         f"{workflow_id} seq {seq} ({decided.step}): {decided.decision} by {decided.decided_by}; "
         "the workflow resumes"
@@ -428,11 +414,8 @@ def review_resolve(
 @click.pass_obj
 def migrate(database: str) -> None:
     """Bring the database schema up to date."""
-    try:
-        with durably.Client(database) as client:
-            version = client.schema_version()
-    except durably.DurablyError as exc:
-        _fail(exc)
+    with _client(database) as client:
+        version = client.schema_version()
     console.print(f"{database}: schema version {version}")
 
 

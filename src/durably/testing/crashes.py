@@ -801,18 +801,6 @@ def _count_keys(path: Path, offset: int) -> dict[str, int]:
 # --- the command -------------------------------------------------------------------------
 
 
-def _parse_args(text: str) -> tuple[list[Any], dict[str, Any]]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.ClickException(f"ARGS_JSON is not JSON: {exc}") from exc
-    if isinstance(value, list):
-        return value, {}
-    if isinstance(value, dict):
-        return [], value
-    return [value], {}
-
-
 @click.command("test-crashes")
 @click.argument("target")
 @click.argument("args_json", default="[]")
@@ -846,7 +834,9 @@ def test_crashes_command(
     """
     if ":" not in target:
         raise click.UsageError("TARGET must be MODULE:WORKFLOW")
-    args, kwargs = _parse_args(args_json)
+    from durably.cli import parse_args_json  # the CLI registers this command: import late
+
+    args, kwargs = parse_args_json(args_json)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     console = Console(highlight=False)
