@@ -28,16 +28,15 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from types import FrameType
 from typing import Any, cast
+
+from durably.testing import loopback
 
 __all__ = [
     "FakeModelServer",
@@ -178,19 +177,6 @@ def read_log(path: str | os.PathLike[str]) -> list[JSON]:
     return out
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, port: int, app: FakeModelServer) -> None:
-        self.app = app
-        super().__init__(("127.0.0.1", port), _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hung up mid-answer is normal here (a killed or closed client)."""
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)
-
-
 class _Handler(BaseHTTPRequestHandler):
     server_version = "FakeModels/1.0"
     disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms stall
@@ -205,7 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Stay quiet: the request log is the record."""
 
     def do_GET(self) -> None:
-        app = cast(_HTTPServer, self.server).app
+        app: FakeModelServer = cast(loopback.LoopbackHTTPServer, self.server).app
         if self.path.rstrip("/") in ("/v1/models", "/models"):
             models = [{"id": app.model or "fake-model", "object": "model"}]
             self._json(200, {"object": "list", "data": models})
@@ -213,7 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, _error_body("no such endpoint", 404))
 
     def do_POST(self) -> None:
-        app = cast(_HTTPServer, self.server).app
+        app: FakeModelServer = cast(loopback.LoopbackHTTPServer, self.server).app
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length > 0 else b""
         if self.path.split("?")[0].rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
@@ -295,13 +281,16 @@ def _chunks(completion: JSON, include_usage: bool) -> Iterator[JSON]:
         yield {**head, "choices": [], "usage": completion["usage"]}
 
 
-class FakeModelServer:
+class FakeModelServer(loopback.LoopbackService):
     """A real OpenAI-compatible HTTP server on 127.0.0.1 that answers from a script.
 
     Use as a context manager or call :meth:`start` / :meth:`stop`; point a client
     at :attr:`url`. ``port=0`` picks a free port. ``model`` is the model name
     the answers report (what usage is priced by); by default the one asked for.
     """
+
+    handler = _Handler
+    thread_name = "fake-models"
 
     def __init__(
         self,
@@ -313,53 +302,19 @@ class FakeModelServer:
     ) -> None:
         self.script = script
         self.log_path = Path(log_path) if log_path is not None else None
-        self.port = port
+        super().__init__(port)
         self.model = model
         self._lock = threading.Lock()
         self._requests: list[JSON] = []
         self._next = 0
         self._failures: list[Reply] = []
-        self._httpd: _HTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     # --- lifecycle ---------------------------------------------------------------
-
-    def start(self) -> FakeModelServer:
-        """Serve in a daemon thread."""
-        if self._httpd is not None:
-            raise RuntimeError("server already started")
-        self._httpd = _HTTPServer(self.port, self)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},  # so stop() returns quickly
-            name="fake-models",
-            daemon=True,
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and release the port. Safe to call twice."""
-        httpd, thread = self._httpd, self._thread
-        self._httpd = self._thread = None
-        if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
-        if thread is not None:
-            thread.join()
-
-    def __enter__(self) -> FakeModelServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def url(self) -> str:
         """The ``base_url`` for an OpenAI client, e.g. ``http://127.0.0.1:54321/v1``."""
-        if self._httpd is None:
-            raise RuntimeError("server is not running")
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        return f"http://127.0.0.1:{self.bound_port}/v1"
 
     # --- scripting and inspection ------------------------------------------------------
 
@@ -487,29 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", help="write the bound port here (atomically)")
     parser.add_argument("--model", default=None, help="model name to report (default: asked)")
     args = parser.parse_args(argv)
-    done = threading.Event()
-
-    def _on_signal(signum: int, frame: FrameType | None) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
     server = FakeModelServer(
         load_script(args.script), log_path=args.log, port=args.port, model=args.model
     ).start()
-    try:
-        if args.port_file:
-            tmp = f"{args.port_file}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(server.url.split(":")[2].split("/")[0])
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, args.port_file)
-        while not done.wait(0.2):
-            pass
-    finally:
-        server.stop()
-    return 0
+    return loopback.serve_until_signal(server, args.port_file)
 
 
 if __name__ == "__main__":

@@ -31,16 +31,16 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from types import FrameType
 from typing import Any, Literal, cast
+
+from durably.testing import loopback
 
 __all__ = [
     "FakePaymentsServer",
@@ -99,14 +99,6 @@ def refunds_in_log(path: str | os.PathLike[str]) -> list[JSONDict]:
     return out
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, port: int, app: FakePaymentsServer) -> None:
-        self.app = app
-        super().__init__(("127.0.0.1", port), _Handler)
-
-
 class _Handler(BaseHTTPRequestHandler):
     server_version = "FakePayments/1.0"
 
@@ -120,7 +112,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("POST")
 
     def _dispatch(self, method: str) -> None:
-        app = cast(_HTTPServer, self.server).app
+        app: FakePaymentsServer = cast(loopback.LoopbackHTTPServer, self.server).app
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length > 0 else b""
         key = self.headers.get("Idempotency-Key") or None
@@ -144,12 +136,15 @@ class _Handler(BaseHTTPRequestHandler):
                 app._exit()
 
 
-class FakePaymentsServer:
+class FakePaymentsServer(loopback.LoopbackService):
     """A real HTTP payments service on 127.0.0.1 that logs every request.
 
     Use as a context manager (``with FakePaymentsServer(path) as srv:``) or call
     :meth:`start` / :meth:`stop`. ``port=0`` picks a free port; see :attr:`url`.
     """
+
+    handler = _Handler
+    thread_name = "fake-payments"
 
     def __init__(
         self,
@@ -163,22 +158,18 @@ class FakePaymentsServer:
             raise ValueError(f"unknown flavour {flavour!r}; expected one of {_FLAVOURS}")
         self.log_path = Path(log_path)
         self.flavour: Flavour = flavour
-        self.port = port
+        super().__init__(port)
         self.delay = delay
         self._lock = threading.Lock()  # guards _by_key and log appends
         self._by_key: dict[str, JSONDict] = {}
         self._flight_lock = threading.Lock()
         self._in_flight = 0
         self._max_in_flight = 0
-        self._httpd: _HTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     # --- lifecycle ---------------------------------------------------------
 
-    def start(self) -> FakePaymentsServer:
-        """Rebuild state from the log and serve in a daemon thread."""
-        if self._httpd is not None:
-            raise RuntimeError("server already started")
+    def _before_start(self) -> None:
+        """Rebuild the key -> refund map from the log (a restart keeps deduplicating)."""
         with self._lock:
             self._by_key = {}
             for refund_obj in refunds_in_log(self.log_path):
@@ -192,35 +183,11 @@ class FakePaymentsServer:
                 if torn:  # keep the next line on a line of its own
                     with open(self.log_path, "a", encoding="utf-8") as f:
                         f.write("\n")
-        self._httpd = _HTTPServer(self.port, self)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="fake-payments", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and release the port. Safe to call twice."""
-        httpd, thread = self._httpd, self._thread
-        self._httpd = self._thread = None
-        if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
-        if thread is not None:
-            thread.join()
-
-    def __enter__(self) -> FakePaymentsServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:54321`` (only while started)."""
-        if self._httpd is None:
-            raise RuntimeError("server is not running")
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return f"http://127.0.0.1:{self.bound_port}"
 
     # --- inspection ----------------------------------------------------------
 
@@ -384,29 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before replying")
     args = parser.parse_args(argv)
 
-    done = threading.Event()
-
-    def _on_signal(signum: int, frame: FrameType | None) -> None:
-        done.set()
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
     server = FakePaymentsServer(
         args.log, flavour=cast(Flavour, args.flavour), port=args.port, delay=args.delay
     ).start()
-    try:
-        if args.port_file:
-            tmp = f"{args.port_file}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(server.url.rsplit(":", 1)[1])
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, args.port_file)
-        while not done.wait(0.2):
-            pass
-    finally:
-        server.stop()
-    return 0
+    return loopback.serve_until_signal(server, args.port_file)
 
 
 if __name__ == "__main__":
