@@ -8,6 +8,8 @@ directory (same filesystem for all of them):
 - raw:    a loop of single-row INSERT + COMMIT (sqlite3, WAL, isolation_level=None,
           explicit BEGIN IMMEDIATE / COMMIT, one committed row per iteration);
 - async:  one workflow of ``--steps`` plain ``async def`` steps returning a small dict;
+- async, no inline: the same with ``Engine(inline_commits=False)``: every commit
+          goes through the store thread (two thread wake-ups per step);
 - sync:   the same with a ``def`` step (runs in the engine's step thread pool);
 - N x async: ``--workflows`` concurrent workflows of ``--steps`` steps each (group commit).
 
@@ -135,7 +137,8 @@ def _count_commits(engine: durably.Engine) -> Callable[[], int]:
 async def durably_run(url: str, kind: str, steps: int, workflows: int) -> DurablyResult:
     """Run one measured configuration on a fresh database."""
     global _gate
-    async with durably.Engine(url, poll_interval=60.0) as engine:
+    inline = kind != "thread"  # "thread": every commit through the store thread
+    async with durably.Engine(url, poll_interval=60.0, inline_commits=inline) as engine:
         commits = _count_commits(engine)
         wf = sync_workflow if kind == "sync" else async_workflow
         # In-engine warm-up: thread pools, statement cache, WAL file.
@@ -287,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         r = raw[mode]
         for kind, wfs in kinds:
             d = dur[(mode, kind, wfs)]
-            label = f"{kind} def" if wfs == 1 else f"{wfs} x async def"
+            label = {"thread": "async, no inline"}.get(kind, f"{kind} def")
+            label = label if wfs == 1 else f"{wfs} x async def"
             print(
                 f"{mode.upper():<8} | {label:<16} | {r.median:7.1f} [{r.min:5.1f}] | "
                 f"{d.median:8.1f} [{d.min:6.1f}] | {d.median / r.median:5.2f}x"

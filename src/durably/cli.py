@@ -147,23 +147,30 @@ def print_receipts(
         + (f" v{info.version}" if info.version else "")
         + f"  [{style}]{info.status}[/]  started {_when(info.created_at)}"
     )
-    console.print(f"[bold]{'seq':>4}  {'call':<24} {'attempt':>7} {'duration':>9}  output[/bold]")
-    for row in receipts.receipts(entries, claims):
+    rows = receipts.receipts(entries, claims)
+    names = {
+        e.seq: (e.name if e.kind == "step" else f"{e.kind}() {e.name}".strip())
+        + ("" if e.status == "completed" else f" ({e.status})")
+        for e in rows
+        if not isinstance(e, receipts.Gap)
+    }
+    width = min(max([24, *map(len, names.values())]), 44)
+    console.print(
+        f"[bold]{'seq':>4}  {'call':<{width}} {'attempt':>7} {'duration':>9}  output[/bold]"
+    )
+    for row in rows:
         if isinstance(row, receipts.Gap):
             console.print(f"[yellow]{row.line()}[/yellow]", soft_wrap=True)
             continue
-        name = row.name if row.kind == "step" else f"{row.kind}() {row.name}".strip()
-        if row.status != "completed":
-            name += f" ({row.status})"
         duration = f"{row.duration * 1000:.1f}ms" if row.duration is not None else ""
         console.print(
-            f"{row.seq:>4}  {name:<24} {row.attempt:>7} {duration:>9}  "
+            f"{row.seq:>4}  {names[row.seq]:<{width}} {row.attempt:>7} {duration:>9}  "
             f"{receipts.preview(row.payload, 60)}",
             soft_wrap=True,
             markup=False,
         )
     if info.output is not None:
-        console.print(f"result: {receipts.preview(info.output, 200)}")
+        console.print(f"result: {receipts.preview(info.output, 200)}", soft_wrap=True)
     if info.error is not None:
         console.print(f"[red]error:[/red] {receipts.preview(info.error, 300)}")
 
@@ -427,11 +434,12 @@ main.add_command(agents_cli.reject_cmd)
 
 @main.command()
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep files here.")
-def demo(workdir: str | None) -> None:
-    """The refund agent: killed inside the refund, recovered without a second refund."""
+@click.option("--scripted", is_flag=True, help="The scripted agent: no model, no openai.")
+def demo(workdir: str | None, scripted: bool) -> None:
+    """The refund agent: approved, killed inside the refund, recovered without a second refund."""
     from durably import demo as demo_module
 
-    sys.exit(demo_module.main(workdir, console))
+    sys.exit(demo_module.main(workdir, console, scripted=scripted))
 
 
 if __name__ == "__main__":

@@ -112,7 +112,10 @@ class Engine:
     marked failed. ``queues`` are the :class:`~durably.Queue` s whose work
     this engine also runs, within their limits (workflows started without a
     queue are always served). ``poll_interval`` is how often it looks for work
-    without being told (PostgreSQL tells it at once).
+    without being told (PostgreSQL tells it at once). ``hold_seconds`` is how
+    long a blocked workflow stays in memory before it parks. With
+    ``inline_commits`` (the default) a SQLite commit runs on the event loop's
+    thread when nothing else is ready to run there (see docs/decisions.md).
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class Engine:
         max_recoveries: int = 5,
         poll_interval: float = 1.0,
         hold_seconds: float = 1.0,
+        inline_commits: bool = True,
         step_threads: int = 32,
         executor_id: str | None = None,
         clock: Callable[[], float] = time.time,
@@ -134,6 +138,7 @@ class Engine:
         self.max_recoveries = max_recoveries
         self.poll_interval = poll_interval
         self.hold_seconds = hold_seconds
+        self.inline_commits = inline_commits
         self.clock = clock
         self.queues = tuple(queues)
         if len({q.name for q in self.queues}) != len(self.queues):
@@ -183,6 +188,7 @@ class Engine:
             on_park=self._wake_later,
             on_child=lambda child_id: self._kick_recovery(),
             hold_seconds=self.hold_seconds,
+            inline_commits=self.inline_commits,
         )
         self._kick = asyncio.Event()
         try:

@@ -54,6 +54,7 @@ class Services:
     on_park: Callable[[float | None], None] = lambda wake_at: None
     on_child: Callable[[str], None] = lambda child_id: None
     hold_seconds: float = 1.0  # how long a blocked run stays in memory before it parks
+    inline_commits: bool = True  # commit on the loop's thread when nothing else is ready
     commit_patience: float = 30.0  # seconds to wait out a locked or unreachable database
 
 
@@ -146,8 +147,11 @@ class Run:
         delay, waited = 0.05, 0.0
         with self.active():
             while True:
+                inline = self.services.inline_commits and _loop_is_quiet()
                 try:
-                    return await self.services.store.call(write, self.services.clock())
+                    return await self.services.store.call(
+                        write, self.services.clock(), inline=inline
+                    )
                 except errors.FencedError as exc:
                     self.lost = exc
                     raise
@@ -269,28 +273,31 @@ class Run:
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """Mark work in progress: a run with work in progress never parks."""
-        self.inflight += 1
-        self._idle.clear()
+        self._busier()
         try:
             yield
         finally:
-            self.inflight -= 1
-            if self.inflight == 0:
-                self._idle.set()
-                if self._blocks:
-                    self._schedule_park()
+            self._calmer()
+            if self.inflight == 0 and self._blocks:
+                self._schedule_park()
+
+    def _busier(self) -> None:
+        self.inflight += 1
+        self._idle.clear()
+
+    def _calmer(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
 
     @contextlib.contextmanager
     def not_active(self) -> Iterator[None]:
         """Inside ``active()``, mark a stretch that only waits (a step parked for review)."""
-        self.inflight -= 1
-        if self.inflight == 0:
-            self._idle.set()
+        self._calmer()
         try:
             yield
         finally:
-            self.inflight += 1
-            self._idle.clear()
+            self._busier()
 
     async def wait_idle(self) -> None:
         """Wait until no step or commit of this run is on its way."""
@@ -398,6 +405,18 @@ _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUI
 _FINAL = frozenset(
     {journal.EntryStatus.COMPLETED, journal.EntryStatus.FAILED, journal.EntryStatus.TIMED_OUT}
 )
+
+
+def _loop_is_quiet() -> bool:
+    """True when no other callback waits to run on this event loop.
+
+    Then committing here costs the loop nothing, and saves the two thread
+    wake-ups of the store thread; when others are ready, their commits should
+    share one transaction on the store thread instead (group commit). Reads
+    the ready queue of asyncio's own loop; other loops never commit inline.
+    """
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)
+    return ready is not None and len(ready) == 0
 
 
 def _wake(future: asyncio.Future[None]) -> None:

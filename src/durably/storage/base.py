@@ -108,6 +108,15 @@ class Store(abc.ABC):
         op gets that error.
         """
 
+    def run_inline(self, op: Op) -> bool:
+        """Run one op on the caller's thread if that needs no wait for a lock.
+
+        Returns False, having changed nothing, when the op must go to the store
+        thread instead. By default nothing runs inline (a network round trip
+        must not block the event loop).
+        """
+        return False
+
     @abc.abstractmethod
     def schema_version(self) -> int:
         """The newest migration applied to this database."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from durably import errors
-from durably.storage import sql
+from durably.storage import base, sql
 
 
 class SqliteStore(sql.SqlStore):
@@ -69,6 +69,18 @@ class SqliteStore(sql.SqlStore):
         except BaseException:
             self.close()
             raise
+
+    def run_inline(self, op: base.Op) -> bool:
+        """Commit one op here, unless another process holds the write lock right now."""
+        self._execute("PRAGMA busy_timeout = 0")
+        try:
+            self.run_batch([op])
+        finally:
+            self._execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+        if isinstance(op.error, errors.DatabaseLocked):  # rolled back: the thread waits
+            op.error = None
+            return False
+        return True
 
     def close(self) -> None:
         if self._conn is not None:
