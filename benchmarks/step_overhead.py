@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parent = pick_dir(args.dir)
     workdir = tempfile.mkdtemp(prefix="durably-bench-", dir=parent)
-    kinds = [("async", 1), ("sync", 1)]
+    kinds = [("async", 1), ("thread", 1), ("sync", 1)]
     if args.workflows > 1:
         kinds.append(("async", args.workflows))
     raw: dict[str, Series] = {m: Series() for m in MODES}
