@@ -132,3 +132,17 @@ def test_agent_demo_parks_is_approved_killed_and_recovered_without_paying_twice(
     served = [r["usage"] for r in requests]
     assert result["replayed"]["prompt_tokens"] == sum(u["prompt_tokens"] for u in served[:3])
     assert result["usage"] in proc.stdout
+
+    # `durably show` says what the crash would have cost: the turns before the kill
+    shown = _run(
+        "-m",
+        "durably.cli",
+        "--database",
+        f"sqlite:///{tmp_path / 'demo.db'}",
+        "show",
+        "refund-TCK-4417",
+    )
+    assert shown.returncode == 0, shown.stderr
+    replayed_tokens = sum(u["prompt_tokens"] + u["completion_tokens"] for u in served[:3])
+    assert f"recovery replayed 3 model calls ({replayed_tokens:,} tokens" in shown.stdout
+    assert "model usage: 5 model calls" in shown.stdout

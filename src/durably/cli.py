@@ -29,6 +29,7 @@ import durably
 from durably import queues as queues_module
 from durably import receipts
 from durably.agents import cli as agents_cli
+from durably.agents import usage as agent_usage
 from durably.testing import crashes
 
 console = Console(highlight=False)
@@ -169,6 +170,10 @@ def print_receipts(
             soft_wrap=True,
             markup=False,
         )
+    recovered = [c.claimed_at for c in claims if c.reason == "recovery"]
+    cost = agent_usage.recovery_summary(entries, recovered)
+    if cost is not None:
+        console.print(cost, soft_wrap=True)
     if info.output is not None:
         console.print(f"result: {receipts.preview(info.output, 200)}", soft_wrap=True)
     if info.error is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from durably import codec, context, journal
@@ -214,3 +214,30 @@ def usage_from_history(
         if isinstance(response, Mapping):
             total += tokens_of(response, table)
     return total
+
+
+def recovery_summary(
+    entries: Sequence[journal.Entry],
+    recovered_at: Sequence[float],
+    prices: Mapping[str, Price] | None = None,
+) -> str | None:
+    """What the model calls of a journal cost, and what crash recoveries replayed.
+
+    ``recovered_at`` are the times executors took the workflow over from a dead
+    owner; the model calls finished before the last of them were served from
+    the journal on recovery instead of being paid for again. None without model calls.
+    """
+    calls = [e for e in entries if e.name.startswith(MODEL_STEP_PREFIX)]
+    total = usage_from_history(calls, prices)
+    if not total.calls:
+        return None
+    line = f"model usage: {total.describe()}, each billed once"
+    if recovered_at:
+        last = max(recovered_at)
+        before = [e for e in calls if (e.finished_at or e.started_at or 0.0) < last]
+        replayed = usage_from_history(before, prices)
+        if replayed.calls:
+            line += (
+                f"; recovery replayed {replayed.describe()} instead of paying for them again"
+            )
+    return line
