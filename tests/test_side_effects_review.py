@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import durably
 from tests.crashkit.refund_harness import REFUND_FLOW, Bench, bench, payload
 
@@ -111,15 +113,7 @@ def test_resolve_result_is_the_receipt_and_decides_once(tmp_path: Path) -> None:
 
 
 def test_cancelling_a_workflow_that_waits_for_review_cancels_it(tmp_path: Path) -> None:
-    """``cancel`` of a needs_review workflow must end it, not leave it parked forever.
-
-    Fails today: ``request_cancel`` only wakes ``sleeping``/``waiting`` rows and
-    ``claimable`` never returns ``needs_review`` ones, so the cancellation is
-    never delivered although ``_await_review`` checks for it. Fix in
-    storage/queries.sql: add ``'needs_review'`` to the status lists of both
-    ``request_cancel`` (the CASE that sets ``wake_at = :now``) and ``claimable``
-    (the ``status IN ('sleeping', 'waiting') AND wake_at <= :now`` branch).
-    """
+    """``cancel`` of a needs_review workflow ends it, and closes its review as cancelled."""
     with bench(tmp_path, "plain") as b:
         parked_at_most_once(b)
         with durably.Client(b.url) as client:
@@ -127,6 +121,9 @@ def test_cancelling_a_workflow_that_waits_for_review_cancels_it(tmp_path: Path) 
         b.run(REFUND_FLOW, "ORD-9912", "at_most_once", until=(), child_timeout=5.0)
         assert b.workflow().status == "cancelled"
         assert len(b.posts()) == 1
+        assert b.reviews() == []  # nothing left to decide
+        with durably.Client(b.url) as client, pytest.raises(durably.NothingToResolve):
+            client.resolve(b.workflow_id, 1, retry=True, by="late")
 
 
 def parked_at_most_once(b: Bench) -> durably.Review:

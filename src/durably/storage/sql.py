@@ -240,6 +240,16 @@ class SqlStore(sqlbase.SqlBase):
                     f"workflow {workflow_id!r} seq {e.seq} already holds a final or a "
                     f"different entry; refusing to overwrite it with {e.describe()}"
                 )
+            if e.kind == journal.Kind.CANCEL:  # a step awaiting review will not be decided
+                self._q(
+                    "decide_review",
+                    workflow_id=workflow_id,
+                    seq=e.seq,
+                    decision="cancelled",
+                    outcome=None,
+                    decided_by="cancel",
+                    now=now,
+                )
             if e.kind == journal.Kind.EVENT and e.payload is not None:
                 self._q(
                     "publish_event",
