@@ -3,18 +3,18 @@
 For command lines, web handlers and other services. A client never claims a
 workflow: ``start`` commits a ``pending`` workflow that any engine (worker)
 picks up. Its methods are synchronous; from async code, call them through
-``asyncio.to_thread`` or use the Engine's async methods.
+``asyncio.to_thread`` or use the Engine's async methods. The logic of each
+call is the Engine's too, written once in :mod:`durably.operations`.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from durably import codec, errors, journal, step_runner, workflows
-from durably.storage import base, create_store, dispatch, resolve_url
+from durably import journal, operations, step_runner
+from durably.storage import create_store, dispatch, resolve_url
 
 R = TypeVar("R")
 
@@ -25,6 +25,7 @@ class Client:
     def __init__(self, url: str | None = None) -> None:
         self.url = resolve_url(url)
         self._store = dispatch.StoreThread(create_store(self.url))
+        self._ops = operations.Operations(self._store.store, time.time)
         self._open = False
 
     def __enter__(self) -> Client:
@@ -50,6 +51,10 @@ class Client:
         self.open()
         return self._store.call_sync(fn, *args, write=write)
 
+    def _run(self, plan: operations.Plan[R]) -> R:
+        self.open()
+        return operations.run_sync(plan, self._store)
+
     # --- reading ------------------------------------------------------------------
 
     def schema_version(self) -> int:
@@ -58,59 +63,38 @@ class Client:
 
     def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo:
         """The workflow's row; WorkflowNotFound if there is none."""
-        info = self._call(self._store.store.get_workflow, workflow_id)
-        if info is None:
-            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
-        return info
+        return self._run(self._ops.get_workflow(workflow_id))
 
     def list_workflows(
         self, status: str | None = None, name: str | None = None, limit: int = 100
     ) -> list[journal.WorkflowInfo]:
         """Workflows, newest first, optionally filtered by status and workflow name."""
-        if status is not None:
-            status = journal.Status(status).value
-        return self._call(self._store.store.list_workflows, status, name, limit)
+        return self._run(self._ops.list_workflows(status, name, limit))
 
     def history(self, workflow_id: str) -> list[journal.Entry]:
         """The workflow's journal in seq order."""
-        self.get_workflow(workflow_id)
-        return self._call(self._store.store.load_history, workflow_id)
+        return self._run(self._ops.history(workflow_id))
 
     def claims(self, workflow_id: str) -> list[journal.Claim]:
         """Every change of owner of the workflow."""
-        return self._call(self._store.store.load_claims, workflow_id)
+        return self._run(self._ops.claims(workflow_id))
 
     def executors(self) -> list[journal.ExecutorInfo]:
         """The executors registered in the database."""
-        return self._call(self._store.store.list_executors)
+        return self._run(self._ops.executors())
 
     # --- starting -------------------------------------------------------------------
 
     def start(self, wf: Any, *args: Any, workflow_id: str | None = None, **kwargs: Any) -> str:
         """Commit a pending workflow for a worker to run; return its id.
 
-        ``wf`` is a decorated workflow or its registered name. Idempotent on
-        ``workflow_id`` like ``Engine.start``.
+        ``wf`` is a decorated workflow or a workflow name, which need not be
+        registered in this process (a service that does not import the
+        workflow code). Idempotent on ``workflow_id`` like ``Engine.start``.
         """
-        if isinstance(wf, str) and workflows.registered(wf) is None:
-            name, version, source_hash = wf, None, None
-        else:
-            definition = workflows.definition_of(wf)
-            name, version = definition.name, definition.version
-            source_hash = definition.source_hash
-        wid = workflows.new_workflow_id(workflow_id)
-        payload = codec.encode(
-            {"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input"
-        )
-        new = base.NewWorkflow(wid, name, payload, version, source_hash)
-        info, _ = self._call(
-            self._store.store.create_workflow, new, None, None, time.time(), write=True
-        )
-        if info.name != name:
-            raise errors.WorkflowIdConflict(
-                f"workflow id {wid!r} already names a {info.name!r} workflow, not {name!r}"
-            )
-        return wid
+        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id)
+        self._run(self._ops.start(new))
+        return new.workflow_id
 
     # --- signals, events, cancel, resume, fork ---------------------------------------
 
@@ -118,54 +102,33 @@ class Client:
         self, workflow_id: str, name: str, payload: Any = None, idempotency_key: str | None = None
     ) -> bool:
         """Send a signal, committed before this returns; False if the key was used before."""
-        data = codec.encode(payload, where=f"signal {name!r} payload")
-        return self._call(
-            self._store.store.send_signal,
-            workflow_id,
-            name,
-            data,
-            idempotency_key,
-            time.time(),
-            write=True,
-        )
+        return self._run(self._ops.send_signal(workflow_id, name, payload, idempotency_key))
 
     def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
         """The value the workflow published under ``key``, waiting up to ``timeout`` for it."""
-        deadline = time.monotonic() + (timeout or 0.0)
-        delay = 0.01
-        while True:
-            value = self._call(self._store.store.get_event, workflow_id, key)
-            if value is not None:
-                return codec.decode(value, where=f"event {key!r} of {workflow_id!r}")
-            if time.monotonic() >= deadline:
-                self.get_workflow(workflow_id)
-                raise TimeoutError(f"workflow {workflow_id!r} has not published {key!r}")
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 0.25)
+        return self._run(self._ops.get_event(workflow_id, key, timeout))
 
     def cancel(self, workflow_id: str) -> list[str]:
         """Ask the workflow and its unfinished children to stop; the ids asked."""
-        return self._call(self._store.store.request_cancel, workflow_id, time.time(), write=True)
+        return self._run(self._ops.cancel(workflow_id))
 
     def resume(self, workflow_id: str) -> None:
         """Make a failed, cancelled or diverged workflow run again from where it stopped."""
-        self._call(self._store.store.reopen, workflow_id, time.time(), write=True)
+        self._run(self._ops.resume(workflow_id))
 
     def fork(self, workflow_id: str, from_seq: int, new_id: str | None = None) -> str:
         """A new workflow with the first ``from_seq`` journal entries of this one; its id."""
-        fork_id = new_id or f"{workflow_id}-fork-{uuid.uuid4().hex[:8]}"
-        self._call(self._store.store.fork, workflow_id, from_seq, fork_id, time.time(), write=True)
-        return fork_id
+        return self._run(self._ops.fork(workflow_id, from_seq, new_id))
 
     def signals(self, workflow_id: str) -> list[dict[str, Any]]:
         """Every signal sent to the workflow, consumed or not."""
-        return self._call(self._store.store.list_signals, workflow_id)
+        return self._run(self._ops.signals(workflow_id))
 
     # --- the review queue -----------------------------------------------------------
 
     def reviews(self, workflow_id: str | None = None) -> list[journal.Review]:
         """Steps parked in ``needs_review``, oldest first."""
-        return self._call(self._store.store.reviews, workflow_id)
+        return self._run(self._ops.reviews(workflow_id))
 
     def resolve(
         self,
@@ -178,17 +141,7 @@ class Client:
         by: str = "unknown",
     ) -> journal.Review:
         """Decide a parked step once: its ``result``, ``retry=True`` or ``fail="reason"``."""
-        decision, outcome = step_runner.review_decision(result, retry, fail, by)
-        return self._call(
-            self._store.store.resolve,
-            workflow_id,
-            seq,
-            decision,
-            outcome,
-            by,
-            time.time(),
-            write=True,
-        )
+        return self._run(self._ops.resolve(workflow_id, seq, result, retry, fail, by))
 
     # --- approvals of agent tool calls --------------------------------------------------
 

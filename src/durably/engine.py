@@ -20,18 +20,17 @@ import contextlib
 import functools
 import logging
 import time
-import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durably import (
-    codec,
     driver,
     errors,
     faults,
     journal,
     leases,
     liveness,
+    operations,
     runtime,
     step_runner,
     waits,
@@ -75,12 +74,18 @@ class WorkflowHandle:
         A failed workflow re-raises its error (the original type when it can be
         rebuilt); a diverged one raises NonDeterminismError; a cancelled one
         Cancelled. Raises TimeoutError after ``timeout`` seconds.
+
+        While the workflow runs in this engine, this waits on its task; else
+        until the engine learns of a change (a wake-up from the store, a run of
+        its own ending or parking), reading the row at a growing interval (up
+        to a second) for what nothing reports, such as a finish on another host.
         """
+        engine = self.engine
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        delay = 0.01
-        while True:
-            task = self.engine._tasks.get(self.workflow_id)
+        for delay in operations.delays(0.01, 1.5, 1.0):
+            mark = engine._changes.mark()
+            task = engine._tasks.get(self.workflow_id)
             if task is not None:
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 await asyncio.wait({task}, timeout=left)
@@ -89,9 +94,9 @@ class WorkflowHandle:
                 return outcome(info)
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"workflow {self.workflow_id!r} is still {info.status}")
-            wait = delay if deadline is None else min(delay, max(0.0, deadline - loop.time()))
-            await asyncio.sleep(wait)
-            delay = min(delay * 1.5, 0.5)
+            wait = delay if deadline is None else min(delay, deadline - loop.time())
+            await engine._changes.wait(mark, wait)
+        raise AssertionError("unreachable: delays() never ends")
 
 
 def outcome(info: journal.WorkflowInfo) -> Any:
@@ -155,6 +160,10 @@ class Engine:
         self._background: list[asyncio.Task[None]] = []
         self._services: runtime.Services | None = None
         self._kick: asyncio.Event | None = None
+        self._changes = operations.Changes()  # wakes handles and get_event waiting here
+        self._timer: asyncio.TimerHandle | None = None  # for the earliest wake-up known here
+        self._timer_at = 0.0
+        self._ops = operations.Operations(self._store.store, clock)
         self._leases = leases.Leases(self)
         self._stop_listening: Callable[[], None] = lambda: None
 
@@ -191,6 +200,7 @@ class Engine:
             inline_commits=self.inline_commits,
         )
         self._kick = asyncio.Event()
+        self._changes = operations.Changes()
         try:
             await self._call(self._store.store.register_executor, self._me)
             self._stop_listening = await loop.run_in_executor(
@@ -220,6 +230,9 @@ class Engine:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         running = list(self._tasks.values())
         if running:
             _, late = await asyncio.wait(running, timeout=drain_timeout)
@@ -243,6 +256,9 @@ class Engine:
     async def _call(self, fn: Callable[..., R], *args: Any, write: bool = True) -> R:
         return await self._store.call(fn, *args, write=write)
 
+    async def _run(self, plan: operations.Plan[R]) -> R:
+        return await operations.run_async(plan, self._store, self._changes)
+
     # --- starting and reading workflows -------------------------------------------
 
     async def start(
@@ -250,32 +266,24 @@ class Engine:
     ) -> WorkflowHandle:
         """Start a workflow; return once its id and input are committed.
 
-        Starting an id that exists returns the existing workflow and runs
-        nothing; a different workflow under that id raises WorkflowIdConflict.
+        ``wf`` is a decorated workflow or the name of one registered in this
+        process (an unknown name raises WorkflowNotRegistered: a typo fails at
+        once; ``Client.start`` commits names for workers that have the code).
+        It starts running here at once. Starting an id that exists returns the
+        existing workflow and runs nothing; a different workflow under that id
+        raises WorkflowIdConflict.
         """
         services = self._require_open()
-        definition = workflows.definition_of(wf)
-        wid = workflow_id or uuid.uuid4().hex
-        payload = codec.encode(
-            {"args": list(args), "kwargs": kwargs}, where=f"workflow {definition.name!r} input"
-        )
-        new = base.NewWorkflow(
-            wid, definition.name, payload, definition.version, definition.source_hash
-        )
-        now = self.clock()
-        info, created = await self._call(
-            self._store.store.create_workflow, new, self.executor_id, now + self.lease_seconds, now
-        )
-        if info.name != definition.name:
-            raise errors.WorkflowIdConflict(
-                f"workflow id {wid!r} already names a {info.name!r} workflow, "
-                f"not {definition.name!r}"
-            )
-        if created:
+        if isinstance(wf, str):
+            workflows.definition_of(wf)  # WorkflowNotRegistered, naming what is known
+        new, definition = operations.new_workflow(wf, args, kwargs, workflow_id)
+        owner = None if definition is None else self.executor_id
+        info, created = await self._run(self._ops.start(new, owner, self.lease_seconds))
+        if created and definition is not None:
             self._launch(services, info, definition, fresh=True)
         elif not info.finished:
             self._kick_recovery()
-        return WorkflowHandle(self, wid)
+        return WorkflowHandle(self, new.workflow_id)
 
     async def _submit(self, new: base.NewWorkflow) -> journal.WorkflowInfo:
         """Commit a pending workflow for any engine to claim (a queue's ``enqueue``).
@@ -297,31 +305,29 @@ class Engine:
 
     async def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo:
         """The workflow's row; WorkflowNotFound if there is none."""
-        info = await self._call(self._store.store.get_workflow, workflow_id, write=False)
-        if info is None:
-            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
-        return info
+        return await self._run(self._ops.get_workflow(workflow_id))
 
     async def list_workflows(
         self, status: str | None = None, name: str | None = None, limit: int = 100
     ) -> list[journal.WorkflowInfo]:
         """Workflows, newest first, optionally filtered by status and workflow name."""
-        if status is not None:
-            status = journal.Status(status).value
-        return await self._call(self._store.store.list_workflows, status, name, limit, write=False)
+        return await self._run(self._ops.list_workflows(status, name, limit))
 
     async def history(self, workflow_id: str) -> list[journal.Entry]:
         """The workflow's journal, in seq order."""
-        await self.get_workflow(workflow_id)
-        return await self._call(self._store.store.load_history, workflow_id, write=False)
+        return await self._run(self._ops.history(workflow_id))
 
     async def claims(self, workflow_id: str) -> list[journal.Claim]:
         """Every change of owner of the workflow: starts, recoveries, resumes."""
-        return await self._call(self._store.store.load_claims, workflow_id, write=False)
+        return await self._run(self._ops.claims(workflow_id))
 
     async def executors(self) -> list[journal.ExecutorInfo]:
         """The executors registered in the database."""
-        return await self._call(self._store.store.list_executors, write=False)
+        return await self._run(self._ops.executors())
+
+    async def signals(self, workflow_id: str) -> list[dict[str, Any]]:
+        """Every signal sent to the workflow, consumed or not."""
+        return await self._run(self._ops.signals(workflow_id))
 
     # --- signals, events, cancel, resume, fork -------------------------------------------
 
@@ -337,10 +343,7 @@ class Engine:
         The workflow may wait for it later: it is kept, and each signal goes to
         exactly one ``wait_for_signal`` of that name, in the order sent.
         """
-        data = codec.encode(payload, where=f"signal {name!r} payload")
-        sent = await self._call(
-            self._store.store.send_signal, workflow_id, name, data, idempotency_key, self.clock()
-        )
+        sent = await self._run(self._ops.send_signal(workflow_id, name, payload, idempotency_key))
         self._on_wakeup(base.Wakeup("signal", workflow_id, name))
         return sent
 
@@ -349,18 +352,7 @@ class Engine:
 
         Raises TimeoutError if it is still unpublished then (None means: don't wait).
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (timeout or 0.0)
-        delay = 0.01
-        while True:
-            value = await self._call(self._store.store.get_event, workflow_id, key, write=False)
-            if value is not None:
-                return codec.decode(value, where=f"event {key!r} of {workflow_id!r}")
-            if loop.time() >= deadline:
-                await self.get_workflow(workflow_id)  # WorkflowNotFound beats TimeoutError
-                raise TimeoutError(f"workflow {workflow_id!r} has not published {key!r}")
-            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-            delay = min(delay * 2, 0.25)
+        return await self._run(self._ops.get_event(workflow_id, key, timeout))
 
     async def cancel(self, workflow_id: str) -> list[str]:
         """Cancel the workflow and its unfinished children; the ids asked to stop.
@@ -368,14 +360,14 @@ class Engine:
         Each receives ``durably.Cancelled`` at its next durable call, so its
         ``finally`` blocks and compensations still run as steps.
         """
-        asked = await self._call(self._store.store.request_cancel, workflow_id, self.clock())
+        asked = await self._run(self._ops.cancel(workflow_id))
         for wid in asked:
             self._on_wakeup(base.Wakeup("cancel", wid))
         return asked
 
     async def resume(self, workflow_id: str) -> WorkflowHandle:
         """Run a failed, cancelled or diverged workflow again from where it stopped."""
-        await self._call(self._store.store.reopen, workflow_id, self.clock())
+        await self._run(self._ops.resume(workflow_id))
         self._kick_recovery()
         return WorkflowHandle(self, workflow_id)
 
@@ -387,8 +379,7 @@ class Engine:
         The rest runs live, on the code now loaded: for debugging an agent from
         its third model call with changed code.
         """
-        new_id = workflow_id_new or f"{workflow_id}-fork-{uuid.uuid4().hex[:8]}"
-        await self._call(self._store.store.fork, workflow_id, from_seq, new_id, self.clock())
+        new_id = await self._run(self._ops.fork(workflow_id, from_seq, workflow_id_new))
         self._kick_recovery()
         return WorkflowHandle(self, new_id)
 
@@ -434,7 +425,7 @@ class Engine:
 
     async def reviews(self, workflow_id: str | None = None) -> list[journal.Review]:
         """Steps parked in ``needs_review``, oldest first, with their intent and key."""
-        return await self._call(self._store.store.reviews, workflow_id, write=False)
+        return await self._run(self._ops.reviews(workflow_id))
 
     async def resolve(
         self,
@@ -450,10 +441,7 @@ class Engine:
 
         Who decided and when are journaled; the workflow then resumes.
         """
-        decision, outcome = step_runner.review_decision(result, retry, fail, by)
-        review = await self._call(
-            self._store.store.resolve, workflow_id, seq, decision, outcome, by, self.clock()
-        )
+        review = await self._run(self._ops.resolve(workflow_id, seq, result, retry, fail, by))
         self._kick_recovery()
         return review
 
@@ -503,18 +491,33 @@ class Engine:
         return [info.workflow_id for info in claimed]
 
     def _kick_recovery(self) -> None:
+        self._changes.signal()
         if self._kick is not None:
             self._kick.set()
 
     def _wake_later(self, wake_at: float | None) -> None:
-        """A run parked until ``wake_at``: claim it back then, from this process."""
-        if wake_at is not None:
-            delay = max(0.0, wake_at - self.clock())
-            asyncio.get_running_loop().call_later(delay, self._kick_recovery)
+        """A run parked until ``wake_at``: look for work then, from this process.
+
+        One timer, for the earliest wake-up known here: when it fires, the
+        recovery loop claims what is due and then waits for the next one the
+        store holds (``next_wake``), so a later wake-up needs no timer of its own.
+        """
+        if wake_at is None or (self._timer is not None and self._timer_at <= wake_at):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0.0, wake_at - self.clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._timer_fired)
+        self._timer_at = wake_at
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._kick_recovery()
 
     def _on_wakeup(self, wakeup: base.Wakeup) -> None:
         """Act on a committed change: poke the run it concerns if it lives here, else
         look for work (on the event loop's thread)."""
+        self._changes.signal()
         if self._services is None:
             return
         live = self._runs.get(wakeup.workflow_id or "")
@@ -603,6 +606,7 @@ class Engine:
             if self._runs.get(wid) is live:
                 del self._runs[wid]
             self._leases.untrack(live)
+            self._changes.signal()  # it finished or parked: handles waiting here look again
         if info.queue is not None:
             self._kick_recovery()  # a place in its queue is free
         if info.parent_id is not None and live.retired and not live.parked:

@@ -34,11 +34,11 @@ worker --queue NAME`` finds them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
-from durably import codec, errors, workflows
+from durably import errors, operations
 from durably.storage import base
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class Queue:
         """
         new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id)
         info = await engine._submit(new)
-        _check_name(info.workflow_id, info.name, new)
+        operations.check_name(info, new.name)
         return engine.handle(info.workflow_id)
 
     def enqueue_sync(
@@ -151,7 +151,7 @@ class Queue:
         new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id)
         store = client._store.store
         info, _ = client._call(store.create_workflow, new, None, None, time.time(), write=True)
-        _check_name(info.workflow_id, info.name, new)
+        operations.check_name(info, new.name)
         return info.workflow_id
 
     def _new(
@@ -163,29 +163,10 @@ class Queue:
         priority: int | None,
         deduplication_id: str | None,
     ) -> base.NewWorkflow:
-        if isinstance(wf, str) and workflows.registered(wf) is None:
-            name, version, source_hash = wf, None, None  # defined only where workers run
-        else:
-            definition = workflows.definition_of(wf)
-            name, version = definition.name, definition.version
-            source_hash = definition.source_hash
-        payload = codec.encode(
-            {"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input"
-        )
-        return base.NewWorkflow(
-            workflow_id or uuid.uuid4().hex,
-            name,
-            payload,
-            version,
-            source_hash,
+        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id)
+        return dataclasses.replace(
+            new,
             queue=self.name,
             priority=self.priority if priority is None else priority,
             deduplication_id=deduplication_id,
-        )
-
-
-def _check_name(found_id: str, found_name: str, new: base.NewWorkflow) -> None:
-    if found_name != new.name:
-        raise errors.WorkflowIdConflict(
-            f"workflow id {found_id!r} already names a {found_name!r} workflow, not {new.name!r}"
         )

@@ -1,0 +1,261 @@
+"""The operator calls of Client and Engine, written once.
+
+Starting, reading, signalling, cancelling, resuming, forking and resolving
+validate and encode the same way whether a synchronous :class:`~durably.Client`
+or an async :class:`~durably.Engine` makes them. Each is written here once, as
+a *plan*: a generator that yields the store verbs to run (:class:`Call`) and,
+for a polling wait, the pauses between reads (:class:`Pause`), and returns the
+answer. :func:`run_sync` runs a plan for the Client; :func:`run_async` for the
+Engine, whose pauses end early when the engine learns of a change
+(:class:`Changes`). What only an executor does after a call (run what it
+started, wake its own runs) stays in the Engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, TypeVar
+
+from durably import codec, errors, journal, step_runner, workflows
+from durably.storage import base, dispatch
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """Run a store verb; the plan is sent its result (its error propagates)."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    write: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pause:
+    """Wait up to ``seconds`` before the next read (an engine may end it sooner)."""
+
+    seconds: float
+
+
+Plan = Generator[Call | Pause, Any, T]
+
+
+def delays(first: float, factor: float, cap: float) -> Iterator[float]:
+    """The back-off of a polling wait: ``first``, growing by ``factor`` up to ``cap``."""
+    delay = first
+    while True:
+        yield delay
+        delay = min(delay * factor, cap)
+
+
+def not_found(workflow_id: str, where: str) -> errors.WorkflowNotFound:
+    """The error for an id that names no workflow in the database ``where``."""
+    return errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {where}")
+
+
+def check_name(found: journal.WorkflowInfo, name: str) -> None:
+    """Raise WorkflowIdConflict if the row holding the id is another workflow."""
+    if found.name != name:
+        raise errors.WorkflowIdConflict(
+            f"workflow id {found.workflow_id!r} already names a {found.name!r} workflow, "
+            f"not {name!r}"
+        )
+
+
+def new_workflow(
+    wf: Any, args: tuple[Any, ...], kwargs: dict[str, Any], workflow_id: str | None
+) -> tuple[base.NewWorkflow, workflows.WorkflowDefinition | None]:
+    """What ``start`` commits, and the definition behind it if this process has one.
+
+    ``wf`` is a decorated workflow or a workflow name; a name registered in no
+    module of this process is committed as it is, for a worker that has it.
+    """
+    definition: workflows.WorkflowDefinition | None = None
+    if isinstance(wf, str) and workflows.registered(wf) is None:
+        if not wf.strip():
+            raise ValueError("a workflow name must be a non-empty string")
+        name, version, source_hash = wf, None, None
+    else:
+        definition = workflows.definition_of(wf)
+        name, version, source_hash = definition.name, definition.version, definition.source_hash
+    wid = workflows.new_workflow_id(workflow_id)
+    payload = codec.encode({"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input")
+    return base.NewWorkflow(wid, name, payload, version, source_hash), definition
+
+
+class Operations:
+    """The plans of the operator calls on one store, stamped by one clock."""
+
+    def __init__(self, store: base.Store, clock: Callable[[], float]) -> None:
+        self.store = store
+        self.clock = clock
+
+    # --- reading ----------------------------------------------------------------------
+
+    def get_workflow(self, workflow_id: str) -> Plan[journal.WorkflowInfo]:
+        info: journal.WorkflowInfo | None = yield Call(self.store.get_workflow, (workflow_id,))
+        if info is None:
+            raise not_found(workflow_id, self.store.url)
+        return info
+
+    def list_workflows(
+        self, status: str | None, name: str | None, limit: int
+    ) -> Plan[list[journal.WorkflowInfo]]:
+        if status is not None:
+            status = journal.Status(status).value  # ValueError names the valid ones
+        rows: list[journal.WorkflowInfo] = yield Call(
+            self.store.list_workflows, (status, name, limit)
+        )
+        return rows
+
+    def history(self, workflow_id: str) -> Plan[list[journal.Entry]]:
+        yield from self.get_workflow(workflow_id)
+        entries: list[journal.Entry] = yield Call(self.store.load_history, (workflow_id,))
+        return entries
+
+    def claims(self, workflow_id: str) -> Plan[list[journal.Claim]]:
+        claims: list[journal.Claim] = yield Call(self.store.load_claims, (workflow_id,))
+        return claims
+
+    def signals(self, workflow_id: str) -> Plan[list[dict[str, Any]]]:
+        signals: list[dict[str, Any]] = yield Call(self.store.list_signals, (workflow_id,))
+        return signals
+
+    def executors(self) -> Plan[list[journal.ExecutorInfo]]:
+        executors: list[journal.ExecutorInfo] = yield Call(self.store.list_executors, ())
+        return executors
+
+    def reviews(self, workflow_id: str | None) -> Plan[list[journal.Review]]:
+        reviews: list[journal.Review] = yield Call(self.store.reviews, (workflow_id,))
+        return reviews
+
+    def get_event(self, workflow_id: str, key: str, timeout: float | None) -> Plan[Any]:
+        deadline = time.monotonic() + (timeout or 0.0)
+        for delay in delays(0.01, 2.0, 0.25):
+            value: str | None = yield Call(self.store.get_event, (workflow_id, key))
+            if value is not None:
+                return codec.decode(value, where=f"event {key!r} of {workflow_id!r}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                yield from self.get_workflow(workflow_id)  # WorkflowNotFound beats TimeoutError
+                raise TimeoutError(f"workflow {workflow_id!r} has not published {key!r}")
+            yield Pause(min(delay, left))
+        raise AssertionError("unreachable: delays() never ends")
+
+    # --- changing -----------------------------------------------------------------------
+
+    def start(
+        self, new: base.NewWorkflow, owner: str | None = None, lease_seconds: float = 0.0
+    ) -> Plan[tuple[journal.WorkflowInfo, bool]]:
+        """Commit the workflow (owned by ``owner``, else pending); its row and whether new."""
+        now = self.clock()
+        lease_expires_at = now + lease_seconds if owner is not None else None
+        found: tuple[journal.WorkflowInfo, bool] = yield Call(
+            self.store.create_workflow, (new, owner, lease_expires_at, now), True
+        )
+        check_name(found[0], new.name)
+        return found
+
+    def send_signal(
+        self, workflow_id: str, name: str, payload: Any, idempotency_key: str | None
+    ) -> Plan[bool]:
+        data = codec.encode(payload, where=f"signal {name!r} payload")
+        args = (workflow_id, name, data, idempotency_key, self.clock())
+        sent: bool = yield Call(self.store.send_signal, args, True)
+        return sent
+
+    def cancel(self, workflow_id: str) -> Plan[list[str]]:
+        asked: list[str] = yield Call(self.store.request_cancel, (workflow_id, self.clock()), True)
+        return asked
+
+    def resume(self, workflow_id: str) -> Plan[journal.WorkflowInfo]:
+        info: journal.WorkflowInfo = yield Call(
+            self.store.reopen, (workflow_id, self.clock()), True
+        )
+        return info
+
+    def fork(self, workflow_id: str, from_seq: int, new_id: str | None) -> Plan[str]:
+        """Copy the workflow under ``new_id`` (default: a fresh ``<id>-fork-<hex>``); the id."""
+        fork_id = new_id or f"{workflow_id}-fork-{uuid.uuid4().hex[:8]}"
+        yield Call(self.store.fork, (workflow_id, from_seq, fork_id, self.clock()), True)
+        return fork_id
+
+    def resolve(
+        self, workflow_id: str, seq: int, result: Any, retry: bool, fail: str | None, by: str
+    ) -> Plan[journal.Review]:
+        decision, outcome = step_runner.review_decision(result, retry, fail, by)
+        args = (workflow_id, seq, decision, outcome, by, self.clock())
+        review: journal.Review = yield Call(self.store.resolve, args, True)
+        return review
+
+
+# --- running a plan -----------------------------------------------------------------------
+
+
+def run_sync(plan: Plan[T], store: dispatch.StoreThread) -> T:
+    """Run the plan from synchronous code: verbs on the store thread, pauses as sleeps."""
+    with contextlib.closing(plan):
+        answer: Any = None
+        while True:
+            try:
+                op = plan.send(answer)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            if isinstance(op, Pause):
+                time.sleep(op.seconds)
+                answer = None
+            else:
+                answer = store.call_sync(op.fn, *op.args, write=op.write)
+
+
+async def run_async(plan: Plan[T], store: dispatch.StoreThread, changes: Changes) -> T:
+    """Run the plan on an event loop; a pause ends early on a change seen since the last read."""
+    with contextlib.closing(plan):
+        answer: Any = None
+        mark = changes.mark()
+        while True:
+            try:
+                op = plan.send(answer)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            if isinstance(op, Pause):
+                await changes.wait(mark, op.seconds)
+                answer = None
+            else:
+                mark = changes.mark()
+                answer = await store.call(op.fn, *op.args, write=op.write)
+
+
+class Changes:
+    """A broadcast: this engine learned that stored workflows may have changed.
+
+    Set on every wake-up the store reports (PostgreSQL's LISTEN/NOTIFY), every
+    kick of recovery and every local run that ends or parks. A waiter takes
+    :meth:`mark` *before* it reads the store, then :meth:`wait` s on that mark:
+    a change signalled in between is not lost. Waiters still poll, at their
+    own back-off, for what nothing reports (SQLite, a finish on another host).
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def mark(self) -> asyncio.Event:
+        """What to wait on for the changes after now."""
+        return self._event
+
+    def signal(self) -> None:
+        """Wake every waiter."""
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    @staticmethod
+    async def wait(mark: asyncio.Event, timeout: float) -> None:
+        """Return after a change since ``mark`` was taken, or after ``timeout`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(mark.wait(), timeout=max(0.0, timeout))
