@@ -1,6 +1,6 @@
-"""``python -m durably.agents``: the approval commands (see :mod:`durably.agents.cli`)."""
+"""``python -m durably.agents``: the ``durably`` command line, where the approval commands live."""
 
-from durably.agents.cli import main
+from durably.cli import main
 
 if __name__ == "__main__":
     main(prog_name="python -m durably.agents")

@@ -1,9 +1,8 @@
 """Command-line approvals: ``approvals``, ``approve``, ``reject``.
 
-The commands take the database URL as click's context object, like the
-``durably`` CLI's own commands, so the lead can mount them there
-(``main.add_command(approvals_cmd)``...). Until then:
-``python -m durably.agents --database URL approvals|approve|reject ...``.
+The commands take the database URL as click's context object and are mounted
+in the ``durably`` command line (``durably approvals``, ``durably approve ID``,
+``durably reject ID``); ``python -m durably.agents`` is the same command line.
 """
 
 from __future__ import annotations
@@ -111,23 +110,3 @@ def reject_cmd(
         tool_call_id=tool_call_id,
         expect=expect,
     )
-
-
-@click.group()
-@click.option(
-    "--database",
-    "-d",
-    envvar="DURABLY_DATABASE_URL",
-    default="sqlite:///durably.db",
-    show_default=True,
-    help="Database URL (or DURABLY_DATABASE_URL).",
-)
-@click.pass_context
-def main(ctx: click.Context, database: str) -> None:
-    """Decide approval-gated tool calls of durable agents."""
-    ctx.obj = database
-
-
-main.add_command(approvals_cmd)
-main.add_command(approve_cmd)
-main.add_command(reject_cmd)
