@@ -129,3 +129,39 @@ async def test_resuming_a_cancelled_workflow_that_ran_cleanup_is_refused(sqlite_
 async def test_an_empty_workflow_id_is_refused(sqlite_url: str) -> None:
     with durably.Client(sqlite_url) as client, pytest.raises(ValueError, match="non-empty"):
         client.start(three_steps_with_events, workflow_id="")
+
+
+@durably.step
+async def quick(i: int) -> int:
+    return i
+
+
+@durably.workflow
+async def many_quick_steps(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += await quick(i)
+    return total
+
+
+async def test_a_long_run_of_inline_commits_leaves_the_event_loop_free(sqlite_url: str) -> None:
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0.005)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    async with durably.Engine(sqlite_url) as e:
+        tick = asyncio.create_task(ticker())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await (await e.start(many_quick_steps, 2000)).result() == sum(range(2000))
+        took = loop.time() - started
+        tick.cancel()
+    assert took > 0.3  # long enough that a starved ticker would show it
+    assert max(gaps) < 0.2, f"the loop was blocked for {max(gaps):.3f}s during a {took:.2f}s run"

@@ -323,6 +323,20 @@ def test_progress_resets_the_crash_count(db):
     assert db.get_workflow("wf-1").crash_count == 0
 
 
+def test_intents_and_pending_waits_are_not_progress(db):
+    """A step that kills its executor after its intent keeps counting crashes in a row."""
+    owned(db)
+    info = take_over(db, "wf-1", "ex-b")
+    db.append_entries("wf-1", info.epoch, [step(1, "started")], NOW)
+    db.park("wf-1", info.epoch, "waiting", None, [step(2, "started", name="w")], [], [], NOW)
+    assert db.get_workflow("wf-1").crash_count == 1
+    info = db.claim_next("ex-c", RUNNABLE, NOW + 10 * LEASE, NOW + 5 * LEASE, 10)
+    assert info == []  # parked and not due: nobody takes it
+    row = db.get_workflow("wf-1")
+    with pytest.raises(durably.FencedError):  # parked: nothing more is written at that epoch
+        db.finish_workflow("wf-1", row.epoch, "completed", "1", None, [step(1)], NOW)
+
+
 def test_racing_claimers_take_disjoint_work_without_waiting(store_url, db):
     """While one claimer holds its claim transaction open, another takes the rest at once."""
     for i in range(6):

@@ -34,6 +34,10 @@ async def drive(
         context.current_run.set(run)
         result = await definition.fn(*call["args"], **call["kwargs"])
         await run.close()  # a branch the function did not await may still run a step
+        await run.settle()
+        if run.parked or run.suspended:  # the code went on past a Suspended it swallowed
+            log.info("workflow %s returned after it let go: it ends when replayed", wid)
+            return
         run.replayer.check_finished()
         output = codec.encode(result, where=f"workflow {definition.name!r} ({wid!r}) result")
         faults.reached("before_finish", definition.name)
@@ -47,7 +51,11 @@ async def drive(
         log.warning("workflow %s: %s", wid, exc)
     except Exception as exc:
         await run.close()  # a failing branch must not strand its siblings' steps
-        run.closing = False  # compensations and the final write still need the run
+        await run.settle()
+        if run.parked or run.suspended:  # the error may come from a swallowed Suspended
+            log.info("workflow %s raised after it let go (%r): it is replayed", wid, exc)
+            return
+        run.compensate_here()  # compensations run here; other branches stay stopped
         await _fail(run, exc)
     finally:
         run.retire()

@@ -504,6 +504,8 @@ class Engine:
         """
         if wake_at is None or (self._timer is not None and self._timer_at <= wake_at):
             return
+        if self._services is None or self._services.stopping.is_set():
+            return  # closing: the next engine finds the wake-up in the store
         if self._timer is not None:
             self._timer.cancel()
         delay = max(0.0, wake_at - self.clock())
@@ -540,11 +542,15 @@ class Engine:
 
     async def _recovery_loop(self) -> None:
         assert self._kick is not None
+        claimed_last = True
         while True:
             timeout = self.poll_interval
             try:
                 due = await self._call(self._store.store.next_wake, write=False)
-                if due is not None:
+                # A wake-up already past that the last pass could not claim belongs to
+                # workflows this engine cannot run (other code or version, a full queue):
+                # wait the poll interval, don't spin on it.
+                if due is not None and (claimed_last or due > self.clock()):
                     timeout = min(timeout, max(0.0, due - self.clock()))
             except errors.StoreError as exc:
                 log.warning("cannot read the next wake-up: %s", exc)
@@ -552,7 +558,7 @@ class Engine:
                 await asyncio.wait_for(self._kick.wait(), timeout=timeout)
             self._kick.clear()
             try:
-                await self.recover()
+                claimed_last = bool(await self.recover())
             except errors.StoreError as exc:
                 log.warning("recovery pass failed: %s", exc)
 

@@ -100,6 +100,8 @@ class Run:
         self.parked = False
         self.retired = False
         self.closing = False  # the workflow function ended: no new durable call may start
+        self.suspended = False  # a Suspended was raised into the workflow's code
+        self._compensator: asyncio.Task[Any] | None = None
         self._blocks: list[Block] = []
         self.compensations: list[Compensation] = []
         self._park_timer: asyncio.TimerHandle | None = None
@@ -123,6 +125,7 @@ class Run:
 
     async def finish(self, status: str, output: str | None, error: str | None) -> None:
         """Commit the final status with any pending journaled values."""
+        await self.settle()
         batch = self.take_pending()
         store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
         await self.store_op(
@@ -168,6 +171,16 @@ class Run:
         self.abandoned = exc
         return Abandoned(f"workflow {self.workflow_id!r}: the database failed: {exc}")
 
+    def suspend(self, why: str) -> Suspended:
+        """The Suspended to raise into workflow code, remembered: code that swallows it
+        (``gather(..., return_exceptions=True)``) must not get its result committed."""
+        self.suspended = True
+        return Suspended(why)
+
+    async def settle(self) -> None:
+        """Wait until no park is on its way (it either parked the run or did not)."""
+        await self._settled.wait()
+
     async def ready(self) -> None:
         """Wait out a park on its way; raise if the run let go of the workflow."""
         while not self._settled.is_set():
@@ -180,7 +193,7 @@ class Run:
         if self.abandoned is not None:
             raise Abandoned(str(self.abandoned))
         if self.parked or self.retired:
-            raise Suspended("this run has let go of the workflow")
+            raise self.suspend("this run has let go of the workflow")
 
     async def flush(self) -> None:
         """Commit journaled values a step could observe (now, random, uuid4) before it runs.
@@ -220,9 +233,16 @@ class Run:
     def check_stopping(self) -> None:
         """Raise Suspended when no new step may start: the engine or the workflow is ending."""
         if self.services.stopping.is_set():
-            raise Suspended("engine stopping")
-        if self.closing:
-            raise Suspended("the workflow function has ended")
+            raise self.suspend("engine stopping")
+        if self.closing and not self._is_compensating():
+            raise self.suspend("the workflow function has ended")
+
+    def compensate_here(self) -> None:
+        """From now on only the calling task (the driver running compensations) may go on."""
+        self._compensator = asyncio.current_task()
+
+    def _is_compensating(self) -> bool:
+        return self._compensator is not None and asyncio.current_task() is self._compensator
 
     # --- seqs, cancellation ---------------------------------------------------------
 
@@ -231,8 +251,8 @@ class Run:
         if self.replayer.diverged is not None:
             raise self.replayer.diverged
         self._check_live()
-        if self.closing:
-            raise Suspended("the workflow function has ended")
+        if self.closing and not self._is_compensating():
+            raise self.suspend("the workflow function has ended")
         return self.replayer.next_seq()
 
     def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
@@ -306,7 +326,7 @@ class Run:
     async def block(self, kind: str, key: str, wake_at: float | None) -> None:
         """Wait until poked, until ``wake_at``, or until the run parks (raises Suspended)."""
         if self.parked or self.retired:
-            raise Suspended("this run has let go of the workflow")
+            raise self.suspend("this run has let go of the workflow")
         loop = asyncio.get_running_loop()
         block = Block(loop.create_future(), kind, key, wake_at)
         self._blocks.append(block)
@@ -380,7 +400,7 @@ class Run:
         self.parked = True
         for block in waits:
             if not block.future.done():
-                block.future.set_exception(Suspended(f"parked {status}"))
+                block.future.set_exception(self.suspend(f"parked {status}"))
         self.services.on_park(wake_at)
 
     async def close(self) -> None:

@@ -63,6 +63,7 @@ async def _run(
             attempt = entry.attempt + 1
     await run.flush()
     while True:
+        await run.ready()  # not while a park is on its way: the run may be letting go
         run.check_stopping()
         if step.needs_intent:
             faults.reached("before_intent", step.name)

@@ -79,12 +79,14 @@ class StoreThread:
         if inline and self._queue.empty() and self._exec.acquire(blocking=False):
             try:
                 op = base.Op(fn, args, write)
-                if self.store.run_inline(op):
-                    if op.error is not None:
-                        raise op.error
-                    return op.result  # type: ignore[no-any-return]
+                done = self.store.run_inline(op)
             finally:
                 self._exec.release()
+            if done:
+                await asyncio.sleep(0)  # let the loop breathe: a long run must not starve it
+                if op.error is not None:
+                    raise op.error
+                return op.result  # type: ignore[no-any-return]
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._put(base.Op(fn, args, write), (loop, future), False)
@@ -115,11 +117,15 @@ class StoreThread:
                     break
                 if nxt is _STOP:
                     self._run(batch)
-                    self.store.close()
+                    self._close()
                     return
                 batch.append(nxt)
             self._run(batch)
-        self.store.close()
+        self._close()
+
+    def _close(self) -> None:
+        with self._exec:  # an inline call may still be running on the loop's thread
+            self.store.close()
 
     def _run(self, batch: list[Any]) -> None:
         with self._exec:

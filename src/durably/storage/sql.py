@@ -23,6 +23,9 @@ _WORKFLOW_FIELDS = tuple(f.name for f in journal.WorkflowInfo.__dataclass_fields
 class SqlStore(sqlbase.SqlBase):
     """The verbs of a Store in SQL; subclasses are dialects."""
 
+    #: (workflow, epoch) whose fence found crashes counted, until a new final entry lands.
+    _crashes_of: tuple[str, int] | None = None
+
     # --- workflows -------------------------------------------------------------------
 
     def create_workflow(
@@ -202,15 +205,16 @@ class SqlStore(sqlbase.SqlBase):
     def _fence(self, workflow_id: str, epoch: int, now: float) -> bool:
         """Check the epoch still owns the workflow (locking its row); return cancel_requested.
 
-        A plain SELECT (``FOR UPDATE`` where the dialect needs a row lock): the
-        row is written only to reset the crash counter after a recovery, so a
-        step's commit writes no workflow page.
+        A plain SELECT (``FOR UPDATE`` where the dialect needs a row lock), so a
+        step's commit writes no workflow page. A parked or finished workflow has
+        no owner, so nothing more is written to it at that epoch. When a
+        recovery left crashes counted, the first new final entry resets them
+        (see ``_upsert``): intents, parks and pending waits are not progress.
         """
         sql_text = self._queries["fence"] + self.lock_row
         rows = self._execute(sql_text, {"workflow_id": workflow_id, "epoch": epoch}).fetchall()
         if rows:
-            if rows[0][1]:  # progress after a recovery: the crashes in a row end here
-                self._q("progress", workflow_id=workflow_id, epoch=epoch, now=now)
+            self._crashes_of = (workflow_id, epoch) if rows[0][1] else None
             return bool(rows[0][0])
         row = self._q("owner_of", workflow_id=workflow_id).fetchone()
         if row is None:
@@ -219,6 +223,13 @@ class SqlStore(sqlbase.SqlBase):
             f"workflow {workflow_id!r} is now at epoch {row[1]} (owner {row[0]}, "
             f"status {row[2]}); this executor held epoch {epoch} and must stop"
         )
+
+    def _progressed(self, workflow_id: str, now: float) -> None:
+        """A new final entry was written: the crashes in a row end here."""
+        if self._crashes_of is not None and self._crashes_of[0] == workflow_id:
+            epoch = self._crashes_of[1]
+            self._crashes_of = None
+            self._q("progress", workflow_id=workflow_id, epoch=epoch, now=now)
 
     def _upsert(self, workflow_id: str, entries: Sequence[journal.Entry], now: float) -> None:
         for e in entries:
@@ -235,7 +246,9 @@ class SqlStore(sqlbase.SqlBase):
                 finished_at=e.finished_at,
                 wake_at=e.wake_at,
             )
-            if cursor.rowcount != 1 and not self._holds(workflow_id, e):
+            if cursor.rowcount == 1 and e.status in _FINAL_ENTRY:
+                self._progressed(workflow_id, now)
+            elif cursor.rowcount != 1 and not self._holds(workflow_id, e):
                 raise errors.StoreError(
                     f"workflow {workflow_id!r} seq {e.seq} already holds a final or a "
                     f"different entry; refusing to overwrite it with {e.describe()}"

@@ -75,6 +75,9 @@ class SqliteStore(sql.SqlStore):
         self._execute("PRAGMA busy_timeout = 0")
         try:
             self.run_batch([op])
+        except BaseException:  # an interrupt mid-transaction must not keep the write lock
+            self._rollback()
+            raise
         finally:
             self._execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
         if isinstance(op.error, errors.DatabaseLocked):  # rolled back: the thread waits
