@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from durably import errors, journal
@@ -366,6 +366,29 @@ class SqlStore(sqlbase.SqlBase):
         row = self._q("next_wake").fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
+    def _settle_wait(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        now: float,
+        outcome: Callable[[], journal.Entry],
+    ) -> journal.Entry:
+        """The shared shape of receive_signal and join_child: fenced, idempotent.
+
+        A wait already final (its first commit's outcome was unknown to the
+        caller) is returned as it is; otherwise ``outcome()`` decides what to write.
+        """
+        self._fence(workflow_id, epoch, now)
+        done = self._final_at(workflow_id, wait.seq)
+        if done is not None:
+            self._upsert(workflow_id, entries, now)
+            return done
+        final = outcome()
+        self._upsert(workflow_id, [*entries, final], now)
+        return final
+
     def receive_signal(
         self,
         workflow_id: str,
@@ -374,23 +397,20 @@ class SqlStore(sqlbase.SqlBase):
         entries: Sequence[journal.Entry],
         now: float,
     ) -> journal.Entry:
-        self._fence(workflow_id, epoch, now)
-        done = self._final_at(workflow_id, wait.seq)
-        if done is not None:  # received by a commit whose outcome was unknown
-            self._upsert(workflow_id, entries, now)
-            return done
-        found = self._q("next_signal", workflow_id=workflow_id, name=wait.name).fetchone()
-        if found is not None:
-            self._q("consume_signal", workflow_id=workflow_id, num=found[0], seq=wait.seq)
-            final = dataclasses.replace(
-                wait, status=journal.EntryStatus.COMPLETED, payload=found[1], finished_at=now
-            )
-        elif wait.wake_at is not None and now >= wait.wake_at:
-            final = dataclasses.replace(wait, status=journal.EntryStatus.TIMED_OUT, finished_at=now)
-        else:
-            final = wait
-        self._upsert(workflow_id, [*entries, final], now)
-        return final
+        def outcome() -> journal.Entry:
+            found = self._q("next_signal", workflow_id=workflow_id, name=wait.name).fetchone()
+            if found is not None:
+                self._q("consume_signal", workflow_id=workflow_id, num=found[0], seq=wait.seq)
+                return dataclasses.replace(
+                    wait, status=journal.EntryStatus.COMPLETED, payload=found[1], finished_at=now
+                )
+            if wait.wake_at is not None and now >= wait.wake_at:
+                return dataclasses.replace(
+                    wait, status=journal.EntryStatus.TIMED_OUT, finished_at=now
+                )
+            return wait
+
+        return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
 
     def send_signal(
         self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
@@ -453,24 +473,19 @@ class SqlStore(sqlbase.SqlBase):
         entries: Sequence[journal.Entry],
         now: float,
     ) -> journal.Entry:
-        self._fence(workflow_id, epoch, now)
-        done = self._final_at(workflow_id, wait.seq)
-        if done is not None:  # joined by a commit whose outcome was unknown
-            self._upsert(workflow_id, entries, now)
-            return done
-        child = self.get_workflow(wait.name)
-        if child is not None and child.finished:
-            outcome = {"status": child.status, "output": child.output, "error": child.error}
-            final = dataclasses.replace(
+        def outcome() -> journal.Entry:
+            child = self.get_workflow(wait.name)
+            if child is None or not child.finished:
+                return wait
+            result = {"status": child.status, "output": child.output, "error": child.error}
+            return dataclasses.replace(
                 wait,
                 status=journal.EntryStatus.COMPLETED,
-                payload=json.dumps(outcome, separators=(",", ":")),
+                payload=json.dumps(result, separators=(",", ":")),
                 finished_at=now,
             )
-        else:
-            final = wait
-        self._upsert(workflow_id, [*entries, final], now)
-        return final
+
+        return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
 
     # --- operator verbs -----------------------------------------------------------------
 
