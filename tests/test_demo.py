@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -28,15 +30,28 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
 
 
-def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+def _run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *argv],
         capture_output=True,
         text=True,
         timeout=120,
-        env=_env(),
+        env={**_env(), **env},
         check=False,
     )
+
+
+def _commands(out: str) -> list[list[str]]:
+    """The shell commands the demo printed (``$ durably ...`` and its ``\\`` continuations)."""
+    commands: list[list[str]] = []
+    lines = iter(out.splitlines())
+    for line in lines:
+        if line.strip().startswith("$ "):
+            text = line.strip()[2:]
+            while text.endswith("\\"):
+                text = text[:-1] + next(lines).strip()
+            commands.append(shlex.split(text))
+    return commands
 
 
 def _assert_one_refund(log: Path) -> list[dict[str, object]]:
@@ -113,7 +128,7 @@ def test_agent_demo_parks_is_approved_killed_and_recovered_without_paying_twice(
         "demo",
         "issue_refund",
     )
-    assert approval["arguments"] == {"order_id": "ORD-9912", "amount": 120.0}
+    assert approval["arguments"] == {"order_id": "ORD-9912", "amount": "120.00"}
     [signal] = [e for e in history if e.kind == "signal"]
     decision = json.loads(signal.payload or "{}")
     assert (decision["decision"], decision["by"]) == ("approve", "demo") and decision["at"]
@@ -131,7 +146,7 @@ def test_agent_demo_parks_is_approved_killed_and_recovered_without_paying_twice(
     assert result["usage"].startswith("recovery replayed 3 model calls")
     served = [r["usage"] for r in requests]
     assert result["replayed"]["prompt_tokens"] == sum(u["prompt_tokens"] for u in served[:3])
-    assert result["usage"] in proc.stdout
+    assert result["usage"] in " ".join(proc.stdout.split())  # wrapped at 80 columns
 
     # `durably show` says what the crash would have cost: the turns before the kill
     shown = _run(
@@ -146,3 +161,63 @@ def test_agent_demo_parks_is_approved_killed_and_recovered_without_paying_twice(
     replayed_tokens = sum(u["prompt_tokens"] + u["completion_tokens"] for u in served[:3])
     assert f"recovery replayed 3 model calls ({replayed_tokens:,} tokens" in shown.stdout
     assert "model usage: 5 model calls" in shown.stdout
+
+
+@pytest.mark.parametrize("scripted", [True, False], ids=["scripted", "agent"])
+def test_demo_fits_80_columns_prints_whole_commands_and_keeps_only_its_database(
+    tmp_path: Path, scripted: bool
+) -> None:
+    """At 80 columns nothing is cut, the approve command holds the whole hash, the
+    ``durably show`` command printed last runs as printed, and the only thing left
+    in the temporary directory is the folder of the database it names."""
+    if not scripted:
+        pytest.importorskip("openai")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    argv = ["-m", "durably.cli", "demo", *(["--scripted"] if scripted else [])]
+    proc = _run(*argv, COLUMNS="80", TMPDIR=str(tmp))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+
+    # what is left: one folder, holding the database and nothing else
+    [kept] = list(tmp.iterdir())
+    assert kept.name.startswith("durably-demo-")
+    assert {p.name for p in kept.iterdir()} <= {"demo.db", "demo.db-wal", "demo.db-shm"}
+    database = kept / "demo.db"
+    assert database.is_file()
+    assert f"The database is kept: {database}" in out
+
+    # nothing cut, and every line fits 80 columns but those that hold the path
+    assert "…" not in out
+    long = [line for line in out.splitlines() if len(line) > 80 and str(database) not in line]
+    assert long == [], long
+
+    # one way to write the amount: 120.00, never 120.0
+    assert "120.00" in out and not re.search(r"120\.0(?!0)", out), out
+
+    commands = _commands(out)
+    if not scripted:
+        with durably.Client(f"sqlite:///{database}") as client:
+            approval = client.get_event("refund-TCK-4417", "approval:call_refund")
+        [approve] = [c for c in commands if "approve" in c]
+        assert approve[approve.index("--expect") + 1] == approval["args_sha256"]
+        assert len(approval["args_sha256"]) == 64
+        assert approve[:3] == ["durably", "--database", f"sqlite:///{database}"]
+
+    # the next step: the last line of the demo is a command that runs as printed
+    show = commands[-1]
+    assert show == ["durably", "--database", f"sqlite:///{database}", "show", "refund-TCK-4417"]
+    assert out.rstrip().endswith("show refund-TCK-4417")
+    shown = subprocess.run(
+        [sys.executable, "-m", "durably.cli", *show[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_env(), "TMPDIR": str(tmp)},
+        cwd=tmp_path,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "refund-TCK-4417" in shown.stdout and "completed" in shown.stdout
+    assert "gap: the process was dead here; everything above was replayed" in shown.stdout
+    assert [p.name for p in tmp.iterdir()] == [kept.name]

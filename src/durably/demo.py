@@ -22,8 +22,14 @@ server's log shows every model turn asked once, and the receipts show where the
 process was dead. ``durably demo --scripted`` is the earlier demo: the same
 refund, planned by a script instead of a model, with no ``openai`` needed.
 
-Files (in the work directory): ``demo.db``, ``payments.log``, ``model.log`` (the
-fake model server's requests) and ``outbox.log`` (the emails), all JSON lines.
+Files: the database ``demo.db`` is kept (in a new ``durably-demo-*`` folder
+under the temporary directory) and the demo ends with the ``durably show``
+command that reads it; ``payments.log``, ``model.log`` (the fake model server's
+requests) and ``outbox.log`` (the emails), all JSON lines, are removed at the
+end unless ``--workdir DIR`` keeps everything in DIR.
+
+Every line it prints fits 80 columns (a path longer than the terminal aside),
+and a command it prints is complete and runs as printed.
 """
 
 from __future__ import annotations
@@ -31,25 +37,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 import durably
+from durably import receipts
 from durably.agents import PendingApproval
 from durably.testing import payments
 
+WIDTH = 80  # the widest line the demo prints (a long path aside)
 WORKFLOW_ID = "refund-TCK-4417"
 DEFAULT_MODEL = "gpt-4.1-mini"
 APPROVER = "demo"
@@ -88,7 +99,24 @@ INSTRUCTIONS = (
 
 
 def _say(text: str) -> None:
-    print(f"    {text}", flush=True)
+    lines = textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent="    ",
+        subsequent_indent="      ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    print("\n".join(lines), flush=True)
+
+
+def _dollars(amount: str) -> Decimal | None:
+    """An amount in US dollars as the model wrote it ("120.00"), or None if it is not one."""
+    try:
+        value = Decimal(amount)
+    except ArithmeticError:
+        return None
+    return value.quantize(Decimal("0.01")) if value.is_finite() else None
 
 
 # --- the model-driven agent ------------------------------------------------------------
@@ -120,26 +148,30 @@ async def lookup_order(order_id: str) -> dict[str, Any]:
     return ORDERS[order_id]
 
 
-@durably.tool(
-    requires_approval=lambda a: float(a["amount"]) > 100,
-    retry=durably.Retry(max_attempts=3, initial=0.2),
-)
-def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+def _needs_approval(args: dict[str, Any]) -> bool:
+    """Refunds over $100 (and amounts that are not amounts, which the tool refuses) wait."""
+    dollars = _dollars(str(args["amount"]))
+    return dollars is None or dollars > 100
+
+
+@durably.tool(requires_approval=_needs_approval, retry=durably.Retry(max_attempts=3, initial=0.2))
+def issue_refund(order_id: str, amount: str) -> dict[str, Any]:
     """Refund an order to the customer's card. Refunds over $100 wait for a person's approval.
 
     Args:
         order_id: The order to refund, e.g. ORD-9912.
-        amount: The amount in US dollars, e.g. 120.00; at most the order's total.
+        amount: The amount in US dollars with two decimals, e.g. "120.00"; at most the
+            order's total.
     """
     order = ORDERS.get(order_id)
     if order is None:
         raise durably.ToolError(f"no order {order_id}")
-    cents = Decimal(f"{amount:.2f}")
-    if cents <= 0 or cents > Decimal(order["total"]):
+    dollars = _dollars(amount)
+    if dollars is None or dollars <= 0 or dollars > Decimal(order["total"]):
         raise durably.ToolError(f"amount must be between 0.01 and {order['total']}")
     key = durably.idempotency_key()
-    _say(f"tool issue_refund({order_id}, {cents}) Idempotency-Key: {key}")
-    result = payments.refund(os.environ[PAYMENTS_ENV], order_id, str(cents), idempotency_key=key)
+    _say(f"tool issue_refund({order_id}, {dollars}) Idempotency-Key: {key}")
+    result = payments.refund(os.environ[PAYMENTS_ENV], order_id, str(dollars), idempotency_key=key)
     _say(f"payments answered refund_id={result['refund_id']}")
     return result
 
@@ -208,7 +240,7 @@ def model_script() -> Any:
             tool_calls(call("get_ticket", {"ticket_id": "TCK-4417"}, id="call_ticket")),
             tool_calls(call("lookup_order", {"order_id": "ORD-9912"}, id="call_order")),
             tool_calls(
-                call("issue_refund", {"order_id": "ORD-9912", "amount": 120.00}, id="call_refund")
+                call("issue_refund", {"order_id": "ORD-9912", "amount": "120.00"}, id="call_refund")
             ),
             tool_calls(
                 call("send_email", {"to": "ada@example.com", "body": email}, id="call_email")
@@ -275,7 +307,7 @@ async def _child(role: str, database: str) -> int:
         async with durably.Engine(database) as engine:
             handle = await engine.start(refund_agent, "TCK-4417", workflow_id=WORKFLOW_ID)
             result = await handle.result()
-        print(f"    workflow completed: {json.dumps(result)}", flush=True)
+        _say(f"workflow completed: refund_id={result['refund_id']} email={result['email']}")
         return 0
     model = agent()
     try:
@@ -291,7 +323,7 @@ async def _child(role: str, database: str) -> int:
                 print(f"    workflow {WORKFLOW_ID} is {status}{why}", flush=True)
                 return 0
             result = await handle.result(timeout=120)
-        print(f"    workflow completed: {result['output']}", flush=True)
+        _say(f"workflow completed: {result['output']}")
         return 0
     finally:
         await model.client.close()
@@ -317,22 +349,82 @@ def _openai_missing() -> bool:
 # --- the demo ----------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Places:
+    """Where the demo's files go: the database it keeps, and its work files."""
+
+    database: Path
+    work: Path
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.database}"
+
+
+@contextlib.contextmanager
+def places(workdir: str | None) -> Iterator[Places]:
+    """``--workdir DIR`` keeps every file in DIR; otherwise only the database is kept.
+
+    The database goes to a new ``durably-demo-*`` folder under the temporary
+    directory, which the demo names at the start and the end; the logs go to a
+    work folder that is removed on the way out, whatever happened.
+    """
+    if workdir is not None:
+        folder = Path(workdir)
+        folder.mkdir(parents=True, exist_ok=True)
+        yield Places(folder / "demo.db", folder)
+        return
+    kept = Path(tempfile.mkdtemp(prefix="durably-demo-"))
+    with tempfile.TemporaryDirectory(prefix="durably-demo-work-") as work:
+        yield Places(kept / "demo.db", Path(work))
+
+
 def main(
     workdir: str | None = None, console: Console | None = None, *, scripted: bool = False
 ) -> int:
     """Run the demo; 0 when there is exactly one refund (and, with a model, no turn paid twice)."""
     out = console or Console(highlight=False)
-    folder = Path(workdir or tempfile.mkdtemp(prefix="durably-demo-"))
-    folder.mkdir(parents=True, exist_ok=True)
     if not scripted and _openai_missing():
-        out.print(
-            "[yellow]openai is not installed[/yellow] (pip install -e '.\\[agents]'); "
-            "running the scripted demo instead (durably demo --scripted)\n"
+        _para(
+            out,
+            "openai is not installed (pip install -e '.[agents]'); running the scripted "
+            "demo instead (durably demo --scripted)",
+            indent="",
+            style="yellow",
         )
+        out.print()
         scripted = True
-    if scripted:
-        return scripted_demo(folder, out)
-    return agent_demo(folder, out)
+    with places(workdir) as where:
+        code = scripted_demo(where, out) if scripted else agent_demo(where, out)
+    _next_step(out, where)
+    return code
+
+
+def _para(out: Console, text: str, indent: str = "   ", style: str | None = None) -> None:
+    """Print plain text wrapped to the demo's width, every line indented."""
+    width = min(out.width, WIDTH)
+    lines = textwrap.wrap(
+        text,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_long_words=False,  # a long id or URL stays whole, on a line of its own
+        break_on_hyphens=False,
+    )
+    out.print("\n".join(lines), markup=False, soft_wrap=True, style=style)
+
+
+def _command(out: Console, *parts: list[str]) -> None:
+    """Print a shell command whole, one part per line (joined by backslashes), as it runs."""
+    lines = [shlex.join(part) for part in parts]
+    out.print("   $ " + " \\\n     ".join(lines), markup=False, soft_wrap=True)
+
+
+def _next_step(out: Console, where: Places) -> None:
+    """Where the database is, and the command that shows every receipt in it."""
+    out.print(f"\nThe database is kept: {where.database}", markup=False, soft_wrap=True)
+    out.print("Every receipt, with its output:")
+    _command(out, ["durably"], ["--database", where.url], ["show", WORKFLOW_ID])
 
 
 def _base_env(payments_url: str, outbox: Path) -> dict[str, str]:
@@ -348,11 +440,12 @@ def _print_payments(out: Console, log: Path, title: str) -> bool:
     requests = [r for r in payments.read_log(log) if r.get("method") == "POST"]
     refunds = payments.refunds_in_log(log)
     keys = {r.get("idempotency_key") for r in requests}
-    out.print(f"[bold]{title}[/bold]")
+    out.print(f"[bold]{title}[/bold] (each request's Idempotency-Key)")
     for r in requests:
         out.print(
-            f"   POST {r['path']}  Idempotency-Key: {r['idempotency_key']}  "
-            f"refund_id={r['refund_id']}  {'new refund' if r['created'] else 'replayed'}",
+            f"   POST {r['path']}  key {r['idempotency_key']}  {r['refund_id']}  "
+            f"{'new refund' if r['created'] else 'replayed'}",
+            markup=False,
             soft_wrap=True,
         )
     out.print(
@@ -362,12 +455,33 @@ def _print_payments(out: Console, log: Path, title: str) -> bool:
 
 
 def _print_receipts(out: Console, database: str, title: str) -> durably.WorkflowInfo:
-    from durably import cli
+    """The journal, one line per durable call, with the gap where the process was dead.
 
-    out.print(f"[bold]{title}[/bold]  (durably show {WORKFLOW_ID})")
+    Narrower than ``durably show`` (no outputs), so that nothing is cut at 80
+    columns; the demo ends with the ``durably show`` command for the rest.
+    """
     with durably.Client(database) as client:
         info = client.get_workflow(WORKFLOW_ID)
-        cli.print_receipts(info, client.history(WORKFLOW_ID), client.claims(WORKFLOW_ID))
+        rows = receipts.receipts(client.history(WORKFLOW_ID), client.claims(WORKFLOW_ID))
+    out.print(f"[bold]{title}[/bold] of {WORKFLOW_ID}: {info.status}")
+    names = {
+        e.seq: (e.name if e.kind == "step" else f"{e.kind}() {e.name}".strip())
+        + ("" if e.status == "completed" else f" ({e.status})")
+        for e in rows
+        if not isinstance(e, receipts.Gap)
+    }
+    width = max([30, *map(len, names.values())])
+    out.print(f"[bold]{'seq':>4}  {'call':<{width}} {'attempt':>7} {'duration':>9}[/bold]")
+    for row in rows:
+        if isinstance(row, receipts.Gap):
+            out.print(row.line(), style="yellow", markup=False, soft_wrap=True)
+            continue
+        duration = f"{row.duration * 1000:.1f}ms" if row.duration is not None else ""
+        out.print(
+            f"{row.seq:>4}  {names[row.seq]:<{width}} {row.attempt:>7} {duration:>9}",
+            markup=False,
+            soft_wrap=True,
+        )
     return info
 
 
@@ -377,21 +491,25 @@ def _approve(out: Console, database: str, env: dict[str, str]) -> PendingApprova
         pending = client.list_approvals(WORKFLOW_ID)
     if len(pending) != 1 or pending[0].tool != "issue_refund":
         found = ", ".join(p.describe() for p in pending) or "none"
-        out.print(f"[red]expected one pending issue_refund; found {escape(found)}[/red]")
+        _para(out, f"expected one pending issue_refund; found {found}", style="red")
         return None
     [p] = pending
-    out.print(f"   pending: [bold]{escape(p.describe())}[/bold]", soft_wrap=True)
-    out.print(f"            call {p.tool_call_id}, arguments sha256 {p.args_sha256[:16]}…")
-    argv = ["--database", database, "approve", WORKFLOW_ID, "--by", APPROVER]
-    out.print(f"   $ durably {' '.join(argv)} --expect {p.args_sha256[:8]}…", soft_wrap=True)
+    _para(out, f"pending: {p.describe()}, call {p.tool_call_id}")
+    parts = [
+        ["--database", database],
+        ["approve", WORKFLOW_ID, "--by", APPROVER],
+        ["--expect", p.args_sha256],  # the sha256 of the arguments shown above
+    ]
+    _command(out, ["durably"], *parts)
     decided = subprocess.run(
-        [sys.executable, "-m", "durably.cli", *argv, "--expect", p.args_sha256],
+        [sys.executable, "-m", "durably.cli", *(arg for part in parts for arg in part)],
         env=env,
         capture_output=True,
         text=True,
         check=False,
     )
-    out.print(f"   {escape((decided.stdout + decided.stderr).strip())}\n", soft_wrap=True)
+    _para(out, (decided.stdout + decided.stderr).strip())
+    out.print()
     return p if decided.returncode == 0 else None
 
 
@@ -408,7 +526,7 @@ def _print_model_calls(out: Console, log: list[dict[str, Any]], phases: list[int
         asks = [c["function"]["name"] for c in reply.get("tool_calls") or []]
         what = ", ".join(asks) if asks else "final answer"
         out.print(
-            f"   turn {r['turn']}  Idempotency-Key: {r['idempotency_key']:<20}  -> {what:<12}"
+            f"   turn {r['turn']}  key {r['idempotency_key']:<20}  -> {what:<12}"
             f"  asked {counts[r['turn']]}x, in step {step}",
             soft_wrap=True,
             markup=False,
@@ -419,11 +537,12 @@ def _print_model_calls(out: Console, log: list[dict[str, Any]], phases: list[int
     return not repeated
 
 
-def agent_demo(folder: Path, out: Console) -> int:
+def agent_demo(where: Places, out: Console) -> int:
     """The model-driven agent: park for approval, approve elsewhere, kill, recover."""
     from durably.testing.models import FakeModelServer, read_log
 
-    database = f"sqlite:///{folder / 'demo.db'}"
+    database = where.url
+    folder = where.work
     model_log = folder / "model.log"
     real = bool(os.environ.get("OPENAI_BASE_URL") and os.environ.get("OPENAI_API_KEY"))
     model_name = (os.environ.get("OPENAI_MODEL") if real else None) or DEFAULT_MODEL
@@ -431,14 +550,16 @@ def agent_demo(folder: Path, out: Console) -> int:
     phases: list[int] = []
     with payments.FakePaymentsServer(folder / "payments.log", flavour="idempotent") as pay:
         env = {**_base_env(pay.url, folder / "outbox.log"), MODEL_ENV: model_name}
-        out.print(f"[bold]durably demo[/bold]: files in {folder}")
+        out.print("[bold]durably demo[/bold]: a refund agent, approved, killed, recovered")
+        out.print(f"database: {where.database}", markup=False, soft_wrap=True)
         if fake is not None:
             env[MODEL_URL_ENV] = fake.start().url
-            where = f"FakeModelServer on {fake.url} (scripted by turn, no API key)"
+            model = f"model: FakeModelServer on {fake.url} (scripted by turn, no API key)"
         else:
-            where = f"{model_name} at {os.environ['OPENAI_BASE_URL']} (a real endpoint: billed)"
-        out.print(f"model: {where}", soft_wrap=True)
-        out.print(f"payments service on {pay.url} (honours Idempotency-Key)\n")
+            model = f"model: {model_name} at {os.environ['OPENAI_BASE_URL']} (real: billed)"
+        _para(out, model, indent="")
+        _para(out, f"payments service on {pay.url} (honours Idempotency-Key)", indent="")
+        out.print()
         try:
             out.print("[bold]1. the agent runs until the refund needs a person[/bold]")
             code = _spawn("park", database, env)
@@ -452,8 +573,11 @@ def agent_demo(folder: Path, out: Console) -> int:
 
             step = f"tool:issue_refund:{approval.tool_call_id}"
             out.print("[bold]3. the agent resumes; SIGKILL arrives inside issue_refund[/bold]")
-            out.print("   (after the payment call returned, before the tool's receipt")
-            out.print(f"   was committed: DURABLY_CRASH_AT=after_call:{step})", soft_wrap=True)
+            _para(
+                out,
+                "(after the payment call returned, before the tool's receipt was committed: "
+                f"DURABLY_CRASH_AT=after_call:{step})",
+            )
             crash = {
                 **env,
                 "DURABLY_CRASH_AT": f"after_call:{step}",
@@ -484,17 +608,19 @@ def agent_demo(folder: Path, out: Console) -> int:
         once = _print_model_calls(out, read_log(model_log), phases)
     else:
         out.print("   (a real endpoint: no request log to count)")
-    usage = result.get("usage", "no usage: the workflow did not complete")
-    out.print(f"   [bold]{escape(usage)}[/bold]\n", soft_wrap=True)
+    _para(out, result.get("usage", "no usage: the workflow did not complete"), style="bold")
+    out.print()
 
     out.print("[bold]7. the approval[/bold]")
     at = str(decision.get("decided_at") or "")
     when = at.replace("T", " ")[:19] + " UTC" if at else "?"
     by = decision.get("decided_by")
-    line = f"{decision.get('status')} by {by} at {when}: {approval.describe()}"
-    out.print(f"   {escape(line)}\n", soft_wrap=True)
+    _para(out, f"{decision.get('status')} by {by} at {when}: {approval.describe()}")
+    out.print()
 
     info = _print_receipts(out, database, "8. the receipts")
+    if "output" in result:
+        _para(out, f"answer: {result['output']}")
     ok = one_refund and once and info.status == "completed" and by == APPROVER
     out.print(
         "\n[green]one refund, and no model call paid twice, as promised.[/green]"
@@ -504,14 +630,17 @@ def agent_demo(folder: Path, out: Console) -> int:
     return 0 if ok else 1
 
 
-def scripted_demo(folder: Path, out: Console) -> int:
+def scripted_demo(where: Places, out: Console) -> int:
     """The scripted agent (no model): killed inside the refund, recovered, one refund."""
-    database = f"sqlite:///{folder / 'demo.db'}"
+    database = where.url
+    folder = where.work
     log = folder / "payments.log"
     with payments.FakePaymentsServer(log, flavour="idempotent") as server:
         env = _base_env(server.url, folder / "outbox.log")
-        out.print(f"[bold]durably demo --scripted[/bold]: files in {folder}")
-        out.print(f"payments service on {server.url} (honours Idempotency-Key)\n")
+        out.print("[bold]durably demo --scripted[/bold]: a refund agent, killed, recovered")
+        out.print(f"database: {where.database}", markup=False, soft_wrap=True)
+        _para(out, f"payments service on {server.url} (honours Idempotency-Key)", indent="")
+        out.print()
         out.print("[bold]1. the agent runs; SIGKILL arrives inside issue_refund[/bold]")
         out.print("   (after the payment call returned, before the receipt was committed)")
         crash = {
