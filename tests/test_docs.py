@@ -324,7 +324,8 @@ def test_python_block_runs_as_written(block: Block, tmp_path: Path) -> None:
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{block.where} did not finish in {TIMEOUT} s:\n{exc.stdout}\n{exc.stderr}")
+        output = f"{exc.stdout!r}\n{exc.stderr!r}"  # bytes or None: what it printed so far
+        pytest.fail(f"{block.where} did not finish in {TIMEOUT} s:\n{output}")
     report = f"{block.where} exited {proc.returncode}\n--- code\n{code}\n--- stdout\n{proc.stdout}"
     assert proc.returncode == 0, f"{report}\n--- stderr\n{proc.stderr}"
     assert "Traceback" not in proc.stderr, f"{report}\n--- stderr\n{proc.stderr}"
@@ -410,12 +411,14 @@ def parse_durably(args: list[str]) -> None:
             ctx = cmd.make_context(name, rest, parent=parent)
             if not isinstance(cmd, click.Group):
                 return
-            rest = [*ctx._protected_args, *ctx.args]  # what follows the group's own options
+            # what follows the group's own options (click < 8.2 calls it protected_args)
+            protected = getattr(ctx, "_protected_args", None)
+            rest = [*(ctx.protected_args if protected is None else protected), *ctx.args]
             if not rest:
                 return
-            name, sub, rest = cmd.resolve_command(ctx, rest)
-            assert name is not None and sub is not None
-            cmd, parent = sub, ctx
+            found, sub, rest = cmd.resolve_command(ctx, rest)
+            assert found is not None and sub is not None
+            name, cmd, parent = found, sub, ctx
     except click.exceptions.Exit as exc:
         if exc.exit_code != 0:
             raise
