@@ -351,6 +351,32 @@ def test_the_quick_start_is_one_program() -> None:
     assert "asyncio.run(" in readme[1].code and "durably.run(" in readme[0].code
 
 
+def test_durably_names_in_the_docs_exist() -> None:
+    """Every ``durably.x.y`` named in inline code resolves (a renamed API breaks this test)."""
+    import importlib
+
+    missing: list[str] = []
+    for path in FILES:
+        text = path.read_text(encoding="utf-8")
+        for span in re.findall(r"`[^`\n]+`", text):
+            for dotted in re.findall(r"(?<![/\w])durably(?:\.[A-Za-z_]\w*)+", span):
+                parts = dotted.split(".")
+                if parts[-1] in ("db", "md", "py", "log", "jsonl", "json", "toml"):
+                    continue  # a file name such as durably.db
+                for cut in range(len(parts), 0, -1):
+                    try:
+                        obj: object = importlib.import_module(".".join(parts[:cut]))
+                    except ImportError:
+                        continue
+                    break
+                try:
+                    for attr in parts[cut:]:
+                        obj = getattr(obj, attr)
+                except AttributeError:
+                    missing.append(f"{_name(path)}: {dotted}")
+    assert missing == [], missing
+
+
 # --- shell blocks --------------------------------------------------------------------------------
 
 
