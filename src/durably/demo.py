@@ -554,7 +554,7 @@ def agent_demo(where: Places, out: Console) -> int:
         out.print(f"database: {where.database}", markup=False, soft_wrap=True)
         if fake is not None:
             env[MODEL_URL_ENV] = fake.start().url
-            model = f"model: FakeModelServer on {fake.url} (scripted by turn, no API key)"
+            model = f"model: FakeModelServer on {fake.url} (scripted, no API key)"
         else:
             model = f"model: {model_name} at {os.environ['OPENAI_BASE_URL']} (real: billed)"
         _para(out, model, indent="")
