@@ -151,7 +151,11 @@ def redact(url: str) -> str:
         f"{k}=***" if k == "password" else f"{k}={v}"
         for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # Not urlunsplit: it drops the "//" of an empty authority ("postgresql:///db?host=/run/..."
+    # would be shown as "postgresql:/db?..."), which is how a unix-socket URL is written.
+    authority = f"//{netloc}" if url.partition(":")[2].startswith("//") else netloc
+    shown = f"{parts.scheme}:{authority}{parts.path}" + (f"?{query}" if query else "")
+    return shown + (f"#{parts.fragment}" if parts.fragment else "")
 
 
 class PostgresStore(sql.SqlStore):
