@@ -667,8 +667,8 @@ class SqlStore(sqlbase.SqlBase):
                 timespec="seconds"
             )
             return errors.AlreadyResolved(
-                f"workflow {workflow_id!r} seq {seq} was decided already: {decision} by "
-                f"{by!r} at {when}"
+                f"workflow {workflow_id!r} has no step awaiting a decision at seq {seq}: it "
+                f"was decided already ({decision} by {by!r} at {when})"
             )
         return errors.NothingToResolve(
             f"workflow {workflow_id!r} ({status}) has no step awaiting a decision at seq {seq}"
