@@ -149,3 +149,25 @@ def test_the_schema_is_shown_in_the_url_and_channel(pg_cluster: Any) -> None:
     store = postgres.PostgresStore(pg_cluster.url("postgres") + "?schema=team_a&sslmode=disable")
     assert store.url.endswith("?schema=team_a&sslmode=disable")
     assert store.channel == "durably.team_a"
+
+
+def test_a_role_that_cannot_create_the_schema_is_told_what_to_do(
+    pg_cluster: Any, empty_pg: str
+) -> None:
+    """A plain role lacks CREATE on the database: a clear error; a schema made for it works."""
+    dbname = empty_pg.rsplit("/", 1)[1]
+    role = f"app_{dbname}"
+    admin_rows(empty_pg, f"CREATE ROLE {role} LOGIN")
+    try:
+        as_app = pg_cluster.url(dbname, user=role)
+        with pytest.raises(errors.StoreError, match=r"cannot create schema 'durably'.*GRANT"):
+            create_store(as_app).open()
+        admin_rows(empty_pg, f"CREATE SCHEMA durably AUTHORIZATION {role}")  # what a DBA does
+        db = opened(as_app)
+        try:
+            owned(db, "wf-1")
+        finally:
+            db.store.close()
+    finally:
+        admin_rows(empty_pg, f"DROP OWNED BY {role} CASCADE")
+        admin_rows(empty_pg, f"DROP ROLE {role}")

@@ -62,6 +62,7 @@ from typing import Any
 
 import psycopg
 import psycopg.conninfo
+import psycopg.errors
 import psycopg.pq
 from psycopg import sql as pgsql
 
@@ -341,7 +342,16 @@ class PostgresStore(sql.SqlStore):
         ).fetchone()
         if found is None:
             name = pgsql.Identifier(self.schema)
-            self.conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(name))
+            try:
+                self.conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(name))
+            except psycopg.errors.InsufficientPrivilege as exc:
+                user = self._params.get("user") or "this role"
+                raise errors.StoreError(
+                    f"cannot create schema {self.schema!r} in {self.where} "
+                    f"({self._scrub(exc)}): have it created for durably "
+                    f"(CREATE SCHEMA {self.schema} AUTHORIZATION {user}), or "
+                    f"GRANT CREATE ON DATABASE to {user}"
+                ) from None
 
     @property
     def _namespace(self) -> str:
