@@ -26,6 +26,7 @@ def test_all_is_frozen() -> None:
 FROZEN = [
     "Agent",
     "AgentResult",
+    "AlreadyResolved",
     "ApprovalRejected",
     "Cancelled",
     "ChildHandle",
@@ -61,6 +62,7 @@ FROZEN = [
     "ToolError",
     "Unknown",
     "WorkflowFailed",
+    "WorkflowFinished",
     "WorkflowHandle",
     "WorkflowIdConflict",
     "WorkflowInfo",

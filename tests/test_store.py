@@ -149,6 +149,8 @@ def test_schema_too_new_is_refused(store, store_url):
 
 
 def test_a_foreign_database_is_refused(empty_store_url):
+    if empty_store_url.startswith("postgresql"):  # PostgreSQL: durably's schema, taken
+        sql_rows(empty_store_url, "CREATE SCHEMA durably")
     sql_rows(empty_store_url, "CREATE TABLE customers (id BIGINT PRIMARY KEY)")
     with pytest.raises(errors.NotADurablyDatabase, match="customers"):
         create_store(empty_store_url).open()
@@ -744,5 +746,6 @@ def sql_rows(url: str, statement: str) -> list[Any]:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as pg:
+        pg.execute("SET search_path TO durably")  # where durably's tables are
         cursor = pg.execute(statement)  # type: ignore[arg-type]
         return cursor.fetchall() if cursor.description else []

@@ -15,6 +15,7 @@ from durably.client import Client
 from durably.context import idempotency_key, step_info
 from durably.engine import Engine, WorkflowHandle, run
 from durably.errors import (
+    AlreadyResolved,
     ApprovalRejected,
     Cancelled,
     DatabaseLocked,
@@ -37,6 +38,7 @@ from durably.errors import (
     StoreError,
     ToolError,
     WorkflowFailed,
+    WorkflowFinished,
     WorkflowIdConflict,
     WorkflowNotFound,
     WorkflowNotRegistered,
@@ -52,6 +54,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Agent",
     "AgentResult",
+    "AlreadyResolved",
     "ApprovalRejected",
     "Cancelled",
     "ChildHandle",
@@ -87,6 +90,7 @@ __all__ = [
     "ToolError",
     "Unknown",
     "WorkflowFailed",
+    "WorkflowFinished",
     "WorkflowHandle",
     "WorkflowIdConflict",
     "WorkflowInfo",

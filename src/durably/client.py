@@ -23,8 +23,8 @@ class Client:
     """A connection to a durably database that reads and starts, but runs nothing."""
 
     def __init__(self, url: str | None = None) -> None:
-        self.url = resolve_url(url)
-        self._store = dispatch.StoreThread(create_store(self.url))
+        self._store = dispatch.StoreThread(create_store(resolve_url(url)))
+        self.url = self._store.store.url  # as shown in messages: without a password
         self._ops = operations.Operations(self._store.store, time.time)
         self._open = False
 
@@ -101,7 +101,11 @@ class Client:
     def send_signal(
         self, workflow_id: str, name: str, payload: Any = None, idempotency_key: str | None = None
     ) -> bool:
-        """Send a signal, committed before this returns; False if the key was used before."""
+        """Send a signal, committed before this returns; False if the key was used before.
+
+        Raises WorkflowFinished if the workflow has ended (the signal is not kept),
+        as ``Engine.send_signal`` does.
+        """
         return self._run(self._ops.send_signal(workflow_id, name, payload, idempotency_key))
 
     def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:

@@ -341,10 +341,13 @@ class Engine:
         """Send a signal; committed before this returns. False if the key was used before.
 
         The workflow may wait for it later: it is kept, and each signal goes to
-        exactly one ``wait_for_signal`` of that name, in the order sent.
+        exactly one ``wait_for_signal`` of that name, in the order sent. Raises
+        WorkflowNotFound for an unknown id, and WorkflowFinished if the workflow has
+        ended (nothing could ever receive the signal, so it is not kept).
         """
         sent = await self._run(self._ops.send_signal(workflow_id, name, payload, idempotency_key))
-        self._on_wakeup(base.Wakeup("signal", workflow_id, name))
+        if sent:  # a duplicate changed nothing: nothing to wake
+            self._on_wakeup(base.Wakeup("signal", workflow_id, name))
         return sent
 
     async def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:

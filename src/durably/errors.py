@@ -74,6 +74,10 @@ class NothingToResolve(DurablyError):
     """No step awaits a decision there (or it was decided already)."""
 
 
+class AlreadyResolved(NothingToResolve):
+    """Someone else decided that step first; the message says who decided what, and when."""
+
+
 class WorkflowFailed(DurablyError):
     """A workflow ended ``failed`` and its error could not be re-raised as is."""
 
@@ -94,6 +98,10 @@ class DecodeError(DurablyError, ValueError):
 
 class WorkflowNotFound(DurablyError, LookupError):
     """No workflow with that id exists in the database."""
+
+
+class WorkflowFinished(DurablyError):
+    """The workflow has ended, so what was sent to it can never be received (a signal)."""
 
 
 class WorkflowIdConflict(DurablyError):

@@ -32,8 +32,17 @@ machines take disjoint rows without waiting for each other. Claimers of one
 queue lock its row in ``queues`` first, so they count its running workflows
 and recent starts one at a time (the limits hold across machines).
 
+A schema of its own. durably's tables live in the schema ``durably`` (or the one
+``?schema=NAME`` names: lowercase letters, digits and ``_``), created on first use
+under the migration lock, beside whatever else the database holds; each
+connection sets ``search_path`` to it. A schema holding tables that are not
+durably's is refused. A database laid out by an earlier durably (its tables in
+the role's default schema, normally ``public``) is found and kept where it is.
+
 Wake-ups. Verbs that make something claimable or deliver a signal send a
-``NOTIFY durably`` in their transaction (delivered only if it commits).
+``NOTIFY`` on the schema's channel (``durably.<schema>``; ``durably`` for the
+old layout in ``public``, as earlier versions did) in their transaction
+(delivered only if it commits).
 :meth:`PostgresStore.listen` holds a second connection, in its own thread,
 that LISTENs and hands each wake-up to the engine; when that connection is
 lost it reconnects with back-off and reports ``work``, since notifications sent
@@ -53,7 +62,9 @@ from typing import Any
 
 import psycopg
 import psycopg.conninfo
+import psycopg.errors
 import psycopg.pq
+from psycopg import sql as pgsql
 
 from durably import errors
 from durably.storage import base, sql, sqlbase
@@ -66,6 +77,13 @@ DEFAULTS = {
     "application_name": "durably",
     "options": "-c lock_timeout=5000",
 }
+
+#: The schema durably's tables go into unless the URL says ``?schema=NAME``.
+DEFAULT_SCHEMA = "durably"
+
+# A schema name durably accepts: a lowercase identifier that needs no quoting, short enough
+# that its channel "durably.<schema>" fits PostgreSQL's 63-byte names; pg_ is reserved.
+_SCHEMA_NAME = re.compile(r"(?!pg_)[a-z_][a-z0-9_]{0,47}\Z")
 
 #: The key of the advisory lock that serialises concurrent migrators ("durably").
 MIGRATION_LOCK = int.from_bytes(b"durably", "big")
@@ -92,6 +110,33 @@ def _paramstyle(sql_text: str) -> str:
     return _TOKEN.sub(rewrite, sql_text)
 
 
+def split_schema(url: str) -> tuple[str, list[str]]:
+    """The URL without its ``schema`` query parameters (libpq knows none), and their values."""
+    head, sep, rest = url.partition("?")
+    if not sep:
+        return url, []
+    query, hash_, fragment = rest.partition("#")
+    kept, found = [], []
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if urllib.parse.unquote_plus(key) == "schema":
+            found.append(urllib.parse.unquote_plus(value))
+        elif part:
+            kept.append(part)
+    rebuilt = head + ("?" + "&".join(kept) if kept else "")
+    return rebuilt + hash_ + fragment, found
+
+
+def channel_for(schema: str, legacy: bool = False) -> str:
+    """The NOTIFY channel of the durably tables in ``schema``.
+
+    ``durably`` for the layout of earlier versions (tables in public or the role's
+    default schema), so that old and new workers on such a database still wake each
+    other; ``durably.<schema>`` otherwise, so two schemas of one database never do.
+    """
+    return sqlbase.CHANNEL if legacy or schema == "public" else f"{sqlbase.CHANNEL}.{schema}"
+
+
 def redact(url: str) -> str:
     """The URL with its password (in the authority or the query) replaced by ``***``."""
     try:
@@ -107,11 +152,15 @@ def redact(url: str) -> str:
         f"{k}=***" if k == "password" else f"{k}={v}"
         for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # Not urlunsplit: it drops the "//" of an empty authority ("postgresql:///db?host=/run/..."
+    # would be shown as "postgresql:/db?..."), which is how a unix-socket URL is written.
+    authority = f"//{netloc}" if url.partition(":")[2].startswith("//") else netloc
+    shown = f"{parts.scheme}:{authority}{parts.path}" + (f"?{query}" if query else "")
+    return shown + (f"#{parts.fragment}" if parts.fragment else "")
 
 
 class PostgresStore(sql.SqlStore):
-    """A Store in one PostgreSQL database (the tables live in its current schema)."""
+    """A Store in one schema of a PostgreSQL database (``durably`` unless the URL names one)."""
 
     driver_errors = (psycopg.Error,)
     skip_locked = "\nFOR UPDATE SKIP LOCKED"
@@ -121,9 +170,24 @@ class PostgresStore(sql.SqlStore):
         if url.split(":", 1)[0].lower() not in {"postgresql", "postgres"}:
             raise errors.DurablyError(f"not a postgresql URL: {redact(url)!r}")
         super().__init__(url)
+        libpq_url, schemas = split_schema(url)
+        if len(schemas) > 1:
+            raise errors.DurablyError(f"schema= is given {len(schemas)} times in {redact(url)!r}")
+        if schemas and not _SCHEMA_NAME.match(schemas[0]):
+            raise errors.DurablyError(
+                f"schema={schemas[0]!r} in {redact(url)!r} is not a schema name durably "
+                "accepts: lowercase letters, digits and _, starting with a letter or _, "
+                "at most 48 characters, not starting with pg_"
+            )
+        #: The schema named in the URL, if any: then it is used whatever else exists.
+        self._named_schema = schemas[0] if schemas else None
+        #: The schema durably's tables are in; settled by open() (an old layout is kept).
+        self.schema = self._named_schema or DEFAULT_SCHEMA
+        self.channel = channel_for(self.schema)
+        self._schema_settled = False
         try:
             urllib.parse.urlsplit(url)
-            params = psycopg.conninfo.conninfo_to_dict(url)
+            params = psycopg.conninfo.conninfo_to_dict(libpq_url)
         except (ValueError, psycopg.Error) as exc:
             text = " ".join(str(exc).split())
             raise errors.DurablyError(f"bad postgresql URL {redact(url)!r}: {text}") from None
@@ -150,7 +214,10 @@ class PostgresStore(sql.SqlStore):
     def open(self) -> None:
         self._open = True
         try:
-            self._connect()
+            conn = self._connect()
+            if not self._schema_settled:
+                self._settle_schema(conn)
+                _use_schema(conn, self.schema)
             self.migrate()
         except psycopg.Error as exc:
             mapped = self._map_error(exc)
@@ -168,11 +235,30 @@ class PostgresStore(sql.SqlStore):
         self._drop()
         try:
             self._conn = psycopg.connect(self._conninfo, autocommit=True)
+            if self._schema_settled:
+                _use_schema(self._conn, self.schema)
         except psycopg.Error as exc:
             raise errors.DatabaseUnavailable(
                 f"cannot connect to {self.where}: {self._scrub(exc)}"
             ) from None
         return self._conn
+
+    def _settle_schema(self, conn: psycopg.Connection[Any]) -> None:
+        """Choose the schema: the URL's; else ``durably``, unless an earlier durably laid
+        this database out in the role's default schema (normally public): then that one."""
+        if self._named_schema is None:
+            row = conn.execute(
+                "SELECT to_regclass(%(ours)s) IS NOT NULL, current_schema(), "
+                "to_regclass(quote_ident(current_schema()) || '.durably_migrations') IS NOT NULL",
+                {"ours": f"{DEFAULT_SCHEMA}.durably_migrations"},
+            ).fetchone()
+            assert row is not None  # a SELECT without FROM has one row
+            ours, default, legacy = row
+            if legacy and not ours:
+                self.schema = str(default)
+                self.channel = channel_for(self.schema, legacy=True)
+                log.info("%s: durably's tables are in schema %r (old layout)", self.url, default)
+        self._schema_settled = True
 
     def _drop(self) -> None:
         if self._conn is not None:
@@ -239,7 +325,7 @@ class PostgresStore(sql.SqlStore):
         self._execute("SELECT pg_notify(%(channel)s, %(payload)s)", params)
 
     def listen(self, callback: Callable[[base.Wakeup], None]) -> Callable[[], None]:
-        listener = Listener(self._conninfo, self.where, callback)
+        listener = Listener(self._conninfo, self.where, callback, self.channel, self.schema)
         listener.start()
         return listener.stop
 
@@ -247,9 +333,36 @@ class PostgresStore(sql.SqlStore):
         # BEGIN takes no lock here; this one is held until the migration commits.
         self._execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": MIGRATION_LOCK})
 
+    def _create_namespace(self) -> None:
+        # Only when missing: CREATE SCHEMA needs the CREATE privilege on the database even
+        # with IF NOT EXISTS, which a role given a schema made by its DBA may lack.
+        found = self._execute(
+            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = %(schema)s",
+            {"schema": self.schema},
+        ).fetchone()
+        if found is None:
+            name = pgsql.Identifier(self.schema)
+            try:
+                self.conn.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(name))
+            except psycopg.errors.InsufficientPrivilege as exc:
+                user = self._params.get("user") or "this role"
+                raise errors.StoreError(
+                    f"cannot create schema {self.schema!r} in {self.where} "
+                    f"({self._scrub(exc)}): have it created for durably "
+                    f"(CREATE SCHEMA {self.schema} AUTHORIZATION {user}), or "
+                    f"GRANT CREATE ON DATABASE to {user}"
+                ) from None
+
+    @property
+    def _namespace(self) -> str:
+        return f"schema {self.schema!r} of {self.where}"
+
+    _elsewhere = "give durably a schema of its own with ?schema=NAME in the URL"
+
     def _table_names(self) -> set[str]:
         rows = self._execute(
-            "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = current_schema()"
+            "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = %(schema)s",
+            {"schema": self.schema},
         ).fetchall()
         return {str(r[0]) for r in rows}
 
@@ -290,6 +403,11 @@ class PostgresStore(sql.SqlStore):
         return text.replace(self._password, "***") if self._password else text
 
 
+def _use_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Point the (autocommit) session's unqualified names at ``schema``, and only there."""
+    conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(schema)))
+
+
 class Listener:
     """A thread holding a LISTEN connection; hands every notification to a callback.
 
@@ -303,9 +421,13 @@ class Listener:
         conninfo: str,
         where: str,
         callback: Callable[[base.Wakeup], None],
+        channel: str = sqlbase.CHANNEL,
+        schema: str = DEFAULT_SCHEMA,
         keepalive: float = 15.0,
     ) -> None:
         self._conninfo = conninfo
+        self._channel = channel
+        self._schema = schema
         self._where = where
         self._callback = callback
         self._keepalive = keepalive
@@ -337,7 +459,8 @@ class Listener:
                 delay = min(delay * 2, 2.0)
                 continue
             try:
-                conn.execute(f"LISTEN {sqlbase.CHANNEL}")
+                _use_schema(conn, self._schema)
+                conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self._channel)))
                 delay = 0.1
                 if lost:
                     self._deliver(base.Wakeup("work"))  # what was sent meanwhile is lost

@@ -215,8 +215,11 @@ RETURNING signal_count, status
 SELECT num FROM signals WHERE workflow_id = :workflow_id AND idempotency_key = :idempotency_key
 
 -- name: insert_signal
+-- A key already used does nothing (the caller reads the row count): the second of two
+-- senders of one key is told "duplicate", never a unique-index violation.
 INSERT INTO signals (workflow_id, num, name, payload, idempotency_key, sent_at)
 VALUES (:workflow_id, :num, :name, :payload, :idempotency_key, :now)
+ON CONFLICT DO NOTHING
 
 -- name: next_signal
 SELECT num, payload FROM signals
@@ -301,6 +304,13 @@ ORDER BY opened_at
 UPDATE reviews SET decision = :decision, outcome = :outcome, decided_by = :decided_by,
                    decided_at = :now
 WHERE workflow_id = :workflow_id AND seq = :seq AND decision IS NULL
+
+-- name: review_at
+-- The latest decision on the review of a step: who decided what, and when.
+SELECT decision, decided_by, decided_at FROM reviews
+WHERE workflow_id = :workflow_id AND seq = :seq AND decision IS NOT NULL
+ORDER BY attempt DESC
+LIMIT 1
 
 -- name: review_decided
 UPDATE workflows SET status = 'pending', wake_at = NULL, updated_at = :now

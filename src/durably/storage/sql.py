@@ -10,6 +10,7 @@ with notifications sends when the transaction commits.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -77,6 +78,13 @@ class SqlStore(sqlbase.SqlBase):
 
     def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
         row = self._q("get_workflow", workflow_id=workflow_id).fetchone()
+        return _workflow(row) if row else None
+
+    def _lock_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
+        """The workflow's row, locked until the transaction ends where the dialect needs a
+        row lock (``lock_row``); a rival deciding on the same workflow waits for it."""
+        sql_text = self._queries["get_workflow"] + self.lock_row
+        row = self._execute(sql_text, {"workflow_id": workflow_id}).fetchone()
         return _workflow(row) if row else None
 
     def list_workflows(
@@ -415,16 +423,24 @@ class SqlStore(sqlbase.SqlBase):
     def send_signal(
         self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
     ) -> bool:
+        # Under the workflow's row lock, so of two senders of one key the second sees the
+        # first's signal; ON CONFLICT in insert_signal is the backstop.
+        target = self._lock_workflow(workflow_id)
+        if target is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
         if idempotency_key is not None:
             dup = self._q(
                 "signal_by_key", workflow_id=workflow_id, idempotency_key=idempotency_key
             ).fetchone()
             if dup is not None:
                 return False
+        if target.finished:
+            raise errors.WorkflowFinished(
+                f"workflow {workflow_id!r} is {target.status}: signal {name!r} could never be "
+                "received, so it was not kept"
+            )
         rows = self._q("count_signal", workflow_id=workflow_id, now=now).fetchall()
-        if not rows:
-            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
-        self._q(
+        inserted = self._q(
             "insert_signal",
             workflow_id=workflow_id,
             num=int(rows[0][0]),
@@ -433,6 +449,8 @@ class SqlStore(sqlbase.SqlBase):
             idempotency_key=idempotency_key,
             now=now,
         )
+        if inserted.rowcount != 1:
+            return False
         self._wake("signal", workflow_id, name=name)
         return True
 
@@ -597,15 +615,14 @@ class SqlStore(sqlbase.SqlBase):
         decided_by: str,
         now: float,
     ) -> journal.Review:
-        info = self.get_workflow(workflow_id)
+        # Decided under the workflow's row lock (SQLite: the write lock of BEGIN IMMEDIATE):
+        # a rival resolver waits here, then finds the review decided.
+        info = self._lock_workflow(workflow_id)
         if info is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
         open_ = [r for r in self.reviews(workflow_id) if r.seq == seq]
         if info.status != journal.Status.NEEDS_REVIEW or not open_:
-            raise errors.NothingToResolve(
-                f"workflow {workflow_id!r} ({info.status}) has no step awaiting a decision "
-                f"at seq {seq}; it may have been decided already"
-            )
+            raise self._nothing_to_resolve(workflow_id, seq, info.status)
         review = open_[0]
         status = {
             "result": journal.EntryStatus.COMPLETED,
@@ -623,8 +640,7 @@ class SqlStore(sqlbase.SqlBase):
             now,
             now if decision == "retry" else None,
         )
-        self._upsert(workflow_id, [entry], now)
-        self._q(
+        decided = self._q(
             "decide_review",
             workflow_id=workflow_id,
             seq=seq,
@@ -633,10 +649,29 @@ class SqlStore(sqlbase.SqlBase):
             decided_by=decided_by,
             now=now,
         )
+        if decided.rowcount != 1:  # only if a dialect let a rival in past the row lock
+            raise self._nothing_to_resolve(workflow_id, seq, info.status)
+        self._upsert(workflow_id, [entry], now)
         self._q("review_decided", workflow_id=workflow_id, now=now)
         self._wake("work")
         return dataclasses.replace(
             review, decision=decision, outcome=outcome, decided_by=decided_by, decided_at=now
+        )
+
+    def _nothing_to_resolve(self, workflow_id: str, seq: int, status: str) -> errors.DurablyError:
+        """Why there is nothing to decide at ``seq``: who decided it, if anyone did."""
+        row = self._q("review_at", workflow_id=workflow_id, seq=seq).fetchone()
+        if row is not None:
+            decision, by, at = row
+            when = datetime.datetime.fromtimestamp(float(at), datetime.UTC).isoformat(
+                timespec="seconds"
+            )
+            return errors.AlreadyResolved(
+                f"workflow {workflow_id!r} has no step awaiting a decision at seq {seq}: it "
+                f"was decided already ({decision} by {by!r} at {when})"
+            )
+        return errors.NothingToResolve(
+            f"workflow {workflow_id!r} ({status}) has no step awaiting a decision at seq {seq}"
         )
 
     def list_signals(self, workflow_id: str) -> list[dict[str, Any]]:

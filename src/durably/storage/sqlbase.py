@@ -77,6 +77,9 @@ class SqlBase(base.Store):
     #: (PostgreSQL: ``FOR UPDATE``). Empty where a write transaction locks the database.
     lock_row: str = ""
 
+    #: The NOTIFY channel this store's wake-ups go out on (PostgreSQL: one per schema).
+    channel: str = CHANNEL
+
     def __init__(self, url: str) -> None:
         self.url = url
         self._queries = {name: self._paramstyle(sql) for name, sql in load_queries().items()}
@@ -125,9 +128,23 @@ class SqlBase(base.Store):
         write lock (SQLite's BEGIN IMMEDIATE).
         """
 
+    def _create_namespace(self) -> None:
+        """Create where durably's tables go, if it is missing; under the migration lock.
+
+        Nothing to do where the tables go into the database itself (SQLite).
+        """
+
+    @property
+    def _namespace(self) -> str:
+        """Where durably's tables are, as messages name it."""
+        return self.url
+
+    #: What to do instead when durably's place holds someone else's tables.
+    _elsewhere = "point durably at a new file or an empty database"
+
     @abc.abstractmethod
     def _table_names(self) -> set[str]:
-        """Tables present in the database (to tell a foreign database from ours)."""
+        """Tables present where durably's go (to tell a foreign database from ours)."""
 
     @abc.abstractmethod
     def _map_error(self, exc: Exception) -> BaseException:
@@ -140,7 +157,7 @@ class SqlBase(base.Store):
 
     def _wake(self, kind: str, workflow_id: str | None = None, **extra: Any) -> None:
         """Queue a wake-up notification for when this transaction commits."""
-        self._notify(CHANNEL, encode_wakeup(base.Wakeup(kind, workflow_id, **extra)))
+        self._notify(self.channel, encode_wakeup(base.Wakeup(kind, workflow_id, **extra)))
 
     def _translate(self, exc: Exception) -> BaseException:
         """Driver errors become StoreErrors; durably's own and programming errors pass."""
@@ -205,9 +222,9 @@ class SqlBase(base.Store):
         tables = self._table_names()
         if tables and "durably_migrations" not in tables:
             raise errors.NotADurablyDatabase(
-                f"{self.url} holds tables ({', '.join(sorted(tables)[:5])}) but no "
+                f"{self._namespace} holds tables ({', '.join(sorted(tables)[:5])}) but no "
                 "durably_migrations table: it is not a durably database; "
-                "point durably at a new file or an empty database"
+                f"{self._elsewhere}"
             )
         migrations = load_migrations()
         newest = migrations[-1][0]
@@ -226,6 +243,7 @@ class SqlBase(base.Store):
         self._begin(True)
         try:
             self._lock_migrations()
+            self._create_namespace()
             self._q("create_migrations_table")
             # Another process may have migrated while we waited for the lock.
             applied = {int(r[0]) for r in self._q("applied_migrations").fetchall()}

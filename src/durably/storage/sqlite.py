@@ -3,11 +3,17 @@
 ``sqlite:///path/to/file.db`` (relative) or ``sqlite:////abs/path.db``. Query
 options: ``synchronous=full`` (the default: a committed step survives power
 loss) or ``normal`` (survives a crash of the process but not of the machine),
-and ``busy_timeout`` in milliseconds (default 5000).
+``busy_timeout`` in milliseconds (default 5000), and ``file_mode``: the permissions
+a new database file is created with, in octal (default ``0600``: the file holds every
+argument and result, so only its owner may read it; ``file_mode=0640`` lets the group
+read it too). SQLite gives the -wal and -shm files the database's mode. An existing
+file keeps its mode. (Not ``mode``: in SQLite's own URIs that means ro/rw/rwc.)
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sqlite3
 import urllib.parse
 from collections.abc import Mapping
@@ -15,6 +21,11 @@ from typing import Any
 
 from durably import errors
 from durably.storage import base, sql
+
+#: The permissions of a new database file unless the URL says ``file_mode=``.
+DEFAULT_FILE_MODE = 0o600
+
+_FILE_MODE = re.compile(r"(0o?)?([0-7]{3})")
 
 
 class SqliteStore(sql.SqlStore):
@@ -32,13 +43,14 @@ class SqliteStore(sql.SqlStore):
         self.path = path[1:] if path.startswith("/") else path
         if not self.path:
             raise errors.DurablyError(f"no file in sqlite URL {url!r} (use sqlite:///file.db)")
-        options = dict(urllib.parse.parse_qsl(parsed.query))
+        options = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True))
         self.synchronous = options.get("synchronous", "full").upper()
         if self.synchronous not in {"FULL", "NORMAL", "EXTRA"}:
             raise errors.DurablyError(
                 f"synchronous={options['synchronous']!r} in {url!r}: use full or normal"
             )
         self.busy_timeout_ms = int(options.get("busy_timeout", "5000"))
+        self.file_mode = _file_mode(options.get("file_mode"), url)
         self._conn: sqlite3.Connection | None = None
 
     def _paramstyle(self, sql_text: str) -> str:
@@ -52,6 +64,7 @@ class SqliteStore(sql.SqlStore):
 
     def open(self) -> None:
         try:
+            self._create_file()
             self._conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=0
             )
@@ -69,6 +82,25 @@ class SqliteStore(sql.SqlStore):
         except BaseException:
             self.close()
             raise
+
+    def _create_file(self) -> None:
+        """Create a missing database file with ``file_mode`` (whatever the umask says), so
+        that nothing is ever written to it world-readable; SQLite copies the mode to the
+        -wal and -shm files it creates. An existing file is left as it is."""
+        if self.path == ":memory:":
+            return
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
+        except FileExistsError:
+            return
+        except OSError as exc:
+            raise errors.DatabaseUnavailable(
+                f"cannot create SQLite database {self.path!r}: {exc.strerror}"
+            ) from None
+        try:
+            os.fchmod(fd, self.file_mode)  # the umask may have taken bits away
+        finally:
+            os.close(fd)
 
     def run_inline(self, op: base.Op) -> bool:
         """Commit one op here, unless another process holds the write lock right now."""
@@ -127,3 +159,17 @@ class SqliteStore(sql.SqlStore):
         if "unable to open" in text:
             return errors.DatabaseUnavailable(f"cannot open {where} ({text})")
         return errors.StoreError(f"{where}: {type(exc).__name__}: {text}")
+
+
+def _file_mode(value: str | None, url: str) -> int:
+    """The ``file_mode`` option as permission bits: octal, and the owner can read and write."""
+    if value is None:
+        return DEFAULT_FILE_MODE
+    match = _FILE_MODE.fullmatch(value)
+    mode = int(match.group(2), 8) if match else 0
+    if not match or mode & 0o600 != 0o600:
+        raise errors.DurablyError(
+            f"file_mode={value!r} in {url!r}: give the new file's permissions in octal, "
+            "readable and writable by its owner (e.g. 0600, the default, or 0640)"
+        )
+    return mode
