@@ -193,3 +193,17 @@ async def test_the_fake_server_speaks_the_responses_api() -> None:
     ]
     assert turn_of({"input": [{"role": "user", "content": "x"}, *parallel]}) == 1
     assert [r["turn"] for r in server.requests] == [0, 1]
+
+
+async def test_a_run_config_given_as_a_dict_is_honoured(sqlite_url: str, effects: Path) -> None:
+    server = _serve(TWO_LOOKUPS)
+    try:
+        async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.1) as engine:
+            handle = await engine.start(oai_flows.support_dict_config, "orders?", workflow_id="wf")
+            result = await handle.result(timeout=20)
+            names = [e.name for e in await engine.history("wf")]
+    finally:
+        server.stop()
+    assert result["output"] == "Both orders shipped."
+    assert {r["path"] for r in server.requests} == {"/v1/responses"}
+    assert names.count("llm:openai_agents") == 3

@@ -100,3 +100,10 @@ triage_agent = Agent(
 @durably.workflow(name="oai-triage")
 async def triage(question: str) -> dict[str, Any]:
     return _report(await DurableRunner.run(triage_agent, question))
+
+
+@durably.workflow(name="oai-support-dict-config")
+async def support_dict_config(question: str) -> dict[str, Any]:
+    """The run config as a dict, as ``Runner.run`` also takes it."""
+    config = {"model_provider": provider(), "workflow_name": "support"}
+    return _report(await DurableRunner.run(support_agent, question, run_config=config))

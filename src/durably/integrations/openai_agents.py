@@ -322,7 +322,7 @@ class DurableRunner:
         starting_agent: Agent[Any],
         input: Any,
         *,
-        run_config: RunConfig | None = None,
+        run_config: RunConfig | Mapping[str, Any] | None = None,
         retry: steps.Retry | None = None,
         price_table: Mapping[str, usage.Price] | None = None,
         approval_timeout: float | None = None,
@@ -341,7 +341,10 @@ class DurableRunner:
             raise errors.DefinitionError(
                 f"DurableRunner.run takes an agents.Agent, got {type(starting_agent).__name__}"
             )
-        config = RunConfig() if run_config is None else run_config
+        if run_config is None or isinstance(run_config, Mapping):
+            config = RunConfig(**(run_config or {}))
+        else:
+            config = run_config
         provider = DurableModelProvider(config.model_provider, retry=retry, price_table=price_table)
         model = provider.wrap(config.model) if isinstance(config.model, Model) else config.model
         tool_execution = dataclasses.replace(
