@@ -15,6 +15,7 @@ import pytest
 
 import durably
 from durably import agents, codec
+from durably.integrations.pydantic_ai import DurableAgent
 from durably.testing.models import FakeModelServer, by_turn, call, read_log, text, tool_calls
 from tests.agentkit import harness, tools
 from tests.agentkit.live import until
@@ -175,3 +176,33 @@ async def test_a_streamed_run_journals_one_step_per_turn(sqlite_url: str, effect
 async def test_run_outside_a_workflow_is_refused() -> None:
     with pytest.raises(durably.NotInWorkflow, match=r"DurableAgent\.run\(\) was called outside"):
         await pai_flows.durable.run("hello")
+
+
+async def test_approved_with_changed_arguments_runs_the_tool_with_them_validated(
+    sqlite_url: str, effects: Path
+) -> None:
+    server = _serve([REFUND, text("Refunded less.")])
+    try:
+        async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.1) as engine:
+            handle = await engine.start(pai_flows.support, "refund A1", workflow_id="wf")
+            await until(handle, "waiting")
+            changed = {"order_id": "A1", "cents": "20000"}  # validated into the tool's int
+            await agents.approve(engine, "wf", by="alice", override_args=changed)
+            result = await handle.result(timeout=20)
+    finally:
+        server.stop()
+    assert result["output"] == "Refunded less."
+    [ran] = tools.effects(effects)
+    assert (ran["kind"], ran["cents"]) == ("refund", 20_000)
+
+
+def test_a_model_client_that_retries_on_its_own_is_warned_about() -> None:
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    client = AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="t")  # max_retries=2
+    model = OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
+    with pytest.warns(agents.ClientRetriesWarning, match="max_retries=2"):
+        DurableAgent(Agent(model))

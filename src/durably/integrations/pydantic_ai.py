@@ -217,8 +217,8 @@ class DurableToolset(WrapperToolset[Any]):
             approvals.close_gates(gates)
             if not decision.approved:
                 return decision.rejection()
-            if decision.override_args is not None:
-                tool_args = decision.override_args
+            if decision.override_args is not None:  # validated as the model's arguments are
+                tool_args = tool.args_validator.validate_python(decision.override_args)
             ctx = dataclasses.replace(ctx, tool_call_approved=True)
 
         async def tool_step() -> Any:
@@ -269,6 +269,9 @@ class DurableAgent:
                 "requests become steps when the agent is wrapped, not per run"
             )
         model = agent.model if isinstance(agent.model, Model) else str(agent.model)
+        client = getattr(model, "client", None)  # OpenAI models: the retries would be invisible
+        if client is not None:
+            completions.warn_if_client_retries(client)
         self.wrapped = agent
         self.approval_timeout = approval_timeout
         self.model = DurableModel(model, retry=retry, price_table=price_table)
