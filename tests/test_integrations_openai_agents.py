@@ -207,3 +207,9 @@ async def test_a_run_config_given_as_a_dict_is_honoured(sqlite_url: str, effects
     assert result["output"] == "Both orders shipped."
     assert {r["path"] for r in server.requests} == {"/v1/responses"}
     assert names.count("llm:openai_agents") == 3
+
+
+def test_the_public_surface_is_deliberate() -> None:
+    from durably.integrations import openai_agents
+
+    assert openai_agents.__all__ == ["DurableModel", "DurableModelProvider", "DurableRunner"]

@@ -206,3 +206,9 @@ def test_a_model_client_that_retries_on_its_own_is_warned_about() -> None:
     model = OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
     with pytest.warns(agents.ClientRetriesWarning, match="max_retries=2"):
         DurableAgent(Agent(model))
+
+
+def test_the_public_surface_is_deliberate() -> None:
+    from durably.integrations import pydantic_ai
+
+    assert pydantic_ai.__all__ == ["DurableAgent", "DurableModel", "DurableToolset"]
