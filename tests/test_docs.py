@@ -154,6 +154,20 @@ async def refund_agent(ticket_id: str) -> dict:
     return await issue_refund(ticket_id)
 """)
 ''',
+    # A fake model server (chat completions and the Responses API) as OPENAI_BASE_URL, for the
+    # framework blocks: turn 0 calls lookup_order(order_id="A1"), turn 1 answers. The Agents
+    # SDK's trace export (to api.openai.com) is switched off by its own environment variable.
+    "fake_model": """
+import os
+
+from durably.testing.models import FakeModelServer, by_turn, call, text, tool_calls
+
+_server = FakeModelServer(
+    by_turn([tool_calls(call("lookup_order", {"order_id": "A1"})), text("Order A1 has shipped.")])
+).start()
+os.environ["OPENAI_BASE_URL"] = _server.url
+os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+""",
     # Two agent workflows parked on an approval in sqlite:///agents.db (ticket-4417, ticket-4418).
     "pending_approvals": """
 import asyncio

@@ -1,12 +1,14 @@
 """A fake OpenAI-compatible model server: real HTTP on 127.0.0.1, scripted replies.
 
 For tests of agents with the real ``openai`` client (``base_url=server.url``).
-It serves ``POST /v1/chat/completions`` (and ``GET /v1/models``) from a
-*script*: a list of replies consumed in order, or a function of the request
-body, so replies can depend on the conversation. :func:`by_turn` picks the
-reply by the number of assistant messages in the request, which makes the
-server answer the same turn the same way however often it is asked: what
-replay and crash tests need. ``stream: true`` is answered as server-sent
+It serves ``POST /v1/chat/completions``, ``POST /v1/responses`` (the OpenAI
+Responses API, not streamed) and ``GET /v1/models`` from a *script*: a list of
+replies consumed in order, or a function of the request body, so replies can
+depend on the conversation. :func:`by_turn` picks the reply by the number of
+model turns the request carries (assistant messages; for the Responses API,
+runs of model output items in ``input``), which makes the server answer the
+same turn the same way however often it is asked: what replay and crash tests
+need. A chat completion with ``stream: true`` is answered as server-sent
 events of the same reply (with a usage chunk when ``stream_options.
 include_usage`` asks for one). Failures (a 429 with ``Retry-After``, a 500) are
 replies too, scripted or injected with :meth:`FakeModelServer.fail_next`.
@@ -144,9 +146,37 @@ Script = Sequence[Reply | Mapping[str, Any]] | Callable[[JSON], Reply | Mapping[
 
 
 def turn_of(body: Mapping[str, Any]) -> int:
-    """How many assistant messages the request carries: 0 for the first turn."""
+    """How many model turns the request carries: 0 for the first turn.
+
+    For chat completions, the assistant messages. For the Responses API, the
+    runs of model output items (assistant messages, function calls, reasoning)
+    in ``input``: one turn's parallel function calls are one run.
+    """
+    if "messages" not in body and "input" in body:
+        return _responses_turns(body.get("input"))
     messages = body.get("messages") or []
     return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+_MODEL_ITEMS = frozenset({"function_call", "reasoning", "custom_tool_call"})
+
+
+def _responses_turns(items: Any) -> int:
+    if not isinstance(items, list):
+        return 0
+    turns, in_run = 0, False
+    for item in items:
+        if not isinstance(item, dict):
+            in_run = False
+            continue
+        kind = item.get("type")
+        produced = kind in _MODEL_ITEMS or (
+            kind in (None, "message") and item.get("role") == "assistant"
+        )
+        if produced and not in_run:
+            turns += 1
+        in_run = produced
+    return turns
 
 
 def by_turn(replies: Sequence[Reply | Mapping[str, Any]]) -> Callable[[JSON], Reply]:
@@ -202,7 +232,8 @@ class _Handler(BaseHTTPRequestHandler):
         app: FakeModelServer = cast(loopback.LoopbackHTTPServer, self.server).app
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length > 0 else b""
-        if self.path.split("?")[0].rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+        endpoint = self.path.split("?")[0].rstrip("/")
+        if endpoint not in ("/v1/chat/completions", "/chat/completions", *_RESPONSES):
             self._json(404, _error_body("no such endpoint", 404))
             return
         try:
@@ -211,6 +242,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         if not isinstance(body, dict):
             self._json(400, _error_body("the body is not a JSON object", 400))
+            return
+        if endpoint in _RESPONSES and body.get("stream"):
+            self._json(400, _error_body("the fake server does not stream responses", 400))
             return
         reply, answer = app._answer(body, self.headers.get("Idempotency-Key"), self.path)
         if reply.delay > 0:
@@ -243,6 +277,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+
+_RESPONSES = ("/v1/responses", "/responses")
 
 
 def _error_body(message: str, status: int) -> JSON:
@@ -325,7 +362,7 @@ class FakeModelServer(loopback.LoopbackService):
 
     @property
     def requests(self) -> list[JSON]:
-        """Every chat completions request so far, as logged (oldest first)."""
+        """Every model request so far (either API), as logged (oldest first)."""
         with self._lock:
             return list(self._requests)
 
@@ -341,8 +378,9 @@ class FakeModelServer(loopback.LoopbackService):
             n = len(self._requests) + 1
             reply = self._pick(body)
             ok = reply.status == 200
+            responses = path.split("?")[0].rstrip("/") in _RESPONSES
             if ok:
-                answer = self._build(reply, body, n)
+                answer = (self._build_response if responses else self._build)(reply, body, n)
             else:
                 answer = _error_body(reply.error or f"fake error {reply.status}", reply.status)
             line: JSON = {
@@ -354,7 +392,9 @@ class FakeModelServer(loopback.LoopbackService):
                 "stream": bool(body.get("stream")),
                 "status": reply.status,
                 "body": body,
-                "reply": answer["choices"][0]["message"] if ok else answer,
+                "reply": (answer["output"] if responses else answer["choices"][0]["message"])
+                if ok
+                else answer,
                 "usage": answer.get("usage"),
             }
             self._requests.append(line)
@@ -400,6 +440,57 @@ class FakeModelServer(loopback.LoopbackService):
                 {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
             ],
             "usage": _usage(reply, body, calls),
+        }
+
+    def _build_response(self, reply: Reply, body: JSON, n: int) -> JSON:
+        """A Responses API answer: the reply's text as a message, its calls as function calls."""
+        turn = turn_of(body)
+        output: list[JSON] = []
+        if reply.content is not None:
+            text_part = {"type": "output_text", "text": reply.content, "annotations": []}
+            output.append(
+                {
+                    "type": "message",
+                    "id": f"msg_fake_{n}",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [text_part],
+                }
+            )
+        for i, tc in enumerate(reply.tool_calls):
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_fake_{n}_{i}",
+                    "call_id": tc.id or f"call_{turn}_{i}",
+                    "name": tc.name,
+                    "arguments": tc.arguments_text(),
+                    "status": "completed",
+                }
+            )
+        calls = [{"function": {"arguments": c["arguments"]}} for c in output if "arguments" in c]
+        counted = _usage(reply, {"messages": body.get("input") or []}, calls)
+        return {
+            "id": f"resp_fake_{n}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": reply.model or self.model or str(body.get("model") or "fake-model"),
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "error": None,
+            "incomplete_details": None,
+            "instructions": body.get("instructions"),
+            "metadata": {},
+            "usage": {
+                "input_tokens": counted["prompt_tokens"],
+                "output_tokens": counted["completion_tokens"],
+                "total_tokens": counted["total_tokens"],
+                "input_tokens_details": counted["prompt_tokens_details"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
         }
 
 

@@ -1,0 +1,1 @@
+"""Children and flows of the framework integration tests (Pydantic AI, OpenAI Agents SDK)."""

@@ -1,0 +1,71 @@
+"""A Pydantic AI agent with two tools, wrapped by DurableAgent, against the fake model server.
+
+The server's URL comes from ``AGENTKIT_MODEL_URL``; each tool records its
+effect in ``AGENTKIT_EFFECTS`` (see tests/agentkit/tools.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from openai import AsyncOpenAI
+from pydantic_ai import Agent
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+
+import durably
+from durably.agents import run_usage
+from durably.integrations.pydantic_ai import DurableAgent
+from tests.agentkit.harness import MODEL_URL_ENV
+from tests.agentkit.tools import effect
+
+client = AsyncOpenAI(
+    base_url=os.environ.get(MODEL_URL_ENV, "http://127.0.0.1:9/v1"), api_key="fake", max_retries=0
+)
+agent = Agent(
+    OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client)),
+    instructions="You are a support agent.",
+)
+
+
+@agent.tool_plain
+def lookup_order(order_id: str) -> dict[str, Any]:
+    """Look up an order's status."""
+    effect("lookup", order_id=order_id)
+    return {"order_id": order_id, "status": "shipped"}
+
+
+@agent.tool_plain(requires_approval=True)
+def refund(order_id: str, cents: int) -> dict[str, Any]:
+    """Refund part of an order."""
+    effect("refund", order_id=order_id, cents=cents)
+    return {"refund_id": f"re_{order_id}", "cents": cents}
+
+
+durable = DurableAgent(agent)
+
+
+@durably.workflow(name="pai-support")
+async def support(question: str) -> dict[str, Any]:
+    result = await durable.run(question)
+    usage = run_usage()
+    return {
+        "output": result.output,
+        "billed": dataclasses.asdict(usage.billed),
+        "replayed": dataclasses.asdict(usage.replayed),
+    }
+
+
+@durably.workflow(name="pai-support-stream")
+async def support_streamed(question: str) -> str:
+    """The same agent through ``run_stream_events``-free streaming: an event handler."""
+    seen: list[str] = []
+
+    async def handler(ctx: Any, events: Any) -> None:
+        async for event in events:
+            seen.append(type(event).__name__)
+
+    result = await durable.run(question, event_stream_handler=handler)
+    return f"{result.output} ({len(seen)} events)"

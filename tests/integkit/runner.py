@@ -1,0 +1,62 @@
+"""The child process of the integration crash tests: start (or re-attach to) a workflow.
+
+    python -m tests.integkit.runner --flows MODULE --workflow NAME --db PATH --id ID
+        --input TEXT [--until STATUS]
+
+Prints one JSON line: ``{"status": ..., "result": ...}``. ``DURABLY_CRASH_AT``
+may SIGKILL it first; ``--until waiting`` leaves as soon as the workflow parks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import sys
+from typing import Any
+
+import durably
+
+
+async def run(ns: argparse.Namespace) -> dict[str, Any]:
+    flows = importlib.import_module(ns.flows)  # after the environment names the model server
+    workflow = getattr(flows, ns.workflow)
+    engine = durably.Engine(f"sqlite:///{ns.db}", hold_seconds=0.05, poll_interval=0.1)
+    try:
+        async with engine:
+            handle = await engine.start(workflow, ns.input, workflow_id=ns.id)
+            if ns.until:
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + ns.timeout
+                while (status := await handle.status()) != ns.until:
+                    if loop.time() > deadline or durably.Status(status).finished:
+                        return {"status": status}
+                    await asyncio.sleep(0.05)
+                return {"status": status}
+            try:
+                result = await handle.result(timeout=ns.timeout)
+            except Exception as exc:
+                return {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+            return {"status": "completed", "result": result}
+    finally:
+        await flows.client.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tests.integkit.runner")
+    parser.add_argument("--flows", required=True)
+    parser.add_argument("--workflow", required=True)
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--id", required=True)
+    parser.add_argument("--input", default="help")
+    parser.add_argument("--until", default=None)
+    parser.add_argument("--timeout", type=float, default=30.0)
+    ns = parser.parse_args(argv)
+    out = asyncio.run(run(ns))
+    sys.stdout.write(json.dumps(out, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
