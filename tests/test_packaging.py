@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,9 @@ SRC = ROOT / "src" / "durably"
 def _setuptools_builds_offline() -> bool:
     """True when the installed setuptools can build our wheel without fetching another one."""
     try:
-        import setuptools
-    except ImportError:
+        major = int(metadata.version("setuptools").split(".")[0])
+    except metadata.PackageNotFoundError:
         return False
-    major = int(setuptools.__version__.split(".")[0])
     return major >= 77  # PEP 639 license-files, and bdist_wheel without the wheel package
 
 
@@ -122,6 +122,4 @@ def test_durably_version_prints_the_installed_version() -> None:
 
 
 def test_version_comes_from_the_installed_metadata() -> None:
-    from importlib import metadata
-
     assert durably.__version__ == metadata.version("durably") == "0.1.0"
