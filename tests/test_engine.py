@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -204,6 +205,14 @@ async def values_then_gate() -> dict[str, Any]:
     return {"t": t, "r": r, "u": u, "first": first, "second": second}
 
 
+async def until(done: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Wait for a condition; fail, naming it, when it is not reached in ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not done():
+        assert asyncio.get_running_loop().time() < deadline, f"{what}: not reached in {timeout}s"
+        await asyncio.sleep(0.005)
+
+
 async def test_close_lets_the_running_step_finish_then_a_new_engine_replays(
     store_url: str,
 ) -> None:
@@ -212,13 +221,18 @@ async def test_close_lets_the_running_step_finish_then_a_new_engine_replays(
     engine = durably.Engine(store_url)
     await engine.open()
     await engine.start(values_then_gate, workflow_id="v")
-    while ("gate", "one") not in CALLS:
-        await asyncio.sleep(0.01)
+    await until(lambda: ("gate", "one") in CALLS, "the step to start")
     closing = asyncio.create_task(engine.close())
-    await asyncio.sleep(0.05)
+    services = engine._services
+    assert services is not None
+    await until(services.stopping.is_set, "close to begin")
     assert not closing.done()  # it waits for the running step
+    with durably.Client(store_url) as client:  # the lease is kept while the step runs
+        assert client.get_workflow("v").owner == engine.executor_id
+    assert not closing.done()
     GATE["one"].set()
-    await closing
+    await asyncio.wait_for(closing, timeout=30)
+    # the proof that close waited: the step's result was committed before the store closed
     client = durably.Client(store_url)
     info = client.get_workflow("v")
     assert (info.status, info.owner) == ("running", None)  # released, not failed

@@ -59,11 +59,16 @@ async def test_enqueued_work_runs_on_an_engine_that_serves_the_queue(store_url: 
         handle = await q.enqueue(bystander, job, "a", workflow_id="a")
         info = await handle.info()
         assert (info.status, info.queue, info.owner) == ("pending", "tq-basic", None)
-        await asyncio.sleep(0.3)
+        # Work without a queue, started after it from another connection, is claimed by the
+        # bystander's own look for work: once that is done, it has seen "a" and left it.
+        with durably.Client(store_url) as client:
+            client.start(job, "plain", workflow_id="plain")
+        assert await bystander.handle("plain").result(timeout=10) == "plain"
+        assert (await bystander.claims("plain"))[0].owner == bystander.executor_id
         assert await handle.status() == "pending"  # not served here
         async with engine(store_url, q) as server:
             assert await server.handle("a").result(timeout=10) == "a"
-    assert ORDER == ["a"]
+    assert ORDER == ["plain", "a"]
 
 
 async def test_enqueue_sync_through_a_client_and_deduplication(store_url: str) -> None:

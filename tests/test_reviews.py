@@ -55,13 +55,24 @@ async def pay(order: str, kind: str) -> Any:
         return f"gave up: {exc}"
 
 
+async def until_status(handle: durably.WorkflowHandle, status: str, timeout: float = 10.0) -> None:
+    """Wait until the workflow's status is ``status``; fail, naming the last one seen."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (now := await handle.status()) != status:
+        assert loop.time() < deadline, f"{handle.workflow_id} still {now}, not {status}"
+        await asyncio.sleep(0.02)
+
+
 async def interrupt(url: str, kind: str, wid: str) -> None:
     """Start the workflow and stop the engine hard while the step hangs: intent, no receipt."""
     GATE["hang"] = asyncio.Event()
     engine = durably.Engine(url, hold_seconds=0.05, poll_interval=0.1)
     await engine.open()
     await engine.start(pay, "ORD-1", kind, workflow_id=wid)
+    deadline = asyncio.get_running_loop().time() + 10.0
     while not LOG:
+        assert asyncio.get_running_loop().time() < deadline, "the step did not start in 10 s"
         await asyncio.sleep(0.01)
     await engine.close(drain_timeout=0.05)
     del GATE["hang"]
@@ -92,10 +103,7 @@ async def test_reconcile_that_cannot_tell_parks_for_review(sqlite_url: str, answ
     await interrupt(sqlite_url, "reconcile", "r3")
     VERDICT["answer"] = answer
     async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
-        for _ in range(100):
-            if (await e.handle("r3").status()) == "needs_review":
-                break
-            await asyncio.sleep(0.05)
+        await until_status(e.handle("r3"), "needs_review")
         (review,) = await e.reviews()
         assert (review.workflow_id, review.seq, review.step) == ("r3", 1, "refund")
         assert review.idempotency_key == "r3:1" and "ORD-1" in (review.intent or "")
@@ -108,10 +116,7 @@ async def test_reconcile_that_cannot_tell_parks_for_review(sqlite_url: str, answ
 async def test_at_most_once_parks_and_a_person_decides_once(sqlite_url: str) -> None:
     await interrupt(sqlite_url, "at_most_once", "t1")
     async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
-        for _ in range(100):
-            if (await e.handle("t1").status()) == "needs_review":
-                break
-            await asyncio.sleep(0.05)
+        await until_status(e.handle("t1"), "needs_review")
         assert [r.step for r in await e.reviews()] == ["transfer"]
         decided = await e.resolve("t1", 1, result={"transfer_id": "tr-seen"}, by="bob")
         assert (decided.decision, decided.decided_by) == ("result", "bob")
@@ -125,10 +130,7 @@ async def test_at_most_once_parks_and_a_person_decides_once(sqlite_url: str) -> 
 async def test_resolved_as_failed_reaches_the_workflow(sqlite_url: str) -> None:
     await interrupt(sqlite_url, "at_most_once", "t2")
     async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
-        for _ in range(100):
-            if (await e.handle("t2").status()) == "needs_review":
-                break
-            await asyncio.sleep(0.05)
+        await until_status(e.handle("t2"), "needs_review")
         await e.resolve("t2", 1, fail="bank says no", by="dan")
         result = await e.handle("t2").result(timeout=5)
     assert result == "gave up: resolved as failed by dan: bank says no"

@@ -49,7 +49,18 @@ from durably.steps import Found, NotFound, Retry, Unknown, run_step, step
 from durably.waits import ChildHandle, set_event, sleep, sleep_until, start_child, wait_for_signal
 from durably.workflows import compensate, now, random, uuid4, workflow
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    """The version pip installed (the wheel's metadata); the source's own when not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("durably")
+    except metadata.PackageNotFoundError:  # run from a source tree without installing it
+        return "0.1.0"
+
+
+__version__ = _installed_version()
 
 __all__ = [
     "Agent",

@@ -97,6 +97,7 @@ def parse_args_json(text: str) -> tuple[list[Any], dict[str, Any]]:
     help="Database URL (or DURABLY_DATABASE_URL).",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Log what the engine does.")
+@click.version_option(durably.__version__, prog_name="durably", message="%(prog)s %(version)s")
 @click.pass_context
 def main(ctx: click.Context, database: str, verbose: bool) -> None:
     """durably: durable execution for AI agents."""

@@ -365,17 +365,24 @@ class Run:
             return
         self._parking = True
         self._settled.clear()
-        self._park_task = asyncio.get_running_loop().create_task(self._park())
+        planned = list(self._blocks)
+        self._park_task = asyncio.get_running_loop().create_task(self._park(planned))
 
-    async def _park(self) -> None:
+    async def _park(self, planned: list[Block]) -> None:
         try:
-            await self._park_now()
+            await self._park_now(planned)
         finally:
             self._parking = False
             self._settled.set()
 
-    async def _park_now(self) -> None:
+    async def _park_now(self, planned: list[Block]) -> None:
         waits = list(self._blocks)
+        # A wait woken on the way here (a poke in the same loop iteration as the hold
+        # running out) may already have left the list: parking without it would watch
+        # neither its signal nor its child. Its branch looks again once this settles,
+        # and blocks anew (scheduling the next park) if there is still nothing.
+        if any(b.future.done() or all(b is not w for w in waits) for b in planned):
+            return
         if any(b.kind == REVIEW for b in waits):
             status = journal.Status.NEEDS_REVIEW
         elif any(b.kind != journal.Kind.SLEEP for b in waits):
