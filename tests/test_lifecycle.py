@@ -8,14 +8,19 @@ send them SIGTERM, and count what ran in the effects file the steps append to.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import signal
 import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import durably
+from tests import lifecycle_flows as life
+from tests import multiworker
 
 # --- close() returns whatever wakes the engine meanwhile --------------------------------------
 
@@ -114,3 +119,79 @@ async def test_close_gives_up_on_a_run_that_ignores_cancellation_and_names_it(
     task.cancel()
     await asyncio.wait({task}, timeout=10)
     assert task.done()
+
+
+# --- real worker processes: a drain and a blocked loop keep their leases ---------------------
+
+
+class _Pool(multiworker.Pool):
+    """Workers serving tests/lifecycle_flows.py."""
+
+    def argv(self) -> list[str]:
+        return [
+            "tests.lifecycle_flows" if arg == "tests.multiworker_flows" else arg
+            for arg in super().argv()
+        ]
+
+
+@pytest.mark.slow
+def test_a_draining_worker_keeps_its_lease_until_its_step_has_committed(
+    store_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM to the worker inside a step three leases long: nobody else starts that step."""
+    workers = _Pool(store_url, tmp_path, "", lease=2.0, poll=0.3)
+    try:
+        workers.start(2)
+        with durably.Client(store_url) as client:
+            client.start(life.drain_flow, 6.0, workflow_id="drain")
+
+            def started() -> list[dict[str, Any]]:
+                return [e for e in workers.effects_lines() if e["step"] == "slow-start"]
+
+            workers.wait_for(lambda: bool(started()), "a worker to start the slow step")
+            (a,) = [w for w in workers.workers if w.pid == started()[0]["pid"]]
+            workers.kill(a, signal.SIGTERM)
+            assert a.proc.wait(30) == 0, workers.describe()
+            workers.wait_for(lambda: client.get_workflow("drain").finished, "the end", 30)
+            info = client.get_workflow("drain")
+            history = client.history("drain")
+        effects = workers.effects_lines()
+    finally:
+        workers.stop()
+    assert (info.status, info.output) == ("completed", '["slow","after"]'), info
+    assert _count(effects) == {"slow-start": 1, "slow-end": 1, "after": 1}, effects
+    (slow_end,) = [e for e in effects if e["step"] == "slow-end"]
+    assert slow_end["pid"] == a.pid  # the draining worker finished it, and its receipt counted
+    assert [(e.name, e.status, e.attempt) for e in history] == [
+        ("slow_sync", "completed", 1),
+        ("after", "completed", 1),
+    ]
+
+
+def _count(effects: list[dict[str, Any]]) -> dict[str, int]:
+    return dict(collections.Counter(e["step"] for e in effects))
+
+
+@pytest.mark.slow
+def test_an_async_step_that_blocks_the_loop_keeps_its_lease_and_is_named(
+    store_url: str, tmp_path: Path
+) -> None:
+    """An async step that time.sleep()s three and a half leases: it starts once, one claim."""
+    workers = _Pool(store_url, tmp_path, "", lease=2.0, poll=0.3)
+    try:
+        workers.start(2)
+        with durably.Client(store_url) as client:
+            client.start(life.blocked_flow, 7.0, workflow_id="blocked")
+            workers.wait_for(lambda: client.get_workflow("blocked").finished, "the end", 40)
+            info = client.get_workflow("blocked")
+            claims = client.claims("blocked")
+        effects = workers.effects_lines()
+        logs = {w.pid: w.output() for w in workers.workers}
+    finally:
+        workers.stop()
+    assert (info.status, info.output) == ("completed", '["blocked","after"]'), info
+    assert _count(effects) == {"block-start": 1, "block-end": 1, "after": 1}, effects
+    assert len(claims) == 1, claims
+    (start,) = [e for e in effects if e["step"] == "block-start"]
+    warned = [ln for ln in logs[start["pid"]].splitlines() if "blocked the event loop" in ln]
+    assert len(warned) == 1 and "'blocking'" in warned[0], logs[start["pid"]]
