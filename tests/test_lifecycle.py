@@ -11,6 +11,7 @@ import asyncio
 import collections
 import logging
 import signal
+import threading
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -121,6 +122,69 @@ async def test_close_gives_up_on_a_run_that_ignores_cancellation_and_names_it(
     assert task.done()
 
 
+# --- a blocked event loop, in one process --------------------------------------------------
+
+
+@durably.step
+async def nap(seconds: float) -> str:
+    time.sleep(seconds)  # blocks the event loop, as a blocking SDK call in an async step would
+    return "rested"
+
+
+@durably.workflow(name="test_lifecycle.napper")
+async def napper(seconds: float) -> str:
+    return await nap(seconds)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "blocked the event loop" in r.getMessage()]
+
+
+@pytest.mark.timeout(60)
+async def test_a_blocked_loop_keeps_its_lease_and_the_step_is_named_once(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async step blocks the loop for five leases: the lease stays ahead all along."""
+    lease, block = 0.6, 3.0
+    samples: list[tuple[float, float | None, str | None]] = []
+    done = threading.Event()
+
+    def watch() -> None:  # another thread reads the row while the loop is blocked
+        with durably.Client(store_url) as client:
+            while not done.is_set():
+                info = client.get_workflow("napper")
+                samples.append((time.time(), info.lease_expires_at, info.status))
+                time.sleep(0.05)
+
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        async with durably.Engine(store_url, lease_seconds=lease) as engine:
+            handle = await engine.start(napper, block, workflow_id="napper")
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            try:
+                assert await handle.result(timeout=30) == "rested"
+            finally:
+                done.set()
+                watcher.join(10)
+            claims = await engine.claims("napper")
+            deadline = time.monotonic() + 10  # the warning comes when the loop ticks again
+            while time.monotonic() < deadline and not _warnings(caplog):
+                await asyncio.sleep(0.05)
+    running = [(t, expires) for t, expires, status in samples if status == "running"]
+    assert len(running) > block / 0.05 / 2, samples  # it did sample the whole block
+    late = [(t, expires) for t, expires in running if expires is None or expires <= t]
+    assert late == [], late
+    assert len(claims) == 1, claims
+    warned = _warnings(caplog)
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    message = warned[0].getMessage()
+    assert warned[0].levelno == logging.WARNING
+    assert "async step 'nap' (workflow 'napper', seq 1" in message, message
+    seconds = float(message.split(" blocked the event loop for ")[1].split(" s")[0])
+    assert block - 0.5 <= seconds <= block + 1.0, message
+    assert "def" in message
+
+
 # --- real worker processes: a drain and a blocked loop keep their leases ---------------------
 
 
@@ -186,12 +250,16 @@ def test_an_async_step_that_blocks_the_loop_keeps_its_lease_and_is_named(
             info = client.get_workflow("blocked")
             claims = client.claims("blocked")
         effects = workers.effects_lines()
-        logs = {w.pid: w.output() for w in workers.workers}
+        (start,) = [e for e in effects if e["step"] == "block-start"]
+        (blocker,) = [w for w in workers.workers if w.pid == start["pid"]]
+
+        def warned() -> list[str]:
+            return [ln for ln in blocker.output().splitlines() if "blocked the event loop" in ln]
+
+        workers.wait_for(lambda: bool(warned()), "the warning about the blocked loop", 10)
     finally:
         workers.stop()
     assert (info.status, info.output) == ("completed", '["blocked","after"]'), info
     assert _count(effects) == {"block-start": 1, "block-end": 1, "after": 1}, effects
     assert len(claims) == 1, claims
-    (start,) = [e for e in effects if e["step"] == "block-start"]
-    warned = [ln for ln in logs[start["pid"]].splitlines() if "blocked the event loop" in ln]
-    assert len(warned) == 1 and "'blocking'" in warned[0], logs[start["pid"]]
+    assert len(warned()) == 1 and "async step 'blocking'" in warned()[0], blocker.output()

@@ -34,6 +34,7 @@ from durably import (
     runtime,
     step_runner,
     waits,
+    watchdog,
     workflows,
 )
 from durably.storage import base, create_store, dispatch, resolve_url
@@ -152,7 +153,8 @@ class Engine:
         self.queues = tuple(queues)
         if len({q.name for q in self.queues}) != len(self.queues):
             raise ValueError("each queue may be given once")
-        self._store = dispatch.StoreThread(create_store(resolve_url(url)))
+        self._database = resolve_url(url)  # with its password, for the watchdog's connection
+        self._store = dispatch.StoreThread(create_store(self._database))
         self.url = self._store.store.url  # as shown in messages: without a password
         self._step_threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=step_threads, thread_name_prefix="durably-step"
@@ -160,9 +162,11 @@ class Engine:
         self._executor_id = executor_id
         self._me: journal.ExecutorInfo | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._epochs: dict[str, int] = {}  # the epoch each task in _tasks was launched at
         self._runs: dict[str, runtime.Run] = {}
         self._background: list[asyncio.Task[None]] = []
         self._heartbeat: asyncio.Task[None] | None = None
+        self._watchdog: watchdog.Watchdog | None = None
         self._drained: asyncio.Event | None = None  # set by close() once running steps ended
         self._services: runtime.Services | None = None
         self._kick: asyncio.Event | None = None
@@ -225,6 +229,10 @@ class Engine:
         self._heartbeat = asyncio.create_task(
             self._leases.heartbeat_loop(self._drained), name="durably-heartbeat"
         )
+        self._watchdog = watchdog.Watchdog(
+            self._database, self._me, self.lease_seconds, self.clock, self._held_here
+        )
+        self._watchdog.start()
 
     async def close(self, drain_timeout: float = 30.0) -> None:
         """Stop: running steps finish and commit, workflows suspend, leases are released.
@@ -254,6 +262,10 @@ class Engine:
         self._drained.set()  # nothing runs here any more: the heartbeat may stop
         heartbeat = [] if self._heartbeat is None else [self._heartbeat]
         await _end_tasks(heartbeat, STOP_GRACE, "background task")
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            await asyncio.get_running_loop().run_in_executor(None, self._watchdog.join, STOP_GRACE)
+            self._watchdog = None
         try:
             await self._call(self._store.store.release_owned, self.executor_id, self.clock())
             await self._call(self._store.store.remove_executor, self.executor_id, False)
@@ -262,6 +274,20 @@ class Engine:
         self._services = None
         await asyncio.get_running_loop().run_in_executor(None, self._store.stop)
         self._step_threads.shutdown(wait=False)
+
+    def _held_here(self) -> list[tuple[str, int]]:
+        """The (workflow_id, epoch) of every workflow a task of this engine drives.
+
+        Not those whose run let go (finished, parked, lost, abandoned). Read by the
+        watchdog's thread while the event loop is blocked (nothing changes then).
+        """
+        held = []
+        for wid, epoch in list(self._epochs.items()):
+            run = self._runs.get(wid)
+            if run is not None and run.epoch == epoch and run.let_go:
+                continue
+            held.append((wid, epoch))
+        return held
 
     def _require_open(self) -> runtime.Services:
         if self._services is None:
@@ -601,11 +627,13 @@ class Engine:
             self._drive(services, info, definition, previous, fresh), name=f"durably:{wid}"
         )
         self._tasks[wid] = task
+        self._epochs[wid] = info.epoch
         task.add_done_callback(functools.partial(self._forget_task, wid))
 
     def _forget_task(self, workflow_id: str, task: asyncio.Task[None]) -> None:
         if self._tasks.get(workflow_id) is task:
             del self._tasks[workflow_id]
+            self._epochs.pop(workflow_id, None)
 
     async def _drive(
         self,
