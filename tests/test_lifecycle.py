@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import durably
+from durably import operations
 from tests import lifecycle_flows as life
 from tests import multiworker
 
@@ -70,6 +71,17 @@ async def test_close_returns_when_a_wake_up_lands_with_its_cancel(sqlite_url: st
     finally:
         _WakeOnCancel.engine = None
         loop.set_task_factory(None)
+
+
+async def test_a_cancellation_that_lands_with_the_wake_up_is_not_lost() -> None:
+    """The wait of the recovery loop, the heartbeat and result(): cancelled means cancelled."""
+    event = asyncio.Event()
+    waiter = asyncio.create_task(operations.wait_event(event, 30.0))
+    await _until(lambda: bool(event._waiters), "the waiter to wait")  # type: ignore[attr-defined]
+    event.set()
+    waiter.cancel()  # in the same iteration as the wake-up
+    done, _ = await asyncio.wait({waiter}, timeout=5)
+    assert done and waiter.cancelled()
 
 
 STUBBORN: dict[str, Any] = {}
