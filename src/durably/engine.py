@@ -239,19 +239,21 @@ class Engine:
 
         The heartbeat keeps the leases of the runs still draining until they end
         (another executor must not start their steps again meanwhile); then they
-        are released at once. A task that will not end (a step that swallows
-        its cancellation) is waited for ``drain_timeout`` and then twice
-        ``STOP_GRACE`` seconds at most, and named in an error log: close()
-        always returns.
+        are released at once. Every wait is bounded, so close() always returns:
+        a run still going after ``drain_timeout`` seconds, or a background loop
+        after ``STOP_GRACE``, is cancelled; one that ignores its cancellation
+        (a step that swallows CancelledError), or a thread that does not stop,
+        is left behind after ``STOP_GRACE`` more and named in an error log.
         """
         if self._services is None:
             self._store.stop()
             self._step_threads.shutdown(wait=False)
             return
         assert self._kick is not None and self._drained is not None
+        loop = asyncio.get_running_loop()
         self._services.stopping.set()
         self._kick.set()  # the recovery loop sees the engine stopping and ends
-        await asyncio.get_running_loop().run_in_executor(None, self._stop_listening)
+        await _within(loop.run_in_executor(None, self._stop_listening), "the wake-up listener")
         for live in list(self._runs.values()):
             live.poke()  # blocked waits re-check, see the engine stopping and park
         await _end_tasks(self._background, STOP_GRACE, "background task")
@@ -264,15 +266,16 @@ class Engine:
         await _end_tasks(heartbeat, STOP_GRACE, "background task")
         if self._watchdog is not None:
             self._watchdog.stop()
-            await asyncio.get_running_loop().run_in_executor(None, self._watchdog.join, STOP_GRACE)
+            await _within(loop.run_in_executor(None, self._watchdog.join), "the watchdog thread")
             self._watchdog = None
         try:
-            await self._call(self._store.store.release_owned, self.executor_id, self.clock())
-            await self._call(self._store.store.remove_executor, self.executor_id, False)
-        except errors.StoreError as exc:
-            log.warning("could not release leases on close: %s", exc)
+            async with asyncio.timeout(STOP_GRACE):
+                await self._call(self._store.store.release_owned, self.executor_id, self.clock())
+                await self._call(self._store.store.remove_executor, self.executor_id, False)
+        except (errors.StoreError, TimeoutError) as exc:
+            log.warning("could not release leases on close: %r", exc)
         self._services = None
-        await asyncio.get_running_loop().run_in_executor(None, self._store.stop)
+        await _within(loop.run_in_executor(None, self._store.stop), "the store thread")
         self._step_threads.shutdown(wait=False)
 
     def _held_here(self) -> list[tuple[str, int]]:
@@ -699,6 +702,15 @@ async def _end_tasks(tasks: Sequence[asyncio.Task[None]], patience: float, what:
             STOP_GRACE,
             ", ".join(sorted(task.get_name() for task in stuck)),
         )
+
+
+async def _within(future: asyncio.Future[None], what: str) -> None:
+    """Wait ``STOP_GRACE`` seconds at most for a thread's work; else name it and go on."""
+    done, _ = await asyncio.wait({future}, timeout=STOP_GRACE)
+    if not done:
+        log.error("close: gave up waiting for %s after %.1f s", what, STOP_GRACE)
+        return
+    future.result()
 
 
 def run(
