@@ -149,15 +149,20 @@ async def napper(seconds: float) -> str:
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if "blocked the event loop" in r.getMessage()]
+    """The warnings about the nap step (a loaded machine may add others, about its lag)."""
+    return [
+        r
+        for r in caplog.records
+        if "blocked the event loop" in r.getMessage() and "'nap'" in r.getMessage()
+    ]
 
 
 @pytest.mark.timeout(60)
 async def test_a_blocked_loop_keeps_its_lease_and_the_step_is_named_once(
     store_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An async step blocks the loop for five leases: the lease stays ahead all along."""
-    lease, block = 0.6, 3.0
+    """An async step blocks the loop for three leases: the lease stays ahead all along."""
+    lease, block = 1.2, 4.0
     samples: list[tuple[float, float | None, str | None]] = []
     done = threading.Event()
 
@@ -266,7 +271,8 @@ def test_an_async_step_that_blocks_the_loop_keeps_its_lease_and_is_named(
         (blocker,) = [w for w in workers.workers if w.pid == start["pid"]]
 
         def warned() -> list[str]:
-            return [ln for ln in blocker.output().splitlines() if "blocked the event loop" in ln]
+            lines = blocker.output().splitlines()
+            return [ln for ln in lines if "blocked the event loop" in ln and "'blocking'" in ln]
 
         workers.wait_for(lambda: bool(warned()), "the warning about the blocked loop", 10)
     finally:

@@ -6,13 +6,15 @@ work) stops the loop, and with it the heartbeat: the leases expire, another
 executor takes the workflow over and runs the step again, blocks the same way
 and loses it in turn. So the watchdog, a thread with a database connection of
 its own, watches the loop: the loop ticks it every few tenths of a second.
-When the loop has not ticked for ``threshold`` seconds (1 s, or a third of the
-lease when that is shorter), the thread notes which step was running, and for
-as long as the loop stays blocked it extends, every third of a lease, the
-leases of the runs this executor drives -- each only at the epoch it holds and
-while it still holds it: never a workflow that finished, parked, was released
-or was taken over. When the loop ticks again it logs one warning naming the
-step and how long it blocked, so that it can be made a ``def`` step.
+When the loop has not ticked for ``threshold`` seconds (1 s, or a sixth of
+the lease when that is shorter: the heartbeat may have beaten a third of a
+lease before the loop stopped, and the renewal must land well before the
+lease ends), the thread notes which step was running, and for as long as the
+loop stays blocked it extends, every third of a lease, the leases of the runs
+this executor drives -- each only at the epoch it holds and while it still
+holds it: never a workflow that finished, parked, was released or was taken
+over. When the loop ticks again it logs one warning naming the step and how
+long it blocked, so that it can be made a ``def`` step.
 
 It stops when the engine has drained (:meth:`Engine.close`), when its event loop
 has ended, or with the process.
@@ -32,7 +34,7 @@ from durably.storage import base, create_store
 
 log = logging.getLogger("durably")
 
-#: Seconds without a tick after which the loop counts as blocked (at most a third of a lease).
+#: Seconds without a tick after which the loop counts as blocked (at most a sixth of a lease).
 BLOCKED_AFTER = 1.0
 
 #: The async steps running now, by the task that runs each: read from the watchdog's thread
@@ -78,7 +80,7 @@ class Watchdog:
         self._lease = lease_seconds
         self._clock = clock
         self._held = held
-        self.threshold = min(BLOCKED_AFTER, lease_seconds / 3)
+        self.threshold = min(BLOCKED_AFTER, lease_seconds / 6)
         self._tick_every = self.threshold / 4
         self._ticked = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -115,7 +117,7 @@ class Watchdog:
     # --- the thread -----------------------------------------------------------------
 
     def _watch(self) -> None:
-        poll = min(self._lease / 6, self._tick_every)
+        poll = self._tick_every
         blocked_since: float | None = None
         blame = ""
         renewed = 0.0
