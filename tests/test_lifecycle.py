@@ -281,3 +281,34 @@ def test_an_async_step_that_blocks_the_loop_keeps_its_lease_and_is_named(
     assert _count(effects) == {"block-start": 1, "block-end": 1, "after": 1}, effects
     assert len(claims) == 1, claims
     assert len(warned()) == 1 and "async step 'blocking'" in warned()[0], blocker.output()
+
+
+@durably.step
+async def idle_step() -> str:
+    await asyncio.sleep(60)
+    return "idle"
+
+
+@durably.workflow(name="test_lifecycle.idler")
+async def idler() -> str:
+    return await idle_step()
+
+
+@pytest.mark.timeout(60)
+def test_a_loop_that_stopped_running_is_not_kept_alive_by_the_watchdog(sqlite_url: str) -> None:
+    """An event loop that is not running (not blocked) keeps no lease: nothing runs there."""
+    loop = asyncio.new_event_loop()
+    engine = durably.Engine(sqlite_url, lease_seconds=0.6)
+    try:
+        loop.run_until_complete(engine.open())
+        loop.run_until_complete(engine.start(idler, workflow_id="idler"))
+        loop.run_until_complete(asyncio.sleep(0.3))  # its step is running
+        with durably.Client(sqlite_url) as client:
+            assert client.get_workflow("idler").status == "running"
+            deadline = time.monotonic() + 10
+            while (client.get_workflow("idler").lease_expires_at or 0) > time.time():
+                assert time.monotonic() < deadline, "the lease of a stopped loop was kept"
+                time.sleep(0.05)
+    finally:
+        loop.run_until_complete(engine.close(drain_timeout=0.1))
+        loop.close()
