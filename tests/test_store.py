@@ -478,6 +478,28 @@ def test_heartbeat_renews_only_the_owners_leases_and_names_them(db):
     assert db.heartbeat(executor("ex-a"), NOW + 21, NOW + 21 + LEASE) == []  # a1 is lost
 
 
+def test_keep_leases_renews_only_what_the_owner_holds_at_that_epoch(db):
+    db.register_executor(executor("ex-a"))
+    for wid in ("held", "other-epoch", "taken", "finished", "released", "not-mine"):
+        owned(db, wid, "ex-b" if wid == "not-mine" else "ex-a")
+    db.release("taken", 1, NOW)
+    assert claim_next(db, "ex-b", NOW + 1) == ["taken"]  # now at epoch 2, for ex-b
+    db.finish_workflow("finished", 1, "completed", "1", None, [], NOW)
+    db.release("released", 1, NOW)
+    asked = [
+        ("held", 1), ("other-epoch", 2), ("taken", 1), ("finished", 1),
+        ("released", 1), ("not-mine", 1), ("missing", 1),
+    ]  # fmt: skip
+    assert db.keep_leases(executor("ex-a"), NOW + 20, NOW + 20 + LEASE, asked) == ["held"]
+    leases = {w.workflow_id: w.lease_expires_at for w in db.list_workflows(None, None, 10)}
+    assert leases == {
+        "held": NOW + 20 + LEASE, "other-epoch": NOW + LEASE, "taken": NOW + 1 + LEASE,
+        "finished": None, "released": None, "not-mine": NOW + LEASE,
+    }  # fmt: skip
+    beats = {e.executor_id: e.heartbeat_at for e in db.list_executors()}
+    assert beats["ex-a"] == NOW + 20
+
+
 def test_a_forgotten_executor_is_registered_again_by_its_heartbeat(db):
     db.register_executor(executor("ex-a"))
     db.remove_executor("ex-a", False)

@@ -34,6 +34,7 @@ from durably import (
     runtime,
     step_runner,
     waits,
+    watchdog,
     workflows,
 )
 from durably.storage import base, create_store, dispatch, resolve_url
@@ -42,6 +43,10 @@ if TYPE_CHECKING:
     from durably.queues import Queue
 
 log = logging.getLogger("durably")
+
+#: Seconds close() gives a task it asked to end (a background loop, a run cancelled after
+#: the drain) before it cancels it, and then again before it gives up on it, naming it.
+STOP_GRACE = 5.0
 
 #: The most workflows one recovery pass claims (the rest wait for the next pass, which
 #: follows at once when this one was full, so that other executors get their share).
@@ -148,7 +153,8 @@ class Engine:
         self.queues = tuple(queues)
         if len({q.name for q in self.queues}) != len(self.queues):
             raise ValueError("each queue may be given once")
-        self._store = dispatch.StoreThread(create_store(resolve_url(url)))
+        self._database = resolve_url(url)  # with its password, for the watchdog's connection
+        self._store = dispatch.StoreThread(create_store(self._database))
         self.url = self._store.store.url  # as shown in messages: without a password
         self._step_threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=step_threads, thread_name_prefix="durably-step"
@@ -156,8 +162,12 @@ class Engine:
         self._executor_id = executor_id
         self._me: journal.ExecutorInfo | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._epochs: dict[str, int] = {}  # the epoch each task in _tasks was launched at
         self._runs: dict[str, runtime.Run] = {}
         self._background: list[asyncio.Task[None]] = []
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._watchdog: watchdog.Watchdog | None = None
+        self._drained: asyncio.Event | None = None  # set by close() once running steps ended
         self._services: runtime.Services | None = None
         self._kick: asyncio.Event | None = None
         self._changes = operations.Changes()  # wakes handles and get_event waiting here
@@ -212,41 +222,75 @@ class Engine:
             await loop.run_in_executor(None, self._stop_listening)
             await loop.run_in_executor(None, self._store.stop)
             raise
+        self._drained = asyncio.Event()
         self._background = [
-            asyncio.create_task(self._leases.heartbeat_loop(), name="durably-heartbeat"),
             asyncio.create_task(self._recovery_loop(), name="durably-recovery"),
         ]
+        self._heartbeat = asyncio.create_task(
+            self._leases.heartbeat_loop(self._drained), name="durably-heartbeat"
+        )
+        self._watchdog = watchdog.Watchdog(
+            self._database, self._me, self.lease_seconds, self.clock, self._held_here
+        )
+        self._watchdog.start()
 
     async def close(self, drain_timeout: float = 30.0) -> None:
-        """Stop: running steps finish and commit, workflows suspend, leases are released."""
+        """Stop: running steps finish and commit, workflows suspend, leases are released.
+
+        The heartbeat keeps the leases of the runs still draining until they end
+        (another executor must not start their steps again meanwhile); then they
+        are released at once. Every wait is bounded, so close() always returns:
+        a run still going after ``drain_timeout`` seconds, or a background loop
+        after ``STOP_GRACE``, is cancelled; one that ignores its cancellation
+        (a step that swallows CancelledError), or a thread that does not stop,
+        is left behind after ``STOP_GRACE`` more and named in an error log.
+        """
         if self._services is None:
             self._store.stop()
             self._step_threads.shutdown(wait=False)
             return
+        assert self._kick is not None and self._drained is not None
+        loop = asyncio.get_running_loop()
         self._services.stopping.set()
-        await asyncio.get_running_loop().run_in_executor(None, self._stop_listening)
+        self._kick.set()  # the recovery loop sees the engine stopping and ends
+        await _within(loop.run_in_executor(None, self._stop_listening), "the wake-up listener")
         for live in list(self._runs.values()):
             live.poke()  # blocked waits re-check, see the engine stopping and park
-        for task in self._background:
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await _end_tasks(self._background, STOP_GRACE, "background task")
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        running = list(self._tasks.values())
-        if running:
-            _, late = await asyncio.wait(running, timeout=drain_timeout)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        await _end_tasks(list(self._tasks.values()), drain_timeout, "workflow run")
+        self._drained.set()  # nothing runs here any more: the heartbeat may stop
+        heartbeat = [] if self._heartbeat is None else [self._heartbeat]
+        await _end_tasks(heartbeat, STOP_GRACE, "background task")
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            await _within(loop.run_in_executor(None, self._watchdog.join), "the watchdog thread")
+            self._watchdog = None
         try:
-            await self._call(self._store.store.release_owned, self.executor_id, self.clock())
-            await self._call(self._store.store.remove_executor, self.executor_id, False)
-        except errors.StoreError as exc:
-            log.warning("could not release leases on close: %s", exc)
+            async with asyncio.timeout(STOP_GRACE):
+                await self._call(self._store.store.release_owned, self.executor_id, self.clock())
+                await self._call(self._store.store.remove_executor, self.executor_id, False)
+        except (errors.StoreError, TimeoutError) as exc:
+            log.warning("could not release leases on close: %r", exc)
         self._services = None
-        await asyncio.get_running_loop().run_in_executor(None, self._store.stop)
+        await _within(loop.run_in_executor(None, self._store.stop), "the store thread")
         self._step_threads.shutdown(wait=False)
+
+    def _held_here(self) -> list[tuple[str, int]]:
+        """The (workflow_id, epoch) of every workflow a task of this engine drives.
+
+        Not those whose run let go (finished, parked, lost, abandoned). Read by the
+        watchdog's thread while the event loop is blocked (nothing changes then).
+        """
+        held = []
+        for wid, epoch in list(self._epochs.items()):
+            run = self._runs.get(wid)
+            if run is not None and run.epoch == epoch and run.let_go:
+                continue
+            held.append((wid, epoch))
+        return held
 
     def _require_open(self) -> runtime.Services:
         if self._services is None:
@@ -544,9 +588,15 @@ class Engine:
             loop.call_soon_threadsafe(self._on_wakeup, wakeup)
 
     async def _recovery_loop(self) -> None:
+        """Look for work on every wake-up, timer and poll, until the engine stops.
+
+        It ends on the stopping flag, not only on a cancellation: a cancellation
+        can be lost (see ``operations.wait_event``), and close() must not wait on it forever.
+        """
         assert self._kick is not None
+        stopping = self._require_open().stopping
         claimed_last = True
-        while True:
+        while not stopping.is_set():
             timeout = self.poll_interval
             try:
                 due = await self._call(self._store.store.next_wake, write=False)
@@ -557,8 +607,9 @@ class Engine:
                     timeout = min(timeout, max(0.0, due - self.clock()))
             except errors.StoreError as exc:
                 log.warning("cannot read the next wake-up: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), timeout=timeout)
+            await operations.wait_event(self._kick, timeout)
+            if stopping.is_set():
+                return
             self._kick.clear()
             try:
                 claimed_last = bool(await self.recover())
@@ -582,11 +633,13 @@ class Engine:
             self._drive(services, info, definition, previous, fresh), name=f"durably:{wid}"
         )
         self._tasks[wid] = task
+        self._epochs[wid] = info.epoch
         task.add_done_callback(functools.partial(self._forget_task, wid))
 
     def _forget_task(self, workflow_id: str, task: asyncio.Task[None]) -> None:
         if self._tasks.get(workflow_id) is task:
             del self._tasks[workflow_id]
+            self._epochs.pop(workflow_id, None)
 
     async def _drive(
         self,
@@ -624,6 +677,43 @@ class Engine:
                 parent.poke(journal.Kind.JOIN, wid)
             else:
                 self._kick_recovery()
+
+
+async def _end_tasks(tasks: Sequence[asyncio.Task[None]], patience: float, what: str) -> None:
+    """Wait for tasks asked to end; cancel those still running after ``patience`` seconds.
+
+    A task still running ``STOP_GRACE`` seconds after its cancellation ignores
+    it: it is left behind and named in an error log, so that close() returns.
+    """
+    if not tasks:
+        return
+    _, late = await asyncio.wait(tasks, timeout=patience)
+    for task in late:
+        task.cancel()
+    stuck: set[asyncio.Task[None]] = set()
+    if late:
+        _, stuck = await asyncio.wait(late, timeout=STOP_GRACE)
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("%s %s failed: %r", what, task.get_name(), task.exception())
+    if stuck:
+        log.error(
+            "close: gave up on %d %s(s) that did not end %.1f s after being cancelled "
+            "(they swallow CancelledError): %s",
+            len(stuck),
+            what,
+            STOP_GRACE,
+            ", ".join(sorted(task.get_name() for task in stuck)),
+        )
+
+
+async def _within(future: asyncio.Future[None], what: str) -> None:
+    """Wait ``STOP_GRACE`` seconds at most for a thread's work; else name it and go on."""
+    done, _ = await asyncio.wait({future}, timeout=STOP_GRACE)
+    if not done:
+        log.error("close: gave up waiting for %s after %.1f s", what, STOP_GRACE)
+        return
+    future.result()
 
 
 def run(

@@ -24,7 +24,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from durably import errors, runtime
+from durably import errors, operations, runtime
 
 if TYPE_CHECKING:
     from durably.engine import Engine
@@ -49,10 +49,17 @@ class Leases:
     def untrack(self, run: runtime.Run) -> None:
         self._drivers.pop(run, None)
 
-    async def heartbeat_loop(self) -> None:
+    async def heartbeat_loop(self, drained: asyncio.Event) -> None:
+        """Beat every ``lease_seconds / 3`` until ``drained`` is set.
+
+        Not until the engine starts stopping: the runs still draining then keep
+        their leases, so that no other executor starts their steps again.
+        """
         engine = self._engine
-        while True:
-            await asyncio.sleep(engine.lease_seconds / 3)
+        while not drained.is_set():
+            await operations.wait_event(drained, engine.lease_seconds / 3)
+            if drained.is_set():
+                return
             try:
                 await self.beat()
             except errors.StoreError as exc:

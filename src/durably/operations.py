@@ -257,5 +257,16 @@ class Changes:
     @staticmethod
     async def wait(mark: asyncio.Event, timeout: float) -> None:
         """Return after a change since ``mark`` was taken, or after ``timeout`` seconds."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(mark.wait(), timeout=max(0.0, timeout))
+        await wait_event(mark, timeout)
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> None:
+    """Wait until ``event`` is set or ``timeout`` seconds pass.
+
+    With asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
+    cancellation that lands in the same loop iteration as the event (CPython
+    gh-86296), and a loop waiting that way may never end.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(max(0.0, timeout)):
+            await event.wait()

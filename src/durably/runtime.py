@@ -187,6 +187,11 @@ class Run:
             await self._settled.wait()
         self._check_live()
 
+    @property
+    def let_go(self) -> bool:
+        """True once this run holds the workflow no more: ended, parked, lost or abandoned."""
+        return self.retired or self.parked or self.lost is not None or self.abandoned is not None
+
     def _check_live(self) -> None:
         if self.lost is not None:
             raise self.lost

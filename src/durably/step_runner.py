@@ -21,7 +21,7 @@ import inspect
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from durably import codec, context, errors, faults, journal, runtime, steps
+from durably import codec, context, errors, faults, journal, runtime, steps, watchdog
 
 if TYPE_CHECKING:
     from durably.runtime import Run
@@ -209,7 +209,8 @@ async def _call(
     """Call a sync or async function with the step context set; sync ones in a thread."""
     token = context.current_step.set(ctx)
     try:
-        if inspect.iscoroutinefunction(fn):
+        on_loop = inspect.iscoroutinefunction(fn)
+        if on_loop:
             awaitable: Awaitable[Any] = fn(*args, **kwargs)
         else:
             loop = asyncio.get_running_loop()
@@ -217,9 +218,10 @@ async def _call(
             awaitable = loop.run_in_executor(
                 run.services.step_threads, contextvars.copy_context().run, call
             )
-        result = await awaitable
-        if inspect.isawaitable(result):  # a sync callable that returned a coroutine
-            result = await result
+        with watchdog.async_step(ctx, on_loop):  # named if it blocks the event loop
+            result = await awaitable
+            if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+                result = await result
         return result
     finally:
         context.current_step.reset(token)

@@ -364,6 +364,22 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    def keep_leases(
+        self,
+        executor: journal.ExecutorInfo,
+        now: float,
+        lease_expires_at: float,
+        held: Sequence[tuple[str, int]],
+    ) -> list[str]:
+        """Record that the executor lives and extend the leases of the ``(workflow_id,
+        epoch)`` given, each only while the executor still holds it at that epoch.
+
+        Returns the ids it extended. For a process whose event loop cannot beat
+        (see :mod:`durably.watchdog`): a workflow finished, released or taken
+        over meanwhile is left alone, as the fence demands.
+        """
+
+    @abc.abstractmethod
     def list_executors(self) -> list[journal.ExecutorInfo]:
         """Every registered executor."""
 

@@ -159,6 +159,11 @@ WHERE workflow_id = :workflow_id AND epoch = :epoch
 UPDATE workflows SET lease_expires_at = :lease_expires_at WHERE owner = :owner
 RETURNING workflow_id, epoch
 
+-- name: keep_lease
+-- Extend one lease while this owner still holds it at this epoch (the watchdog's renewal).
+UPDATE workflows SET lease_expires_at = :lease_expires_at
+WHERE workflow_id = :workflow_id AND owner = :owner AND epoch = :epoch
+
 -- name: expire_leases
 UPDATE workflows SET lease_expires_at = 0 WHERE owner = :owner
 

@@ -701,6 +701,27 @@ class SqlStore(sqlbase.SqlBase):
         self.register_executor(dataclasses.replace(executor, heartbeat_at=now))
         return [(str(r[0]), int(r[1])) for r in held]
 
+    def keep_leases(
+        self,
+        executor: journal.ExecutorInfo,
+        now: float,
+        lease_expires_at: float,
+        held: Sequence[tuple[str, int]],
+    ) -> list[str]:
+        kept = []
+        for workflow_id, epoch in held:
+            cursor = self._q(
+                "keep_lease",
+                workflow_id=workflow_id,
+                owner=executor.executor_id,
+                epoch=epoch,
+                lease_expires_at=lease_expires_at,
+            )
+            if cursor.rowcount:
+                kept.append(workflow_id)
+        self.register_executor(dataclasses.replace(executor, heartbeat_at=now))
+        return kept
+
     def list_executors(self) -> list[journal.ExecutorInfo]:
         rows = self._q("list_executors").fetchall()
         return [
