@@ -139,6 +139,27 @@ async def test_a_refused_receipt_fails_the_step_once(store_url: str) -> None:
     assert RUNS == ["se_echo"]
 
 
+@durably.workflow
+async def se_publishes_while_waiting() -> None:
+    async def publish() -> None:
+        await asyncio.sleep(0.2)  # after the wait below is committed, before the run parks
+        durably.set_event("verdict", "poison")
+
+    await asyncio.gather(durably.wait_for_signal("go"), publish())
+
+
+async def test_a_value_refused_when_the_run_parks_fails_the_workflow(store_url: str) -> None:
+    refuse_poison(store_url, "data")
+    async with durably.Engine(store_url, lease_seconds=1.0, hold_seconds=0.5) as engine:
+        handle = await engine.start(se_publishes_while_waiting, workflow_id="parks")
+        with pytest.raises(errors.StorageDataError, match="refused a value"):
+            await handle.result(timeout=30)
+        info = await engine.get_workflow("parks")
+        history = await engine.history("parks")
+    assert (info.status, info.crash_count) == ("failed", 0)
+    assert [e.kind for e in history] == ["signal"]  # the wait; the refused event is dropped
+
+
 # --- 2. any other store error: abandoned, counted, given up after max_recoveries ----------------
 
 

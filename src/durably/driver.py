@@ -104,18 +104,18 @@ async def _fail(run: runtime.Run, exc: Exception) -> None:
             log.warning("workflow %s: compensation interrupted: %s", run.workflow_id, stop)
             return  # it resumes from its journal; finished compensations won't run again
     try:
-        await _finish_refused_or_not(run, status, err)
+        await _record_end(run, status, err)
     except (runtime.Abandoned, runtime.Suspended, errors.FencedError) as store_exc:
         log.error("could not record the end of workflow %s: %s", run.workflow_id, store_exc)
 
 
-async def _finish_refused_or_not(run: runtime.Run, status: str, err: BaseException) -> None:
+async def _record_end(run: runtime.Run, status: str, err: BaseException) -> None:
     """Record the workflow's end with its error, even when the database refuses the error.
 
     Refused (``StorageDataError``: a LATIN1 database, a constraint), the error is
     written again with its text ASCII-escaped (it decodes to the same text), and
-    failing that as a ``WorkflowFailed`` naming the refusal: a workflow that
-    failed must not stay ``running`` and be run again.
+    failing that as a ``WorkflowFailed`` that says so (the refusal is logged): a
+    workflow that failed must not stay ``running`` and be run again.
     """
     try:
         await run.finish(status, None, error_payload(err))
