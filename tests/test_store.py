@@ -454,6 +454,15 @@ def test_release_lets_go_only_at_the_owning_epoch(db):
     assert claim_next(db, "ex-b") == ["wf-1"]
 
 
+def test_release_of_a_run_that_died_counts_a_crash_once(db):
+    info = owned(db)
+    db.release("wf-1", info.epoch, NOW, True)
+    row = db.get_workflow("wf-1")
+    assert (row.owner, row.crash_count) == (None, info.crash_count + 1)
+    assert claim_next(db, "ex-a") == ["wf-1"]  # a claim after a release adds no second crash
+    assert db.get_workflow("wf-1").crash_count == info.crash_count + 1
+
+
 def test_release_owned_lets_go_of_the_owners_workflows_only(db):
     owned(db, "a1", "ex-a")
     owned(db, "a2", "ex-a")

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import logging
 
-from durably import codec, context, errors, faults, journal, runtime, steps, workflows
+from durably import (
+    codec,
+    context,
+    errors,
+    faults,
+    journal,
+    runtime,
+    step_runner,
+    steps,
+    workflows,
+)
 
 log = logging.getLogger("durably")
 
@@ -41,7 +51,12 @@ async def drive(
         run.replayer.check_finished()
         output = codec.encode(result, where=f"workflow {definition.name!r} ({wid!r}) result")
         faults.reached("before_finish", definition.name)
-        await run.finish(journal.Status.COMPLETED, output, None)
+        try:
+            await run.finish(journal.Status.COMPLETED, output, None)
+        except errors.StorageDataError as refused:  # it fails instead (the except below)
+            raise errors.StorageDataError(
+                f"workflow {definition.name!r} ({wid!r}): its result cannot be stored: {refused}"
+            ) from refused
     except runtime.Suspended:
         await run.close()  # steps of other branches finish and commit first
         log.info("workflow %s let go (%s)", wid, "parked" if run.parked else "suspended")
@@ -89,9 +104,35 @@ async def _fail(run: runtime.Run, exc: Exception) -> None:
             log.warning("workflow %s: compensation interrupted: %s", run.workflow_id, stop)
             return  # it resumes from its journal; finished compensations won't run again
     try:
-        await run.finish(status, None, error_payload(err))
+        await _record_end(run, status, err)
     except (runtime.Abandoned, runtime.Suspended, errors.FencedError) as store_exc:
         log.error("could not record the end of workflow %s: %s", run.workflow_id, store_exc)
+
+
+async def _record_end(run: runtime.Run, status: str, err: BaseException) -> None:
+    """Record the workflow's end with its error, even when the database refuses the error.
+
+    Refused (``StorageDataError``: a LATIN1 database, a constraint), the error is
+    written again with its text ASCII-escaped (it decodes to the same text), and
+    failing that as a ``WorkflowFailed`` that says so (the refusal is logged): a
+    workflow that failed must not stay ``running`` and be run again.
+    """
+    try:
+        await run.finish(status, None, error_payload(err))
+        return
+    except errors.StorageDataError as exc:
+        refused = exc
+    log.error("workflow %s: the database refused its error: %s", run.workflow_id, refused)
+    try:
+        await run.finish(status, None, step_runner.error_json(err, ascii_only=True))
+        return
+    except errors.StorageDataError:
+        pass
+    fallback = errors.WorkflowFailed(  # none of the refused text: the refusal may quote it
+        f"workflow {run.workflow_id!r} ended {status} with {type(err).__name__}, and the "
+        "database refused to store its text (see the log)"
+    )
+    await run.finish(status, None, step_runner.error_json(fallback, ascii_only=True))
 
 
 async def _compensate(run: runtime.Run, cause: BaseException) -> None:

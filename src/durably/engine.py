@@ -640,6 +640,15 @@ class Engine:
         if self._tasks.get(workflow_id) is task:
             del self._tasks[workflow_id]
             self._epochs.pop(workflow_id, None)
+        if not task.cancelled() and (died := task.exception()) is not None:
+            # Nothing recorded how it ended: the heartbeat releases it as a crash.
+            log.error(
+                "the run of workflow %s died with %s: %s; it counts as a crash",
+                workflow_id,
+                type(died).__name__,
+                died,
+                exc_info=died,
+            )
 
     async def _drive(
         self,

@@ -147,6 +147,23 @@ class SchemaTooNew(StoreError):
     """The database was migrated by a newer durably than this one."""
 
 
+class StorageFull(StoreError):
+    """The database has no room to write: its disk, quota or file-size limit is full.
+
+    Transient for the engine: a run backs off and tries the same write again
+    (space may come back) instead of giving the workflow up and running its
+    step again; the message names the database and what is full.
+    """
+
+
+class StorageDataError(StoreError):
+    """The database refused a value (PostgreSQL data or integrity error, SQLite constraint).
+
+    Permanent for that value: writing it again fails the same way, so the step
+    or workflow that produced it fails with this error instead of running again.
+    """
+
+
 class FencedError(StoreError):
     """This executor lost its lease: another executor owns the workflow now.
 

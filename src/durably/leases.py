@@ -15,7 +15,8 @@ From that it settles two things a single commit cannot see:
   it drives (a claim whose commit outcome was lost with the connection, a run
   that ended on a database error) would otherwise keep its lease renewed
   forever. Seen orphaned by two heartbeats in a row, it is released so any
-  executor claims it at once.
+  executor claims it at once, and the release counts as a crash: a run that
+  keeps dying the same way is ended by ``max_recoveries``, not re-run forever.
 """
 
 from __future__ import annotations
@@ -83,8 +84,10 @@ class Leases:
         orphans = {wid: epoch for wid, epoch in held.items() if wid not in engine._tasks}
         for wid, epoch in orphans.items():
             if self._orphans.get(wid) == epoch:
-                log.warning("workflow %s is held here but nothing runs it; releasing it", wid)
-                await engine._call(store.release, wid, epoch, engine.clock())
+                log.error(
+                    "workflow %s is held here but nothing runs it; releasing it as a crash", wid
+                )
+                await engine._call(store.release, wid, epoch, engine.clock(), True)
                 engine._kick_recovery()
         self._orphans = orphans
 

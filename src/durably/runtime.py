@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,8 +25,13 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+log = logging.getLogger("durably")
+
 #: Transient store errors a commit waits out before giving the run up.
 _TRANSIENT = (errors.DatabaseLocked, errors.DatabaseUnavailable)
+
+#: The first and the longest pause between two tries of a write refused for lack of room.
+_FULL_DELAYS = (0.25, 10.0)
 
 
 class Abandoned(BaseException):
@@ -56,6 +62,7 @@ class Services:
     hold_seconds: float = 1.0  # how long a blocked run stays in memory before it parks
     inline_commits: bool = True  # commit on the loop's thread when nothing else is ready
     commit_patience: float = 30.0  # seconds to wait out a locked or unreachable database
+    full_patience: float = 600.0  # seconds to wait for room in a full database
 
 
 @dataclasses.dataclass(slots=True)
@@ -144,10 +151,17 @@ class Run:
         Counts as activity: a run never parks while one is on its way, and none
         starts while a park is on its way (it waits to see whether the run parked).
         A database that keeps failing abandons the run (``Abandoned``).
+
+        A full database is waited out longer, with a growing pause and a loud
+        log line each time: the write holds a step's outcome that running the
+        step again would only repeat. A value the database refuses
+        (``StorageDataError``) is raised as it is: the run goes on, and the
+        caller records the refusal instead.
         """
         if not internal:  # the run's own park and final write skip the check
             await self.ready()
         delay, waited = 0.05, 0.0
+        full_delay, full_waited = _FULL_DELAYS[0], 0.0
         with self.active():
             while True:
                 inline = self.services.inline_commits and _loop_is_quiet()
@@ -158,6 +172,25 @@ class Run:
                 except errors.FencedError as exc:
                     self.lost = exc
                     raise
+                except errors.StorageDataError:
+                    raise
+                except errors.StorageFull as exc:
+                    if full_waited >= self.services.full_patience:
+                        raise self._abandon(exc) from exc
+                    log.error(
+                        "workflow %s cannot commit: %s: %s; trying again in %.2g s "
+                        "(%.0f s of %.0f s waited)",
+                        self.workflow_id,
+                        type(exc).__name__,
+                        exc,
+                        full_delay,
+                        full_waited,
+                        self.services.full_patience,
+                    )
+                    if await self._pause(full_delay):
+                        raise self._abandon(exc) from exc
+                    full_waited += full_delay
+                    full_delay = min(full_delay * 2, _FULL_DELAYS[1])
                 except _TRANSIENT as exc:
                     if waited >= self.services.commit_patience:
                         raise self._abandon(exc) from exc
@@ -166,6 +199,14 @@ class Run:
                     delay = min(delay * 2, 2.0)
                 except errors.StoreError as exc:
                     raise self._abandon(exc) from exc
+
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep ``seconds``, or less if the engine starts stopping; True if it did."""
+        stopping = self.services.stopping
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await stopping.wait()
+        return stopping.is_set()
 
     def _abandon(self, exc: errors.StoreError) -> Abandoned:
         self.abandoned = exc
@@ -406,6 +447,13 @@ class Run:
             )
         except (errors.FencedError, Abandoned):
             parked = True  # nothing more can be written: let the waits unwind
+        except errors.StorageDataError as exc:
+            # A value journaled on the way (an event, say) was refused and is dropped:
+            # the waits raise it into the workflow's code, which fails with it (or goes on).
+            for block in waits:
+                if not block.future.done():
+                    block.future.set_exception(exc)
+            return
         if not parked:  # a signal or a child arrived meanwhile (entries are written): look again
             self.poke()
             return

@@ -18,6 +18,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import json
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -80,9 +81,9 @@ async def _run(
             delay = step.retry.delay_after(attempt, exc) if step.retry else None
             status = _S.FAILED if delay is None else _S.RETRYING
             wake = None if delay is None else finished + delay
-            await run.commit(
-                _entry(run, seq, step, status, attempt, error_json(exc), started, finished, wake)
-            )
+            error = error_json(exc)
+            failure = _entry(run, seq, step, status, attempt, error, started, finished, wake)
+            await _commit_failure(run, failure, exc, where)
             if delay is None:
                 raise
             faults.reached("in_backoff", step.name)
@@ -95,11 +96,55 @@ async def _run(
             payload = codec.encode(result, where=f"{where} result")
         except errors.EncodeError as exc:
             failed = _entry(run, seq, step, _S.FAILED, attempt, error_json(exc), started, finished)
-            await run.commit(failed)
+            await _commit_failure(run, failed, exc, where)
             raise
-        await run.commit(_entry(run, seq, step, _S.COMPLETED, attempt, payload, started, finished))
+        receipt = _entry(run, seq, step, _S.COMPLETED, attempt, payload, started, finished)
+        await _commit_receipt(run, receipt, where)
         faults.reached("after_receipt", step.name)
         return codec.decode(payload, where=f"{where} result")
+
+
+async def _commit_receipt(run: Run, receipt: journal.Entry, where: str) -> None:
+    """Commit a step's result; one the database refuses fails the step, once.
+
+    The refusal (``StorageDataError``) is permanent for that value: running the
+    step again would only produce it again. So the step is recorded as failed
+    with the refusal, which is raised into the workflow like any step error.
+    """
+    try:
+        await run.commit(receipt)
+    except errors.StorageDataError as refused:
+        error = errors.StorageDataError(f"{where}: its result cannot be stored: {refused}")
+        failed = dataclasses.replace(receipt, status=_S.FAILED, payload=error_json(error))
+        await _commit_failure(run, failed, error, where)
+        raise error from refused
+
+
+async def _commit_failure(run: Run, attempt: journal.Entry, exc: BaseException, where: str) -> None:
+    """Commit a failed attempt; when the database refuses the error's text, commit it
+    again with every non-ASCII character escaped (it decodes to the same text), and
+    failing that, a failure that says so without any of the refused text (the
+    refusal may quote it). The step's retry policy holds."""
+    try:
+        await run.commit(attempt)
+        return
+    except errors.StorageDataError:
+        pass
+    try:
+        await run.commit(dataclasses.replace(attempt, payload=error_json(exc, ascii_only=True)))
+        return
+    except errors.StorageDataError:
+        pass
+    error = errors.StorageDataError(
+        f"{where}: attempt {attempt.attempt} raised {type(exc).__name__}, and the database "
+        "refused to store its text"
+    )
+    try:
+        await run.commit(dataclasses.replace(attempt, payload=error_json(error, ascii_only=True)))
+    except errors.StorageDataError as refused:  # not the payload: the entry itself (its name)
+        raise errors.StorageDataError(
+            f"{where}: the database refuses to record attempt {attempt.attempt} at all: {refused}"
+        ) from refused
 
 
 def _entry(
@@ -155,7 +200,7 @@ async def _unknown_outcome(
             receipt = dataclasses.replace(
                 intent, status=_S.COMPLETED, payload=payload, finished_at=now
             )
-            await run.commit(receipt)
+            await _commit_receipt(run, receipt, where)
             return (codec.decode(payload, where=f"{where} result"),)
         if verdict is steps.NotFound:
             return None
@@ -238,9 +283,16 @@ async def _backoff(run: Run, seq: int, wake_at: float) -> None:
             run.cancel_point(seq)
 
 
-def error_json(exc: BaseException) -> str:
-    """An exception as stored in a journal entry."""
-    return codec.encode(codec.encode_error(exc), where="step error")
+def error_json(exc: BaseException, *, ascii_only: bool = False) -> str:
+    """An exception as stored in a journal entry.
+
+    ``ascii_only`` escapes every other character (``\\u6771``): the same text once
+    decoded, for a database that refused it as it was (a LATIN1 PostgreSQL).
+    """
+    data = codec.encode_error(exc)
+    if ascii_only:
+        return json.dumps(data, ensure_ascii=True, separators=(",", ":"))
+    return codec.encode(data, where="step error")
 
 
 def recorded_error(entry: journal.Entry, where: str) -> BaseException:

@@ -175,8 +175,13 @@ class Store(abc.ABC):
         """Every change of owner of the workflow, oldest first."""
 
     @abc.abstractmethod
-    def release(self, workflow_id: str, epoch: int, now: float) -> None:
-        """Let go of one workflow so any executor may claim it at once."""
+    def release(self, workflow_id: str, epoch: int, now: float, crashed: bool = False) -> None:
+        """Let go of one workflow so any executor may claim it at once.
+
+        ``crashed``: its run ended without recording how (a database error, a
+        task that died); the release counts as a crash, as a claim after a dead
+        owner does, so ``max_recoveries`` ends a run that keeps ending so.
+        """
 
     @abc.abstractmethod
     def release_owned(self, owner: str, now: float) -> int:

@@ -94,6 +94,14 @@ _READ_ONLY = "25006"  # read_only_sql_transaction: a hot standby, or default_tra
 # Class 08 (connection exception), 57P01-57P03 (admin/crash shutdown, cannot connect now),
 # 3D000 (the database does not exist, e.g. dropped under us).
 _LOST_PREFIXES = ("08", "57P")
+# Class 53, insufficient resources (53100 disk_full, 53200 out_of_memory, ...): no room now,
+# perhaps later.
+_NO_ROOM = "53"
+# Classes 22 (data exception), 23 (integrity constraint violation) and 54 (program limit
+# exceeded): the same value is refused every time...
+_REFUSED = ("22", "23", "54")
+# ...except the conflicts of concurrent writers (unique, exclusion), which another try may win.
+_CONFLICTS = frozenset({"23505", "23P01"})
 
 # A parameter of queries.sql (":name", but not the "::" of a cast), a string literal or a
 # comment (copied as they are, "%" escaped), or a "%" anywhere else (escaped for psycopg).
@@ -384,6 +392,17 @@ class PostgresStore(sql.SqlStore):
         if self._lost(exc, state):
             return errors.DatabaseUnavailable(
                 f"lost the connection to {self.where} ({text}); the next call reconnects"
+            )
+        if state.startswith(_NO_ROOM):
+            return errors.StorageFull(
+                f"{self.where} has no room to write (SQLSTATE {state}: {text}); free some "
+                "space: runs wait and retry their writes"
+            )
+        refused = state.startswith(_REFUSED) and state not in _CONFLICTS
+        if refused or (isinstance(exc, psycopg.DataError) and not state):  # NUL, found by psycopg
+            return errors.StorageDataError(
+                f"{self.where} refused a value (SQLSTATE {state or 'none, from the driver'}): "
+                f"{sqlbase.ascii_text(text)}"
             )
         return errors.StoreError(f"{self.where}: {type(exc).__name__}: {text}")
 

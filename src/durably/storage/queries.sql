@@ -155,6 +155,12 @@ WHERE owner = :owner
 UPDATE workflows SET owner = NULL, lease_expires_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
 
+-- name: release_crashed
+-- Let go of a workflow whose run ended without recording how: counted as a crash.
+UPDATE workflows
+SET owner = NULL, lease_expires_at = NULL, crash_count = crash_count + 1, updated_at = :now
+WHERE workflow_id = :workflow_id AND epoch = :epoch
+
 -- name: renew_leases
 UPDATE workflows SET lease_expires_at = :lease_expires_at WHERE owner = :owner
 RETURNING workflow_id, epoch

@@ -191,8 +191,9 @@ class SqlStore(sqlbase.SqlBase):
             for r in rows
         ]
 
-    def release(self, workflow_id: str, epoch: int, now: float) -> None:
-        if self._q("release_one", workflow_id=workflow_id, epoch=epoch, now=now).rowcount:
+    def release(self, workflow_id: str, epoch: int, now: float, crashed: bool = False) -> None:
+        query = "release_crashed" if crashed else "release_one"
+        if self._q(query, workflow_id=workflow_id, epoch=epoch, now=now).rowcount:
             self._wake("work")
 
     def release_owned(self, owner: str, now: float) -> int:

@@ -160,7 +160,15 @@ class SqlBase(base.Store):
         self._notify(self.channel, encode_wakeup(base.Wakeup(kind, workflow_id, **extra)))
 
     def _translate(self, exc: Exception) -> BaseException:
-        """Driver errors become StoreErrors; durably's own and programming errors pass."""
+        """Driver errors become StoreErrors; durably's own and programming errors pass.
+
+        A value the driver cannot encode for the database (a lone surrogate; text
+        outside a LATIN1 database's repertoire) is refused data like any other.
+        """
+        if isinstance(exc, UnicodeError):
+            return errors.StorageDataError(
+                f"{self.url}: a value cannot be sent to the database: {ascii_text(str(exc))}"
+            )
         return self._map_error(exc) if isinstance(exc, self.driver_errors) else exc
 
     def run_batch(self, ops: Sequence[base.Op]) -> None:
@@ -264,6 +272,12 @@ class SqlBase(base.Store):
     def schema_version(self) -> int:
         rows = self._q("applied_migrations").fetchall()
         return int(rows[-1][0]) if rows else 0
+
+
+def ascii_text(text: str) -> str:
+    """``text`` with every non-ASCII character escaped: a message about a refused value
+    must not carry the character that was refused into the database."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")
 
 
 def encode_wakeup(wakeup: base.Wakeup) -> str:

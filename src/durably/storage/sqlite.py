@@ -14,13 +14,27 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sqlite3
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 from durably import errors
-from durably.storage import base, sql
+from durably.storage import base, sql, sqlbase
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - not on Windows
+    resource = None  # type: ignore[assignment]
+
+# Primary result codes (the low byte of ``sqlite_errorcode``), see sqlite.org/rescode.html.
+_IOERR, _FULL, _TOOBIG, _CONSTRAINT, _MISMATCH = 10, 13, 18, 19, 20
+#: Constraint failures that are conflicts (another writer won), not a refused value.
+_CONFLICTS = frozenset({1555, 2067})  # SQLITE_CONSTRAINT_PRIMARYKEY, _UNIQUE
+#: How close to a limit a file (or how little free space) makes a failed write "no room":
+#: SQLite writes a page or a WAL frame at a time, far less than this.
+_ROOM = 1 << 20
 
 #: The permissions of a new database file unless the URL says ``file_mode=``.
 DEFAULT_FILE_MODE = 0o600
@@ -144,6 +158,21 @@ class SqliteStore(sql.SqlStore):
             return exc
         text = str(exc)
         where = f"SQLite database {self.path!r}"
+        code = int(getattr(exc, "sqlite_errorcode", 0) or 0)
+        # EFBIG (a file-size limit) reaches us as a plain write error: tell it by the files.
+        no_room = self._no_room() if code & 0xFF in (_FULL, _IOERR) else None
+        if code & 0xFF == _FULL or no_room is not None:
+            return errors.StorageFull(
+                f"{where} has no room to write ({no_room or 'the disk is full'}; {text}); "
+                "free some space: runs wait and retry their writes"
+            )
+        if code & 0xFF in (_TOOBIG, _MISMATCH) or (
+            code & 0xFF == _CONSTRAINT and code not in _CONFLICTS
+        ):
+            return errors.StorageDataError(
+                f"{where} refused a value ({getattr(exc, 'sqlite_errorname', code)}): "
+                f"{sqlbase.ascii_text(text)}"
+            )
         if "file is not a database" in text or "malformed" in text:
             return errors.NotADurablyDatabase(f"{where} is not a SQLite database ({text})")
         if "readonly" in text or "read-only" in text:
@@ -160,6 +189,26 @@ class SqliteStore(sql.SqlStore):
             return errors.DatabaseUnavailable(f"cannot open {where} ({text})")
         return errors.StoreError(f"{where}: {type(exc).__name__}: {text}")
 
+    def _no_room(self) -> str | None:
+        """Why a write failed for lack of room, if it did: a file at this process's
+        file-size limit (``ulimit -f``) or a file system with almost nothing free."""
+        if resource is not None:
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                try:
+                    size = os.path.getsize(self.path + suffix)
+                except OSError:
+                    continue
+                if limit != resource.RLIM_INFINITY and size + _ROOM > limit:
+                    return (
+                        f"{self.path + suffix} is at this process's file-size limit "
+                        f"of {limit} bytes (ulimit -f)"
+                    )
+        try:
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(self.path))).free
+        except OSError:
+            return None
+        return f"its file system has {free} bytes free" if free < _ROOM else None
 
 def _file_mode(value: str | None, url: str) -> int:
     """The ``file_mode`` option as permission bits: octal, and the owner can read and write."""
