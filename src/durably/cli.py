@@ -1,5 +1,5 @@
-"""The ``durably`` command line: list, show, start, worker, signal, cancel, resume, fork,
-migrate, demo.
+"""The ``durably`` command line: list, show, start, worker, serve, signal, cancel, resume,
+fork, migrate, demo.
 
 It uses only the public API: a Client to read and start, an Engine to run.
 The database comes from ``--database``, else ``DURABLY_DATABASE_URL``, else
@@ -149,12 +149,7 @@ def print_receipts(
         + f"  [{style}]{info.status}[/]  started {_when(info.created_at)}"
     )
     rows = receipts.receipts(entries, claims)
-    names = {
-        e.seq: (e.name if e.kind == "step" else f"{e.kind}() {e.name}".strip())
-        + ("" if e.status == "completed" else f" ({e.status})")
-        for e in rows
-        if not isinstance(e, receipts.Gap)
-    }
+    names = {e.seq: receipts.label(e) for e in rows if not isinstance(e, receipts.Gap)}
     width = min(max([24, *map(len, names.values())]), 44)
     console.print(
         f"[bold]{'seq':>4}  {'call':<{width}} {'attempt':>7} {'duration':>9}  output[/bold]"
@@ -303,6 +298,43 @@ def workers(database: str) -> None:
             f"[yellow]{beat}[/]" if age > 60 else beat,
         )
     console.print(table, soft_wrap=True)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="API tokens, one NAME:TOKEN (or TOKEN) a line; else DURABLY_API_TOKEN.",
+)
+@click.pass_obj
+def serve(database: str, host: str, port: int, token_file: str | None) -> None:
+    """Serve the JSON API and the dashboard (needs the server extra: durably[server]).
+
+    Every request needs an API token. Off a loopback address one must be
+    configured; on loopback without one, a token is made up and printed.
+    """
+    try:
+        import uvicorn
+
+        from durably.server import app as server_app
+    except ModuleNotFoundError as exc:
+        raise click.ClickException(
+            f"durably serve needs the server extra ({exc.name} is missing): "
+            "pip install 'durably[server]'"
+        ) from None
+    try:
+        tokens, made = server_app.tokens_for(host, token_file)
+        application = server_app.create_app(database, tokens)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    shown = f"[{host}]" if ":" in host else host
+    console.print(f"serving {database} on http://{shown}:{port}/", soft_wrap=True)
+    if made is not None:
+        console.print(f"no API token configured; this run's token: {made}", soft_wrap=True)
+    uvicorn.run(application, host=host, port=port, log_level="warning")
 
 
 @main.command("signal")
