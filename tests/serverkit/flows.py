@@ -8,6 +8,7 @@ a test can stop an engine hard inside it and leave an intent without receipt.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import durably
@@ -50,3 +51,24 @@ async def transfer_flow(order_id: str) -> Any:
 @durably.workflow(name="srv-wait")
 async def wait_flow() -> Any:
     return await durably.wait_for_signal("go")
+
+
+@durably.step
+async def fetch_order(order_id: str) -> dict[str, Any]:
+    return {"order_id": order_id, "total": 120}
+
+
+@durably.step
+async def slow_charge(order_id: str, flag: str) -> dict[str, str]:
+    """Write ``flag + '.started'``, then wait while the file ``flag`` exists (a test kills us)."""
+    Path(flag + ".started").write_text("started")
+    while Path(flag).exists():
+        await asyncio.sleep(0.05)
+    return {"charge_id": f"ch_{order_id}"}
+
+
+@durably.workflow(name="srv-crash")
+async def crash_flow(order_id: str, flag: str) -> Any:
+    order = await fetch_order(order_id)
+    charge = await slow_charge(order_id, flag)
+    return {**order, **charge}

@@ -138,7 +138,7 @@ def server(url: str, env: dict[str, str] | None = None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def worker(url: str) -> Iterator[subprocess.Popen[str]]:
+def worker(url: str, lease: float = 30.0) -> Iterator[subprocess.Popen[str]]:
     """A real ``durably worker`` running tests.serverkit.flows."""
     args = [
         sys.executable,
@@ -150,6 +150,8 @@ def worker(url: str) -> Iterator[subprocess.Popen[str]]:
         "tests.serverkit.flows",
         "--poll",
         "0.1",
+        "--lease",
+        str(lease),
     ]
     with process(args) as proc:
         yield proc

@@ -451,13 +451,13 @@ async def cancel(request: Request, ctx: Context) -> Any:
     return {"workflow_id": wid, "cancelled": asked, "by": by}
 
 
-CANCELLED_BY = "durably.cancelled_by"
+CANCELLED_BY = "durably:cancelled_by"
 
 
 def cancel_as(client: client_module.Client, workflow_id: str, by: str) -> list[str]:
     """Cancel the workflow and record who asked; the ids asked to stop.
 
-    Who asked is kept as a signal named ``durably.cancelled_by`` that no
+    Who asked is kept as a signal named ``durably:cancelled_by`` that no
     workflow waits on: durable, in the same database, and listed with the
     workflow's other signals.
     """
