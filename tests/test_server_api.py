@@ -497,3 +497,38 @@ def test_login_redirects_only_to_paths_on_this_server(sqlite_url: str) -> None:
                 "/login", data={"token": harness.SECRET, "next": target}, follow_redirects=False
             )
             assert r.headers["location"] == expected
+
+
+def test_responses_forbid_framing_and_foreign_scripts(sqlite_http: TestClient) -> None:
+    for path in ("/login", "/api/summary", "/static/style.css"):
+        r = sqlite_http.get(path)
+        assert r.headers["x-frame-options"] == "DENY", path
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+
+
+def test_the_timeline_marks_the_gap_replays_and_model_usage() -> None:
+    from durably import journal
+    from durably.server import views
+
+    response = (
+        '{"model": "gpt-4.1", "usage": {"prompt_tokens": 1000, "completion_tokens": 500},'
+        ' "choices": []}'
+    )
+    entries = [
+        journal.Entry(1, "step", "llm:chat", "completed", 1, response, 10.0, 11.0),
+        journal.Entry(2, "now", "", "completed", 1, "1.0", 11.0, 11.0),
+        journal.Entry(3, "step", "charge", "completed", 2, '{"id": 1}', 30.0, 30.5),
+    ]
+    claims = [
+        journal.Claim("w", 1, "a", 9.0, None, "start"),
+        journal.Claim("w", 2, "b", 25.0, "a", "recovery"),
+    ]
+    rows = views.timeline(entries, claims)
+    assert [r.get("seq", "gap") for r in rows] == [1, 2, "gap", 3]
+    first, now, gap, charge = rows
+    assert first["tokens"] == 1500 and first["cost"] == pytest.approx(0.006)
+    assert first["replayed"] and now["replayed"] and not charge["replayed"]
+    assert now["duration"] is None and charge["duration"] == pytest.approx(0.5)
+    assert gap["seconds"] == pytest.approx(14.0) and gap["owner"] == "b"
+    assert charge["attempt"] == 2 and charge["label"] == "charge"
+    assert "1 model call" in (views.usage_line(entries, claims) or "")

@@ -19,6 +19,8 @@ from durably.agents import approvals as approvals_module
 from durably.agents import usage as agent_usage
 
 PREVIEW = 120
+# Calls that record a value and take no time worth showing.
+_INSTANT = frozenset({"now", "random", "uuid4", "event", "child", "cancel"})
 
 
 def payload(text: str | None) -> Any:
@@ -99,7 +101,7 @@ def timeline(
                 "label": receipts.label(row),
                 "status": row.status,
                 "attempt": row.attempt,
-                "duration": row.duration,
+                "duration": row.duration if row.kind not in _INSTANT else None,
                 "preview": receipts.preview(row.payload, PREVIEW),
                 "tokens": tokens.tokens if tokens.calls else None,
                 "cost": tokens.cost if tokens.calls else None,
