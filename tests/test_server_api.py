@@ -532,3 +532,83 @@ def test_the_timeline_marks_the_gap_replays_and_model_usage() -> None:
     assert gap["seconds"] == pytest.approx(14.0) and gap["owner"] == "b"
     assert charge["attempt"] == 2 and charge["label"] == "charge"
     assert "1 model call" in (views.usage_line(entries, claims) or "")
+
+
+# --- fuzzing: no input makes a route answer 5xx ------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_FIELDS = [
+    "workflow",
+    "args",
+    "kwargs",
+    "workflow_id",
+    "name",
+    "payload",
+    "idempotency_key",
+    "from_seq",
+    "new_id",
+    "expect",
+    "tool_call_id",
+    "note",
+    "reason",
+    "result",
+    "retry",
+    "fail",
+    "by",
+]
+_BODIES = st.dictionaries(st.sampled_from(_FIELDS), _JSON, max_size=4) | _JSON
+_QUERY = st.dictionaries(
+    st.sampled_from(
+        [
+            "status",
+            "name",
+            "queue",
+            "created_after",
+            "created_before",
+            "cursor",
+            "limit",
+            "workflow_id",
+        ]
+    ),
+    st.text(max_size=12),
+    max_size=3,
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    route=st.sampled_from(api.schema_routes()),
+    wid=st.sampled_from(["w", "nope", "ü%20x"]),
+    seq=st.sampled_from(["1", "0", "-1", "99999999999999999999"]),
+    body=_BODIES,
+    query=_QUERY,
+)
+def test_no_input_makes_a_route_answer_5xx(
+    sqlite_http: TestClient,
+    route: tuple[str, str],
+    wid: str,
+    seq: str,
+    body: Any,
+    query: dict[str, str],
+) -> None:
+    method, path = route
+    sqlite_http.post("/api/workflows", json={"workflow": "srv-wait", "workflow_id": "w"})
+    url = path.replace("{workflow_id}", wid).replace("{seq}", seq)
+    r = sqlite_http.request(method, url, params=query, json=body)
+    assert r.status_code < 500, (method, url, query, body, r.text)
+    assert "error" in r.json() or r.is_success
