@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import importlib
 import json
@@ -18,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
 import click
@@ -30,6 +31,7 @@ from durably import queues as queues_module
 from durably import receipts
 from durably.agents import cli as agents_cli
 from durably.agents import usage as agent_usage
+from durably.server import views
 from durably.testing import crashes
 
 console = Console(highlight=False)
@@ -108,11 +110,17 @@ def main(ctx: click.Context, database: str, verbose: bool) -> None:
 @click.option("--status", type=click.Choice([s.value for s in durably.Status]), default=None)
 @click.option("--name", default=None, help="Only workflows of this name.")
 @click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
-def list_cmd(database: str, status: str | None, name: str | None, limit: int) -> None:
+def list_cmd(
+    database: str, status: str | None, name: str | None, limit: int, as_json: bool
+) -> None:
     """List workflows, newest first."""
     with _client(database) as client:
         rows = client.list_workflows(status=status, name=name, limit=limit)
+    if as_json:
+        _json_lines(views.workflow(info) for info in rows)
+        return
     table = Table("id", "workflow", "status", "created", "updated", box=None)
     for info in rows:
         style = _STATUS_STYLE.get(info.status, "")
@@ -128,14 +136,31 @@ def list_cmd(database: str, status: str | None, name: str | None, limit: int) ->
 
 @main.command()
 @click.argument("workflow_id")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
 @click.pass_obj
-def show(database: str, workflow_id: str) -> None:
+def show(database: str, workflow_id: str, as_json: bool) -> None:
     """Show a workflow's receipts: each step, its attempt, duration and output."""
     with _client(database) as client:
         info = client.get_workflow(workflow_id)
         entries = client.history(workflow_id)
         claims = client.claims(workflow_id)
+    if as_json:
+        document = {
+            "workflow": views.workflow(info),
+            "timeline": views.timeline(entries, claims),
+            "usage": views.usage_line(entries, claims),
+            "entries": [views.entry(e) for e in entries],
+            "claims": [dataclasses.asdict(c) for c in claims],
+        }
+        click.echo(json.dumps(document, sort_keys=True, default=str))
+        return
     print_receipts(info, entries, claims)
+
+
+def _json_lines(records: Iterable[dict[str, Any]]) -> None:
+    """Print one JSON object per line, keys sorted: the stable form scripts read."""
+    for record in records:
+        click.echo(json.dumps(record, sort_keys=True, default=str))
 
 
 def print_receipts(
@@ -277,11 +302,15 @@ def worker(
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
-def workers(database: str) -> None:
+def workers(database: str, as_json: bool) -> None:
     """List the executors (workers) registered in the database, oldest first."""
     with _client(database) as client:
         rows = client.executors()
+    if as_json:
+        _json_lines(views.executor(e, time.time()) for e in rows)
+        return
     if not rows:
         console.print("no workers")
         return
@@ -397,11 +426,15 @@ def review() -> None:
 
 @review.command("list")
 @click.option("--id", "workflow_id", default=None, help="Only this workflow.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
-def review_list(database: str, workflow_id: str | None) -> None:
+def review_list(database: str, workflow_id: str | None, as_json: bool) -> None:
     """List steps waiting for a decision, oldest first."""
     with _client(database) as client:
         rows = client.reviews(workflow_id)
+    if as_json:
+        _json_lines(views.review(r) for r in rows)
+        return
     if not rows:
         console.print("no step awaits review")
         return
