@@ -459,13 +459,13 @@ def cancel_as(client: client_module.Client, workflow_id: str, by: str) -> list[s
 
     Who asked is kept as a signal named ``durably:cancelled_by`` that no
     workflow waits on: durable, in the same database, and listed with the
-    workflow's other signals.
+    workflow's other signals. It is sent before the cancel, while the
+    workflow is surely not finished by it.
     """
     client.get_workflow(workflow_id)  # 404 before anything is stored
-    asked = client.cancel(workflow_id)
-    record = {"by": by, "at": time.time(), "cancelled": asked}
+    record = {"by": by, "at": time.time()}
     client.send_signal(workflow_id, CANCELLED_BY, record)
-    return asked
+    return client.cancel(workflow_id)
 
 
 @route(
