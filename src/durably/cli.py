@@ -1,5 +1,5 @@
-"""The ``durably`` command line: list, show, start, worker, signal, cancel, resume, fork,
-migrate, demo.
+"""The ``durably`` command line: list, show, start, worker, serve, signal, cancel, resume,
+fork, migrate, demo.
 
 It uses only the public API: a Client to read and start, an Engine to run.
 The database comes from ``--database``, else ``DURABLY_DATABASE_URL``, else
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import importlib
 import json
@@ -18,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NoReturn
 
 import click
@@ -30,6 +31,7 @@ from durably import queues as queues_module
 from durably import receipts
 from durably.agents import cli as agents_cli
 from durably.agents import usage as agent_usage
+from durably.server import views
 from durably.testing import crashes
 
 console = Console(highlight=False)
@@ -109,11 +111,17 @@ def main(ctx: click.Context, database: str, verbose: bool) -> None:
 @click.option("--status", type=click.Choice([s.value for s in durably.Status]), default=None)
 @click.option("--name", default=None, help="Only workflows of this name.")
 @click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
-def list_cmd(database: str, status: str | None, name: str | None, limit: int) -> None:
+def list_cmd(
+    database: str, status: str | None, name: str | None, limit: int, as_json: bool
+) -> None:
     """List workflows, newest first."""
     with _client(database) as client:
         rows = client.list_workflows(status=status, name=name, limit=limit)
+    if as_json:
+        _json_lines(views.workflow(info) for info in rows)
+        return
     table = Table("id", "workflow", "status", "created", "updated", box=None)
     for info in rows:
         style = _STATUS_STYLE.get(info.status, "")
@@ -129,14 +137,31 @@ def list_cmd(database: str, status: str | None, name: str | None, limit: int) ->
 
 @main.command()
 @click.argument("workflow_id")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
 @click.pass_obj
-def show(database: str, workflow_id: str) -> None:
+def show(database: str, workflow_id: str, as_json: bool) -> None:
     """Show a workflow's receipts: each step, its attempt, duration and output."""
     with _client(database) as client:
         info = client.get_workflow(workflow_id)
         entries = client.history(workflow_id)
         claims = client.claims(workflow_id)
+    if as_json:
+        document = {
+            "workflow": views.workflow(info),
+            "timeline": views.timeline(entries, claims),
+            "usage": views.usage_line(entries, claims),
+            "entries": [views.entry(e) for e in entries],
+            "claims": [dataclasses.asdict(c) for c in claims],
+        }
+        click.echo(json.dumps(document, sort_keys=True, default=str))
+        return
     print_receipts(info, entries, claims)
+
+
+def _json_lines(records: Iterable[dict[str, Any]]) -> None:
+    """Print one JSON object per line, keys sorted: the stable form scripts read."""
+    for record in records:
+        click.echo(json.dumps(record, sort_keys=True, default=str))
 
 
 def print_receipts(
@@ -150,12 +175,7 @@ def print_receipts(
         + f"  [{style}]{info.status}[/]  started {_when(info.created_at)}"
     )
     rows = receipts.receipts(entries, claims)
-    names = {
-        e.seq: (e.name if e.kind == "step" else f"{e.kind}() {e.name}".strip())
-        + ("" if e.status == "completed" else f" ({e.status})")
-        for e in rows
-        if not isinstance(e, receipts.Gap)
-    }
+    names = {e.seq: receipts.label(e) for e in rows if not isinstance(e, receipts.Gap)}
     width = min(max([24, *map(len, names.values())]), 44)
     console.print(
         f"[bold]{'seq':>4}  {'call':<{width}} {'attempt':>7} {'duration':>9}  output[/bold]"
@@ -283,11 +303,15 @@ def worker(
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
-def workers(database: str) -> None:
+def workers(database: str, as_json: bool) -> None:
     """List the executors (workers) registered in the database, oldest first."""
     with _client(database) as client:
         rows = client.executors()
+    if as_json:
+        _json_lines(views.executor(e, time.time()) for e in rows)
+        return
     if not rows:
         console.print("no workers")
         return
@@ -304,6 +328,43 @@ def workers(database: str) -> None:
             f"[yellow]{beat}[/]" if age > 60 else beat,
         )
     console.print(table, soft_wrap=True)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="API tokens, one NAME:TOKEN (or TOKEN) a line; else DURABLY_API_TOKEN.",
+)
+@click.pass_obj
+def serve(database: str, host: str, port: int, token_file: str | None) -> None:
+    """Serve the JSON API and the dashboard (needs the server extra: durably[server]).
+
+    Every request needs an API token. Off a loopback address one must be
+    configured; on loopback without one, a token is made up and printed.
+    """
+    try:
+        import uvicorn
+
+        from durably.server import app as server_app
+    except ModuleNotFoundError as exc:
+        raise click.ClickException(
+            f"durably serve needs the server extra ({exc.name} is missing): "
+            "pip install 'durably[server]'"
+        ) from None
+    try:
+        tokens, made = server_app.tokens_for(host, token_file)
+        application = server_app.create_app(database, tokens)
+    except durably.DurablyError as exc:
+        _fail(exc)
+    shown = f"[{host}]" if ":" in host else host
+    console.print(f"serving {database} on http://{shown}:{port}/", soft_wrap=True)
+    if made is not None:
+        console.print(f"no API token configured; this run's token: {made}", soft_wrap=True)
+    uvicorn.run(application, host=host, port=port, log_level="warning")
 
 
 @main.command("signal")
@@ -366,11 +427,15 @@ def review() -> None:
 
 @review.command("list")
 @click.option("--id", "workflow_id", default=None, help="Only this workflow.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
-def review_list(database: str, workflow_id: str | None) -> None:
+def review_list(database: str, workflow_id: str | None, as_json: bool) -> None:
     """List steps waiting for a decision, oldest first."""
     with _client(database) as client:
         rows = client.reviews(workflow_id)
+    if as_json:
+        _json_lines(views.review(r) for r in rows)
+        return
     if not rows:
         console.print("no step awaits review")
         return

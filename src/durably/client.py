@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from durably import journal, operations, step_runner
 from durably.storage import create_store, dispatch, resolve_url
+from durably.storage.base import WorkflowQuery
 
 R = TypeVar("R")
 
@@ -70,6 +71,14 @@ class Client:
     ) -> list[journal.WorkflowInfo]:
         """Workflows, newest first, optionally filtered by status and workflow name."""
         return self._run(self._ops.list_workflows(status, name, limit))
+
+    def search_workflows(self, query: WorkflowQuery) -> list[journal.WorkflowInfo]:
+        """One page of workflows, newest first, matching ``query`` (for paging dashboards)."""
+        return self._run(self._ops.search_workflows(query))
+
+    def count_by_status(self) -> dict[str, int]:
+        """How many workflows each status has."""
+        return self._run(self._ops.count_by_status())
 
     def history(self, workflow_id: str) -> list[journal.Entry]:
         """The workflow's journal in seq order."""

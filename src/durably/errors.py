@@ -120,6 +120,10 @@ class NotInWorkflow(DurablyError, RuntimeError):
     """A workflow-only call was made outside a running workflow."""
 
 
+class ServerConfigError(DurablyError):
+    """``durably serve`` cannot start as configured (no token off loopback, a bad token file)."""
+
+
 # --- storage -------------------------------------------------------------------
 
 

@@ -114,6 +114,18 @@ class Operations:
         )
         return rows
 
+    def search_workflows(self, query: base.WorkflowQuery) -> Plan[list[journal.WorkflowInfo]]:
+        if query.status is not None:
+            journal.Status(query.status)  # ValueError names the valid ones
+        if query.limit < 1:
+            raise ValueError(f"limit must be at least 1, not {query.limit}")
+        rows: list[journal.WorkflowInfo] = yield Call(self.store.search_workflows, (query,))
+        return rows
+
+    def count_by_status(self) -> Plan[dict[str, int]]:
+        counts: dict[str, int] = yield Call(self.store.count_by_status, ())
+        return counts
+
     def history(self, workflow_id: str) -> Plan[list[journal.Entry]]:
         yield from self.get_workflow(workflow_id)
         entries: list[journal.Entry] = yield Call(self.store.load_history, (workflow_id,))

@@ -60,6 +60,13 @@ def _gap(
     return Gap(claim.claimed_at - last_alive, claim)
 
 
+def label(entry: journal.Entry) -> str:
+    """The call as a receipt names it: the step's name, or ``sleep() name``, with its
+    status when it did not complete (``charge (started)``)."""
+    name = entry.name if entry.kind == "step" else f"{entry.kind}() {entry.name}".strip()
+    return name + ("" if entry.status == "completed" else f" ({entry.status})")
+
+
 def preview(payload: str | None, width: int = 60) -> str:
     """A one-line preview of a JSON payload."""
     if payload is None:

@@ -22,7 +22,7 @@ import json
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from durably import codec, context, errors, faults, journal, runtime, steps, watchdog
+from durably import codec, context, errors, faults, journal, runtime, steps, telemetry, watchdog
 
 if TYPE_CHECKING:
     from durably.runtime import Run
@@ -75,7 +75,9 @@ async def _run(
         started = run.services.clock()
         ctx = context.StepContext(run.workflow_id, seq, step.name, attempt, key)
         try:
-            result = await invoke(run, step, args, kwargs, ctx)
+            with telemetry.step_span(run.workflow_id, seq, step.name, attempt) as span:
+                result = await invoke(run, step, args, kwargs, ctx)
+                telemetry.record_result(span, step.name, result)
         except Exception as exc:
             finished = run.services.clock()
             delay = step.retry.delay_after(attempt, exc) if step.retry else None

@@ -31,6 +31,24 @@ class Op:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class WorkflowQuery:
+    """Which workflows :meth:`Store.search_workflows` returns: every filter given must hold.
+
+    ``created_after`` is inclusive, ``created_before`` exclusive (epoch seconds).
+    ``after`` is the ``(created_at, workflow_id)`` of the last row of the previous
+    page: the order is newest first, then by id, so a page never repeats a row.
+    """
+
+    status: str | None = None
+    name: str | None = None
+    queue: str | None = None
+    created_after: float | None = None
+    created_before: float | None = None
+    after: tuple[float, str] | None = None
+    limit: int = 100
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class NewWorkflow:
     """What ``start`` (or a queue's ``enqueue``) commits: the workflow's identity and input."""
 
@@ -144,6 +162,14 @@ class Store(abc.ABC):
         self, status: str | None, name: str | None, limit: int
     ) -> list[journal.WorkflowInfo]:
         """Workflows, newest first, optionally filtered by status and name."""
+
+    @abc.abstractmethod
+    def search_workflows(self, query: WorkflowQuery) -> list[journal.WorkflowInfo]:
+        """One page of workflows, newest first, matching ``query`` (one read)."""
+
+    @abc.abstractmethod
+    def count_by_status(self) -> dict[str, int]:
+        """How many workflows each status has (one read)."""
 
     @abc.abstractmethod
     def claim_next(

@@ -34,6 +34,28 @@ WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
 ORDER BY created_at DESC, workflow_id
 LIMIT :limit
 
+-- name: search_workflows
+-- One page of workflows, newest first, filtered by status, name, queue and creation time;
+-- a page after another starts past the (created_at, workflow_id) of the other's last row.
+SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
+       cancel_requested, queue, priority
+FROM workflows
+WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+  AND (CAST(:name AS TEXT) IS NULL OR name = :name)
+  AND (CAST(:queue AS TEXT) IS NULL OR queue = :queue)
+  AND (CAST(:created_after AS DOUBLE PRECISION) IS NULL OR created_at >= :created_after)
+  AND (CAST(:created_before AS DOUBLE PRECISION) IS NULL OR created_at < :created_before)
+  AND (CAST(:after_created AS DOUBLE PRECISION) IS NULL
+       OR created_at < :after_created
+       OR (created_at = :after_created AND workflow_id > :after_id))
+ORDER BY created_at DESC, workflow_id
+LIMIT :limit
+
+-- name: count_by_status
+-- How many workflows are in each status (statuses with none are absent).
+SELECT status, COUNT(*) FROM workflows GROUP BY status
+
 -- name: create_runnable
 -- The (name, version) pairs the claiming executor can run, for the claim queries below to
 -- join (version '' for an unversioned workflow). A temporary table lives as long as its

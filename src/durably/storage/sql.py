@@ -93,6 +93,24 @@ class SqlStore(sqlbase.SqlBase):
         rows = self._q("list_workflows", status=status, name=name, limit=limit).fetchall()
         return [_workflow(r) for r in rows]
 
+    def search_workflows(self, query: base.WorkflowQuery) -> list[journal.WorkflowInfo]:
+        after_created, after_id = query.after if query.after is not None else (None, None)
+        rows = self._q(
+            "search_workflows",
+            status=query.status,
+            name=query.name,
+            queue=query.queue,
+            created_after=query.created_after,
+            created_before=query.created_before,
+            after_created=after_created,
+            after_id=after_id,
+            limit=query.limit,
+        ).fetchall()
+        return [_workflow(r) for r in rows]
+
+    def count_by_status(self) -> dict[str, int]:
+        return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
+
     def claim_next(
         self,
         owner: str,

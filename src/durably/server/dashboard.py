@@ -1,0 +1,393 @@
+"""The dashboard: server-rendered pages (Jinja2, autoescaped) over the same Client calls.
+
+A person logs in with an API token (and a name, when the token has none);
+the session cookie is HttpOnly and SameSite=Strict and every form that changes
+something carries the session's CSRF token. The pages poll ``/api/poll`` and,
+when its version changes, fetch their own HTML again and swap the main part
+(static/live.js): no full reload, and no build step.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+import urllib.parse
+from typing import Any
+
+import jinja2
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from durably import client as client_module
+from durably import errors
+from durably.agents import decisions
+from durably.server import api, auth, views
+from durably.storage.base import WorkflowQuery
+
+PAGE_SIZE = 50
+
+
+def templates() -> jinja2.Environment:
+    """The page templates, with every value escaped unless marked safe."""
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("durably.server", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["when"] = _when
+    env.filters["ago"] = _ago
+    env.filters["seconds"] = _seconds
+    env.filters["money"] = lambda cost: f"${cost:.4f}" if cost < 0.01 else f"${cost:.2f}"
+    return env
+
+
+def routes() -> list[Route]:
+    """The dashboard's pages and form actions."""
+    return [
+        Route("/", list_page, methods=["GET"]),
+        Route("/login", login_page, methods=["GET"]),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/workflows/{workflow_id}", workflow_page, methods=["GET"]),
+        Route("/approvals", approvals_page, methods=["GET"]),
+        Route("/reviews", reviews_page, methods=["GET"]),
+        Route("/workers", workers_page, methods=["GET"]),
+        Route("/workflows/{workflow_id}/approve", decide, methods=["POST"]),
+        Route("/workflows/{workflow_id}/reject", decide, methods=["POST"]),
+        Route("/workflows/{workflow_id}/cancel", cancel, methods=["POST"]),
+        Route("/workflows/{workflow_id}/resume", resume, methods=["POST"]),
+        Route("/workflows/{workflow_id}/reviews/{seq:int}/resolve", resolve, methods=["POST"]),
+    ]
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+
+def _render(request: Request, name: str, identity: auth.Identity, **data: Any) -> HTMLResponse:
+    env: jinja2.Environment = request.app.state.templates
+    partial = request.headers.get("x-partial") == "1"
+    html = env.get_template(name).render(
+        partial=partial,
+        me=identity,
+        csrf=identity.csrf,
+        path=request.url.path,
+        poll_for=data.pop("poll_for", ""),
+        **data,
+    )
+    return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+
+
+def _who(request: Request) -> auth.Identity | None:
+    checker: auth.Auth = request.app.state.auth
+    return checker.session(request.cookies.get(auth.COOKIE), time.time())
+
+
+def _to_login(request: Request) -> Response:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse("/login?" + urllib.parse.urlencode({"next": target}), 303)
+
+
+def _client(request: Request) -> client_module.Client:
+    client: client_module.Client = request.app.state.client
+    return client
+
+
+# --- login --------------------------------------------------------------------------------
+
+
+async def login_page(request: Request) -> Response:
+    env: jinja2.Environment = request.app.state.templates
+    html = env.get_template("login.html").render(
+        next=_safe_next(request.query_params.get("next")), message=""
+    )
+    return HTMLResponse(html)
+
+
+async def login(request: Request) -> Response:
+    form = await request.form()
+    checker: auth.Auth = request.app.state.auth
+    token = checker.check_token(str(form.get("token") or ""))
+    name = str(form.get("name") or "").strip()
+    target = _safe_next(str(form.get("next") or "/"))
+    message = ""
+    if token is None:
+        message = "That token is not valid."
+    elif token.name is None and not name:
+        message = "Give your name: decisions are recorded under it."
+    if token is None or message:
+        env: jinja2.Environment = request.app.state.templates
+        html = env.get_template("login.html").render(next=target, message=message)
+        return HTMLResponse(html, status_code=401)
+    response = RedirectResponse(target, 303)
+    session = checker.make_session(token, token.name or name[:80], time.time())
+    response.set_cookie(
+        auth.COOKIE,
+        session,
+        max_age=auth.SESSION_SECONDS,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+async def logout(request: Request) -> Response:
+    identity = _who(request)
+    if identity is not None:
+        form = await request.form()
+        if not request.app.state.auth.check_csrf(identity, str(form.get(auth.CSRF_FIELD) or "")):
+            return PlainTextResponse("missing or wrong CSRF token", 403)
+    response = RedirectResponse("/login", 303)
+    response.delete_cookie(auth.COOKIE)
+    return response
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path on this server (never ``//host`` or a URL) is a place to go after login."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+# --- pages --------------------------------------------------------------------------------
+
+
+async def list_page(request: Request) -> Response:
+    identity = _who(request)
+    if identity is None:
+        return _to_login(request)
+    q = request.query_params
+    status = q.get("status") or None
+    filters = {"status": status or "", "name": q.get("name", ""), "queue": q.get("queue", "")}
+    message = ""
+    try:
+        after = views.decode_cursor(q["cursor"]) if q.get("cursor") else None
+        query = WorkflowQuery(
+            status=status,
+            name=q.get("name") or None,
+            queue=q.get("queue") or None,
+            after=after,
+            limit=PAGE_SIZE + 1,
+        )
+        rows = await run_in_threadpool(_client(request).search_workflows, query)
+    except ValueError as exc:
+        rows, message = [], str(exc)
+    counts = await run_in_threadpool(_client(request).count_by_status)
+    page = rows[:PAGE_SIZE]
+    next_cursor = views.encode_cursor(page[-1]) if len(rows) > PAGE_SIZE else None
+    next_url = None
+    if next_cursor:
+        next_url = "/?" + urllib.parse.urlencode(
+            {**{k: v for k, v in filters.items() if v}, "cursor": next_cursor}
+        )
+    return _render(
+        request,
+        "list.html",
+        identity,
+        workflows=page,
+        counts=counts,
+        statuses=api.STATUSES,
+        total=sum(counts.values()),
+        filters=filters,
+        next_url=next_url,
+        message=message,
+    )
+
+
+async def workflow_page(request: Request) -> Response:
+    identity = _who(request)
+    if identity is None:
+        return _to_login(request)
+    wid = request.path_params["workflow_id"]
+    try:
+        data = await run_in_threadpool(_workflow_data, _client(request), wid)
+    except errors.WorkflowNotFound as exc:
+        return _render(request, "missing.html", identity, message=str(exc))
+    return _render(request, "workflow.html", identity, poll_for=wid, **data)
+
+
+def _workflow_data(client: client_module.Client, wid: str) -> dict[str, Any]:
+    info = client.get_workflow(wid)
+    entries = client.history(wid)
+    claims = client.claims(wid)
+    signals = client.signals(wid)
+    return {
+        "wf": info,
+        "input": views.preview_json(info.input),
+        "output": views.preview_json(info.output),
+        "error": views.preview_json(info.error),
+        "timeline": views.timeline(entries, claims),
+        "usage": views.usage_line(entries, claims),
+        "signals": [{**s, "payload": views.preview_json(s.get("payload"))} for s in signals],
+        "approvals": [views.approval(p) for p in decisions.list_approvals(client, wid)],
+        "reviews": [views.review(r) for r in client.reviews(wid) if r.decision is None],
+        "claims": claims,
+    }
+
+
+async def approvals_page(request: Request) -> Response:
+    identity = _who(request)
+    if identity is None:
+        return _to_login(request)
+    pending = await run_in_threadpool(decisions.list_approvals, _client(request), None)
+    return _render(
+        request, "approvals.html", identity, approvals=[views.approval(p) for p in pending]
+    )
+
+
+async def reviews_page(request: Request) -> Response:
+    identity = _who(request)
+    if identity is None:
+        return _to_login(request)
+    rows = await run_in_threadpool(_client(request).reviews, None)
+    return _render(
+        request,
+        "reviews.html",
+        identity,
+        reviews=[views.review(r) for r in rows if r.decision is None],
+    )
+
+
+async def workers_page(request: Request) -> Response:
+    identity = _who(request)
+    if identity is None:
+        return _to_login(request)
+    rows = await run_in_threadpool(_client(request).executors)
+    now = time.time()
+    shown = [views.executor(e, now) for e in rows]
+    return _render(request, "workers.html", identity, workers=shown)
+
+
+# --- actions ------------------------------------------------------------------------------
+
+
+async def _action(request: Request) -> tuple[auth.Identity, dict[str, str]] | Response:
+    """The person and form of a state-changing post, or the response refusing it."""
+    identity = _who(request)
+    if identity is None:
+        return PlainTextResponse("log in first", 401)
+    form = await request.form()
+    fields = {k: str(v) for k, v in form.items()}
+    presented = fields.get(auth.CSRF_FIELD) or request.headers.get(auth.CSRF_HEADER)
+    if not request.app.state.auth.check_csrf(identity, presented):
+        return PlainTextResponse("missing or wrong CSRF token", 403)
+    return identity, fields
+
+
+def _done(request: Request, fields: dict[str, str], wid: str) -> Response:
+    return RedirectResponse(_safe_next(fields.get("back") or f"/workflows/{wid}"), 303)
+
+
+def _failed(exc: Exception) -> Response:
+    return PlainTextResponse(str(exc), api.status_of(exc))
+
+
+async def decide(request: Request) -> Response:
+    checked = await _action(request)
+    if isinstance(checked, Response):
+        return checked
+    identity, fields = checked
+    wid = request.path_params["workflow_id"]
+    approving = request.url.path.endswith("/approve")
+    expect = fields.get("expect") or None
+    if expect is None:
+        return PlainTextResponse("the decision must name the arguments hash it was shown", 422)
+    kw: dict[str, Any] = {
+        "by": identity.name,
+        "tool_call_id": fields.get("tool_call_id") or None,
+        "expect": expect,
+    }
+    try:
+        if approving:
+            await run_in_threadpool(
+                lambda: decisions.approve(_client(request), wid, note=fields.get("note", ""), **kw)
+            )
+        else:
+            await run_in_threadpool(
+                lambda: decisions.reject(
+                    _client(request), wid, reason=fields.get("reason", ""), **kw
+                )
+            )
+    except (errors.DurablyError, ValueError) as exc:
+        return _failed(exc)
+    return _done(request, fields, wid)
+
+
+async def cancel(request: Request) -> Response:
+    checked = await _action(request)
+    if isinstance(checked, Response):
+        return checked
+    identity, fields = checked
+    wid = request.path_params["workflow_id"]
+    try:
+        await run_in_threadpool(api.cancel_as, _client(request), wid, identity.name)
+    except errors.DurablyError as exc:
+        return _failed(exc)
+    return _done(request, fields, wid)
+
+
+async def resume(request: Request) -> Response:
+    checked = await _action(request)
+    if isinstance(checked, Response):
+        return checked
+    _, fields = checked
+    wid = request.path_params["workflow_id"]
+    try:
+        await run_in_threadpool(_client(request).resume, wid)
+    except errors.DurablyError as exc:
+        return _failed(exc)
+    return _done(request, fields, wid)
+
+
+async def resolve(request: Request) -> Response:
+    checked = await _action(request)
+    if isinstance(checked, Response):
+        return checked
+    identity, fields = checked
+    wid = request.path_params["workflow_id"]
+    seq: int = request.path_params["seq"]
+    body: dict[str, Any] = {}
+    choice = fields.get("decision")
+    if choice == "retry":
+        body["retry"] = True
+    elif choice == "fail":
+        body["fail"] = fields.get("reason") or "failed by a person"
+    elif choice == "result":
+        body["result"] = views.payload(fields.get("result") or "null")
+    try:
+        decision = api.resolution(body)
+        await run_in_threadpool(
+            lambda: _client(request).resolve(wid, seq, by=identity.name, **decision)
+        )
+    except (errors.DurablyError, ValueError) as exc:
+        return _failed(exc)
+    return _done(request, fields, wid)
+
+
+# --- filters ------------------------------------------------------------------------------
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ago(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return _seconds(max(0.0, time.time() - ts)) + " ago"
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return ""
+    if s < 1:
+        return f"{s * 1000:.1f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"

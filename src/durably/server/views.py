@@ -1,0 +1,142 @@
+"""The JSON shapes the API returns and the dashboard renders, built from the Client's records.
+
+One place turns a workflow row, a journal entry, a review or an approval into
+plain data, so the API and the pages cannot disagree. The timeline is
+:func:`durably.receipts.receipts` (what ``durably show`` prints) with each
+row's label, duration, preview and model usage added.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from durably import journal, receipts
+from durably.agents import approvals as approvals_module
+from durably.agents import usage as agent_usage
+
+PREVIEW = 120
+# Calls that record a value and take no time worth showing.
+_INSTANT = frozenset({"now", "random", "uuid4", "event", "child", "cancel"})
+
+
+def payload(text: str | None) -> Any:
+    """A stored JSON payload as a value (its text when it is not plain JSON)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def workflow(info: journal.WorkflowInfo) -> dict[str, Any]:
+    """A workflow row, with its input and outcome as values."""
+    data = dataclasses.asdict(info)
+    for key in ("input", "output", "error"):
+        data[key] = payload(data[key])
+    data["finished"] = info.finished
+    return data
+
+
+def entry(e: journal.Entry) -> dict[str, Any]:
+    """A journal entry, its payload as a value."""
+    data = dataclasses.asdict(e)
+    data["payload"] = payload(e.payload)
+    data["duration"] = e.duration
+    return data
+
+
+def review(r: journal.Review) -> dict[str, Any]:
+    """A review item, its intent and outcome as values."""
+    data = dataclasses.asdict(r)
+    data["intent"] = payload(r.intent)
+    data["outcome"] = payload(r.outcome)
+    return data
+
+
+def approval(p: approvals_module.PendingApproval) -> dict[str, Any]:
+    """A pending approval, with the signal it waits on."""
+    return {**dataclasses.asdict(p), "signal": p.signal, "call": p.describe()}
+
+
+def executor(e: journal.ExecutorInfo, now: float) -> dict[str, Any]:
+    """An executor, with the seconds since its last heartbeat."""
+    return {**dataclasses.asdict(e), "heartbeat_age": max(0.0, now - e.heartbeat_at)}
+
+
+def timeline(
+    entries: Sequence[journal.Entry], claims: Sequence[journal.Claim]
+) -> list[dict[str, Any]]:
+    """The receipts of ``durably show`` as data: each entry or a gap where the process was dead.
+
+    Entries written before the last recovery were replayed, not run again, by
+    the executor that recovered the workflow; they are marked ``replayed``.
+    """
+    recovered = [c.claimed_at for c in claims if c.reason == "recovery"]
+    last_recovery = max(recovered, default=None)
+    rows: list[dict[str, Any]] = []
+    for row in receipts.receipts(entries, claims):
+        if isinstance(row, receipts.Gap):
+            rows.append(
+                {
+                    "gap": True,
+                    "seconds": row.seconds,
+                    "text": row.line().strip("- "),
+                    "owner": row.claim.owner,
+                    "previous_owner": row.claim.previous_owner,
+                }
+            )
+            continue
+        written = row.finished_at or row.started_at or 0.0
+        tokens = agent_usage.usage_from_history([row])
+        rows.append(
+            {
+                "gap": False,
+                "seq": row.seq,
+                "kind": row.kind,
+                "label": receipts.label(row),
+                "status": row.status,
+                "attempt": row.attempt,
+                "duration": row.duration if row.kind not in _INSTANT else None,
+                "preview": receipts.preview(row.payload, PREVIEW),
+                "tokens": tokens.tokens if tokens.calls else None,
+                "cost": tokens.cost if tokens.calls else None,
+                "replayed": last_recovery is not None and written < last_recovery,
+            }
+        )
+    return rows
+
+
+def usage_line(entries: Sequence[journal.Entry], claims: Sequence[journal.Claim]) -> str | None:
+    """What the model calls cost and what recoveries replayed (as ``durably show`` says)."""
+    recovered = [c.claimed_at for c in claims if c.reason == "recovery"]
+    return agent_usage.recovery_summary(entries, recovered)
+
+
+def encode_cursor(info: journal.WorkflowInfo) -> str:
+    """The opaque cursor of the page after ``info``."""
+    raw = json.dumps([info.created_at, info.workflow_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """The ``(created_at, workflow_id)`` of a cursor; ValueError names a bad one."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, workflow_id = json.loads(raw)
+        return float(created_at), str(workflow_id)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"cursor {cursor!r} is not one this API returned") from exc
+
+
+def preview_json(text: str | None, width: int = 400) -> str:
+    """A stored JSON payload as readable, indented text, cut at ``width`` characters."""
+    if text is None:
+        return ""
+    value = payload(text)
+    shown = json.dumps(value, indent=2, ensure_ascii=False) if not isinstance(value, str) else value
+    return shown if len(shown) <= width else shown[: width - 1] + "…"
