@@ -22,9 +22,11 @@ R = TypeVar("R")
 class Client:
     """A connection to a durably database that reads and starts, but runs nothing."""
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, *, create: bool = True) -> None:
+        """``create=False`` for a reader: a database that does not exist (a mistyped
+        path) raises DatabaseNotFound on open instead of being created empty."""
         self.url = resolve_url(url)
-        self._store = dispatch.StoreThread(create_store(self.url))
+        self._store = dispatch.StoreThread(create_store(self.url, create=create))
         self._ops = operations.Operations(self._store.store, time.time)
         self._open = False
 

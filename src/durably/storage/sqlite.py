@@ -8,6 +8,7 @@ and ``busy_timeout`` in milliseconds (default 5000).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import urllib.parse
 from collections.abc import Mapping
@@ -51,6 +52,12 @@ class SqliteStore(sql.SqlStore):
         return self._conn
 
     def open(self) -> None:
+        if not self.create and not os.path.exists(self.path):
+            raise errors.DatabaseNotFound(
+                f"no SQLite database at {os.path.abspath(self.path)!r} (from {self.url}): "
+                "check the path (sqlite:///relative.db, sqlite:////absolute.db); "
+                "`durably migrate` or an Engine creates a new one"
+            )
         try:
             self._conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=0
