@@ -44,6 +44,13 @@ async def fails(text: str) -> str:
     raise ValueError(f"broken {text}")
 
 
+@durably.workflow(name="cli_sleeper")
+async def sleeper(naps: int) -> int:
+    for _ in range(naps):
+        await durably.sleep(0.01)
+    return naps
+
+
 @durably.workflow(name="cli_once_broken")
 async def once_broken(flag: str) -> str:
     """Fails while the file ``flag`` exists; a resume after removing it completes."""
@@ -164,6 +171,15 @@ def test_markup_like_text_goes_through_every_command(sqlite_url: str, tmp_path: 
         result = invoke(sqlite_url, *args)
         assert expected in result.output, (args, result.output)
         assert "MarkupError" not in repr(result.exception), (args, result.exception)
+
+
+def test_the_demo_prints_a_workdir_with_markup_like_text(tmp_path: Path) -> None:
+    workdir = tmp_path / f"demo{MARK}"
+    args = ["demo", "--scripted", "--workdir", str(workdir)]
+    result = CliRunner().invoke(cli.main, args, env={"COLUMNS": "300"})
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert f"files in {workdir}" in result.output
+    assert "one refund, as promised." in result.output
 
 
 def test_the_crash_report_prints_markup_like_text_as_it_is(tmp_path: Path) -> None:
@@ -475,7 +491,25 @@ def test_other_code_runs_it_with_a_warning_naming_both_hashes(
         asyncio.run(main())
     warned = [r for r in caplog.records if "was started by code" in r.getMessage()]
     assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert "other" in warned[0].getMessage()
     assert OTHER in warned[0].getMessage() and mine in warned[0].getMessage()
+
+
+def test_other_code_is_warned_about_once_per_workflow_not_at_each_wake_up(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    new, _ = operations.new_workflow(sleeper, (4,), {}, "naps")
+    commit(sqlite_url, dataclasses.replace(new, source_hash=OTHER))
+
+    async def main() -> None:
+        async with durably.Engine(sqlite_url, poll_interval=0.02, hold_seconds=0) as engine:
+            assert await engine.handle("naps").result(timeout=20) == 4
+            assert len([c for c in await engine.claims("naps")]) >= 3  # claimed at each wake
+
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        asyncio.run(main())
+    warned = [r for r in caplog.records if "was started by code" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
 
 
 def test_strict_code_leaves_it_for_another_worker_without_claiming_it(

@@ -382,6 +382,7 @@ def worker(
         async with engine:
             served = ", ".join(q.name for q in queues) or "none"
             _say(f"worker {engine.executor_id} serving {engine.url} (queues: {served})")
+            _say(f"workflows: {', '.join(workflow_registry.registered_names()) or 'none'}")
             await stop.wait()
             console.print("stopping: letting running steps finish")
         console.print("stopped")

@@ -383,7 +383,9 @@ def _approve(out: Console, database: str, env: dict[str, str]) -> PendingApprova
     out.print(f"   pending: [bold]{escape(p.describe())}[/bold]", soft_wrap=True)
     out.print(f"            call {p.tool_call_id}, arguments sha256 {p.args_sha256[:16]}…")
     argv = ["--database", database, "approve", WORKFLOW_ID, "--by", APPROVER]
-    out.print(f"   $ durably {' '.join(argv)} --expect {p.args_sha256[:8]}…", soft_wrap=True)
+    out.print(
+        f"   $ durably {escape(' '.join(argv))} --expect {p.args_sha256[:8]}…", soft_wrap=True
+    )
     decided = subprocess.run(
         [sys.executable, "-m", "durably.cli", *argv, "--expect", p.args_sha256],
         env=env,
@@ -431,13 +433,13 @@ def agent_demo(folder: Path, out: Console) -> int:
     phases: list[int] = []
     with payments.FakePaymentsServer(folder / "payments.log", flavour="idempotent") as pay:
         env = {**_base_env(pay.url, folder / "outbox.log"), MODEL_ENV: model_name}
-        out.print(f"[bold]durably demo[/bold]: files in {folder}")
+        out.print(f"[bold]durably demo[/bold]: files in {escape(str(folder))}")
         if fake is not None:
             env[MODEL_URL_ENV] = fake.start().url
             where = f"FakeModelServer on {fake.url} (scripted by turn, no API key)"
         else:
             where = f"{model_name} at {os.environ['OPENAI_BASE_URL']} (a real endpoint: billed)"
-        out.print(f"model: {where}", soft_wrap=True)
+        out.print(f"model: {escape(where)}", soft_wrap=True)
         out.print(f"payments service on {pay.url} (honours Idempotency-Key)\n")
         try:
             out.print("[bold]1. the agent runs until the refund needs a person[/bold]")
@@ -510,7 +512,7 @@ def scripted_demo(folder: Path, out: Console) -> int:
     log = folder / "payments.log"
     with payments.FakePaymentsServer(log, flavour="idempotent") as server:
         env = _base_env(server.url, folder / "outbox.log")
-        out.print(f"[bold]durably demo --scripted[/bold]: files in {folder}")
+        out.print(f"[bold]durably demo --scripted[/bold]: files in {escape(str(folder))}")
         out.print(f"payments service on {server.url} (honours Idempotency-Key)\n")
         out.print("[bold]1. the agent runs; SIGKILL arrives inside issue_refund[/bold]")
         out.print("   (after the payment call returned, before the receipt was committed)")

@@ -162,6 +162,7 @@ class Engine:
         self.queues = tuple(queues)
         self.strict_code = strict_code
         self._noted: set[str] = set()  # workflows logged as taken by nobody (once each)
+        self._other_code: set[str] = set()  # workflows logged as run on other code (once each)
         self._warned_queues: set[str] = set()  # queues enqueued on without serving them
         self._scanned_at = float("-inf")
         if len({q.name for q in self.queues}) != len(self.queues):
@@ -533,7 +534,11 @@ class Engine:
             if definition is None or services.stopping.is_set():  # unregistered meanwhile
                 await self._call(store.release, info.workflow_id, info.epoch, self.clock())
                 continue
-            if serving.code_differs(info.source_hash, definition.source_hash):
+            if (
+                serving.code_differs(info.source_hash, definition.source_hash)
+                and info.workflow_id not in self._other_code
+            ):
+                self._other_code.add(info.workflow_id)  # not again at each wake-up
                 log.warning(
                     "workflow %s (%r) was started by code with source hash %s; this engine "
                     "runs it on code with source hash %s (another application's, or a changed "
