@@ -12,6 +12,9 @@ import dataclasses
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -555,6 +558,31 @@ async def _next_scan(engine: durably.Engine) -> None:
     """Wait until the engine has looked for unclaimed work once more."""
     scanned = engine._scanned_at
     await async_wait_for(lambda: engine._scanned_at > scanned, "another scan of unclaimed work")
+
+
+def test_a_strict_worker_process_leaves_other_code_alone(sqlite_url: str, tmp_path: Path) -> None:
+    """`durably worker MODULE --strict-code`, a real process: it runs work of its own code
+    and never claims the workflow another application's code started."""
+    _other_code(sqlite_url, "other")
+    log = tmp_path / "worker.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    argv = [sys.executable, "-m", "durably.cli", "-d", sqlite_url, "worker", "tests.test_cli"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*argv, "--strict-code", "--poll", "0.05"], stdout=out, stderr=out, env=env
+        )
+    try:
+        wait_for(lambda: "strict_code" in log.read_text(), "the worker's warning")
+        with durably.Client(sqlite_url) as client:
+            client.start(two_args, 1, 2, workflow_id="mine")
+            wait_for(lambda: client.get_workflow("mine").finished, "its own work to be run")
+            assert client.get_workflow("mine").status == "completed"
+            assert client.get_workflow("other").status == "pending"
+            assert client.claims("other") == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    assert log.read_text().count("strict_code") == 1, log.read_text()
 
 
 def test_a_workflow_nobody_has_the_code_of_is_logged_once_and_listed(

@@ -340,6 +340,12 @@ def _runnable_here(database: str, workflow_id: str, modules: tuple[str, ...]) ->
     "PostgreSQL, which announces it).",
 )
 @click.option("--max-recoveries", default=5, show_default=True, help="Crashes before failing.")
+@click.option(
+    "--strict-code",
+    is_flag=True,
+    help="Never take a workflow started by other code (another source hash) than this "
+    "worker's; leave it for a worker with the same code.",
+)
 @click.pass_obj
 def worker(
     database: str,
@@ -348,6 +354,7 @@ def worker(
     queue_names: tuple[str, ...],
     poll: float,
     max_recoveries: int,
+    strict_code: bool,
 ) -> None:
     """Import MODULES (registering their workflows and queues) and run workflows until SIGTERM.
 
@@ -378,6 +385,7 @@ def worker(
             poll_interval=poll,
             max_recoveries=max_recoveries,
             queues=queues,
+            strict_code=strict_code,
         )
         async with engine:
             served = ", ".join(q.name for q in queues) or "none"
