@@ -54,6 +54,15 @@ async def sleeper(naps: int) -> int:
     return naps
 
 
+@durably.workflow(name="cli_bad_parent")
+async def bad_parent() -> str:
+    try:
+        await durably.start_child(two_args, 1, 2, 3)
+    except errors.WorkflowArgumentsError as exc:
+        return f"refused: {exc}"
+    return "started"
+
+
 @durably.workflow(name="cli_once_broken")
 async def once_broken(flag: str) -> str:
     """Fails while the file ``flag`` exists; a resume after removing it completes."""
@@ -299,6 +308,13 @@ def test_wrong_arguments_commit_nothing(store_url: str) -> None:
         with pytest.raises(TypeError, match=r"takes two_args\(a, b\)"):
             client.start(two_args, 1, 2, 3)
         assert client.list_workflows() == []
+
+
+def test_a_child_with_wrong_arguments_is_refused_at_the_call(sqlite_url: str) -> None:
+    result = durably.run(bad_parent, workflow_id="parent", database=sqlite_url)
+    assert result.startswith("refused: workflow 'cli_two_args' takes two_args(a, b)")
+    with durably.Client(sqlite_url) as client:
+        assert [w.workflow_id for w in client.list_workflows()] == ["parent"]
 
 
 def test_start_with_wrong_arguments_prints_the_error_without_a_traceback(
