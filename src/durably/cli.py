@@ -315,11 +315,15 @@ def _runnable_here(database: str, workflow_id: str, modules: tuple[str, ...]) ->
     with _client(database, create=False) as client:
         name = client.get_workflow(workflow_id).name
     if workflow_registry.registered(name) is None:
-        where = f"MODULES ({', '.join(modules)})" if modules else "no MODULES given"
+        where = (
+            f"which MODULES ({', '.join(modules)}) did not register"
+            if modules
+            else "whose code is not loaded here"
+        )
         raise click.ClickException(
-            f"workflow {workflow_id!r} runs the workflow {name!r}, which {where} did not "
-            f"register: give the module that defines it (durably resume {workflow_id} "
-            "MODULE), or --no-wait to leave it to a running worker"
+            f"workflow {workflow_id!r} runs the workflow {name!r}, {where}: give the module "
+            f"that defines it (durably resume {workflow_id} MODULE), or --no-wait to leave "
+            "it to a running worker"
         )
 
 
