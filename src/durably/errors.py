@@ -112,6 +112,13 @@ class WorkflowNotRegistered(DurablyError, LookupError):
     """The journal names a workflow whose code is not imported in this process."""
 
 
+class WorkflowArgumentsError(DurablyError, TypeError):
+    """The arguments given to start a workflow do not fit its function's signature.
+
+    Raised before anything is committed, instead of a workflow that fails at once.
+    """
+
+
 class DefinitionError(DurablyError, TypeError):
     """A decorator was applied to something it cannot make durable."""
 
@@ -145,6 +152,11 @@ class DatabaseReadOnly(StoreError):
 
 class DatabaseUnavailable(StoreError):
     """The database cannot be reached or opened."""
+
+
+class DatabaseNotFound(DatabaseUnavailable):
+    """A database opened without ``create`` (a reader) does not exist or holds no durably
+    schema: a mistyped path is reported, not answered with a new empty database."""
 
 
 class SchemaTooNew(StoreError):

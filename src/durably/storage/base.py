@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from durably import journal
@@ -95,6 +95,17 @@ class Wakeup:
     at: float | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unclaimed:
+    """A workflow waiting to be claimed: what tells who could run it."""
+
+    workflow_id: str
+    name: str
+    version: str | None
+    source_hash: str | None
+    queue: str | None
+
+
 #: Runnable workflows are named (name, version); an unversioned workflow has version None.
 Runnable = tuple[str, str | None]
 
@@ -107,6 +118,10 @@ class Store(abc.ABC):
     """Workflows, their journals, claims and executors."""
 
     url: str
+
+    #: Whether ``open`` may create the database (and its schema). A reader sets it False
+    #: (see ``create_store``): a database that does not exist then raises DatabaseNotFound.
+    create: bool = True
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -180,6 +195,7 @@ class Store(abc.ABC):
         now: float,
         limit: int,
         queues: Sequence[QueueLimits] = (),
+        same_code: Mapping[str, str] | None = None,
     ) -> list[journal.WorkflowInfo]:
         """Select and take up to ``limit`` claimable workflows in one transaction.
 
@@ -194,7 +210,17 @@ class Store(abc.ABC):
         Each taken workflow is owned by ``owner`` until ``lease_expires_at`` at
         epoch + 1; a crash is counted when it was running under another owner,
         and a claim row records why it changed hands. Returns the new rows.
+
+        ``same_code`` (a strict executor's) maps workflow names to the source
+        hash of the code here: a workflow of such a name started by other code
+        (another source hash recorded) is not claimable, so it stays for
+        another executor and is never taken and let go again.
         """
+
+    @abc.abstractmethod
+    def unclaimed(self, now: float, limit: int) -> list[Unclaimed]:
+        """Up to ``limit`` workflows claimable now by an executor that runs them, oldest
+        first, whether or not this one does (to tell the ones nobody takes)."""
 
     @abc.abstractmethod
     def load_claims(self, workflow_id: str) -> list[journal.Claim]:

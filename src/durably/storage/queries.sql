@@ -59,17 +59,19 @@ SELECT status, COUNT(*) FROM workflows GROUP BY status
 -- name: create_runnable
 -- The (name, version) pairs the claiming executor can run, for the claim queries below to
 -- join (version '' for an unversioned workflow). A temporary table lives as long as its
--- connection; claim_next refills it every time.
+-- connection; claim_next refills it every time. A source_hash other than '' (a strict
+-- executor's) makes only the workflows started by that code, or by unknown code, runnable.
 CREATE TEMPORARY TABLE IF NOT EXISTS runnable_here (
-    name    TEXT NOT NULL,
-    version TEXT NOT NULL
+    name        TEXT NOT NULL,
+    version     TEXT NOT NULL,
+    source_hash TEXT NOT NULL
 )
 
 -- name: clear_runnable
 DELETE FROM runnable_here
 
 -- name: add_runnable
-INSERT INTO runnable_here (name, version) VALUES (:name, :version)
+INSERT INTO runnable_here (name, version, source_hash) VALUES (:name, :version, :source_hash)
 
 -- name: claimable_unqueued
 -- The claimable queries end without a locking clause: a dialect whose claimers run
@@ -80,7 +82,9 @@ WHERE queue IS NULL
   AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
        OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
   AND EXISTS (SELECT 1 FROM runnable_here r
-              WHERE r.name = w.name AND r.version = COALESCE(w.version, ''))
+              WHERE r.name = w.name AND r.version = COALESCE(w.version, '')
+                AND (r.source_hash = '' OR w.source_hash IS NULL
+                     OR r.source_hash = w.source_hash))
 ORDER BY created_at, workflow_id
 LIMIT :limit
 
@@ -91,8 +95,20 @@ WHERE queue = :queue
   AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
        OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
   AND EXISTS (SELECT 1 FROM runnable_here r
-              WHERE r.name = w.name AND r.version = COALESCE(w.version, ''))
+              WHERE r.name = w.name AND r.version = COALESCE(w.version, '')
+                AND (r.source_hash = '' OR w.source_hash IS NULL
+                     OR r.source_hash = w.source_hash))
 ORDER BY priority DESC, created_at, workflow_id
+LIMIT :limit
+
+-- name: unclaimed
+-- Workflows claimable now (as in the claimable queries) by any executor that runs them,
+-- oldest first: the engine tells which of them nobody running can take.
+SELECT workflow_id, name, version, source_hash, queue
+FROM workflows
+WHERE ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
+       OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
+ORDER BY created_at, workflow_id
 LIMIT :limit
 
 -- name: lock_queue
@@ -196,12 +212,14 @@ WHERE workflow_id = :workflow_id AND owner = :owner AND epoch = :epoch
 UPDATE workflows SET lease_expires_at = 0 WHERE owner = :owner
 
 -- name: register_executor
-INSERT INTO executors (executor_id, host, pid, pid_start, started_at, heartbeat_at)
-VALUES (:executor_id, :host, :pid, :pid_start, :started_at, :heartbeat_at)
-ON CONFLICT (executor_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
+-- Also the heartbeat's: what it serves may have grown since (a module imported later).
+INSERT INTO executors (executor_id, host, pid, pid_start, started_at, heartbeat_at, serves)
+VALUES (:executor_id, :host, :pid, :pid_start, :started_at, :heartbeat_at, :serves)
+ON CONFLICT (executor_id) DO UPDATE
+SET heartbeat_at = excluded.heartbeat_at, serves = excluded.serves
 
 -- name: list_executors
-SELECT executor_id, host, pid, pid_start, started_at, heartbeat_at
+SELECT executor_id, host, pid, pid_start, started_at, heartbeat_at, serves
 FROM executors ORDER BY started_at
 
 -- name: remove_executor

@@ -77,6 +77,12 @@ class SqliteStore(sql.SqlStore):
         return self._conn
 
     def open(self) -> None:
+        if not self.create and not os.path.exists(self.path):
+            raise errors.DatabaseNotFound(
+                f"no SQLite database at {os.path.abspath(self.path)!r} (from {self.url}): "
+                "check the path (sqlite:///relative.db, sqlite:////absolute.db); "
+                "`durably migrate` or an Engine creates a new one"
+            )
         try:
             self._create_file()
             self._conn = sqlite3.connect(
