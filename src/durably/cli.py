@@ -26,8 +26,8 @@ from rich.console import Console
 from rich.table import Table
 
 import durably
+from durably import admin, receipts
 from durably import queues as queues_module
-from durably import receipts
 from durably.agents import cli as agents_cli
 from durably.agents import usage as agent_usage
 from durably.testing import crashes
@@ -435,6 +435,8 @@ main.add_command(crashes.test_crashes_command)
 main.add_command(agents_cli.approvals_cmd)
 main.add_command(agents_cli.approve_cmd)
 main.add_command(agents_cli.reject_cmd)
+for _command in admin.COMMANDS:  # export, import, prune, backup (docs/operations.md)
+    main.add_command(_command)
 
 
 @main.command()

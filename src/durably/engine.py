@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import datetime
 import functools
 import logging
 import time
@@ -36,6 +37,7 @@ from durably import (
     waits,
     workflows,
 )
+from durably import retention as retention_policy
 from durably.storage import base, create_store, dispatch, resolve_url
 
 if TYPE_CHECKING:
@@ -121,6 +123,8 @@ class Engine:
     long a blocked workflow stays in memory before it parks. With
     ``inline_commits`` (the default) a SQLite commit runs on the event loop's
     thread when nothing else is ready to run there (see docs/decisions.md).
+    With ``retention``, finished workflows older than that are pruned, with
+    their journals, in small batches (docs/operations.md).
     """
 
     def __init__(
@@ -136,6 +140,7 @@ class Engine:
         executor_id: str | None = None,
         clock: Callable[[], float] = time.time,
         queues: Sequence[Queue] = (),
+        retention: datetime.timedelta | None = None,
     ) -> None:
         if lease_seconds <= 0 or poll_interval <= 0:
             raise ValueError("lease_seconds and poll_interval must be > 0")
@@ -146,6 +151,7 @@ class Engine:
         self.inline_commits = inline_commits
         self.clock = clock
         self.queues = tuple(queues)
+        self.retention = retention  # finished workflows older than this are pruned
         if len({q.name for q in self.queues}) != len(self.queues):
             raise ValueError("each queue may be given once")
         self._store = dispatch.StoreThread(create_store(resolve_url(url)))
@@ -216,6 +222,11 @@ class Engine:
             asyncio.create_task(self._leases.heartbeat_loop(), name="durably-heartbeat"),
             asyncio.create_task(self._recovery_loop(), name="durably-recovery"),
         ]
+        if self.retention is not None:
+            pruning = retention_policy.prune_loop(
+                self._call, self._store.store.prune, self.clock, self.retention
+            )
+            self._background.append(asyncio.create_task(pruning, name="durably-retention"))
 
     async def close(self, drain_timeout: float = 30.0) -> None:
         """Stop: running steps finish and commit, workflows suspend, leases are released."""
