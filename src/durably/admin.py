@@ -102,13 +102,21 @@ def _exported(db: _Session, ids: list[str]) -> Iterator[bulk.ArchivedWorkflow]:
 
 
 @click.command("import")
-@click.argument("path", type=click.File("r", encoding="utf-8"))
+@click.argument("path", type=click.Path(dir_okay=False, allow_dash=True))
 @click.pass_obj
-def import_cmd(database: str, path: Any) -> None:
-    """Import an archive written by ``durably export``: all of it in one transaction, or
-    nothing. A workflow id already in the database refuses the import."""
+def import_cmd(database: str, path: str) -> None:
+    """Import an archive written by ``durably export`` (``-``: stdin): all of it in one
+    transaction, or nothing. A workflow id already in the database refuses the import."""
     try:
-        _, workflows = archive.read(path, path.name)
+        with click.open_file(path, encoding="utf-8") as f:
+            _, workflows = archive.read(f, "stdin" if path == "-" else path)
+    except OSError as exc:
+        raise click.FileError(path, exc.strerror) from None
+    except UnicodeDecodeError as exc:
+        _fail(errors.ArchiveError(f"{path} is not UTF-8 text ({exc}): not a durably archive"))
+    except errors.DurablyError as exc:
+        _fail(exc)
+    try:
         with _Session(database) as db:
             imported = db.call(db.store.import_workflows, workflows, write=True)
     except errors.DurablyError as exc:
