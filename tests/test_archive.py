@@ -201,21 +201,21 @@ async def test_importing_an_existing_id_is_refused_and_changes_nothing(
     assert dump(store_url) == before
 
 
-def test_export_selects_by_id_status_and_date(sqlite_url: str, tmp_path: Path) -> None:
-    with durably.Client(sqlite_url) as client:
+def test_export_selects_by_id_status_and_date(store_url: str, tmp_path: Path) -> None:
+    with durably.Client(store_url) as client:
         client.start(flows.steps, "x", 1, workflow_id="x")
         client.start(flows.steps, "y", 1, workflow_id="y")
-    by_id = run_cli(sqlite_url, "export", "y")
+    by_id = run_cli(store_url, "export", "y")
     assert [json.loads(x).get("workflow", {}).get("workflow_id") for x in by_id.stdout.split()][
         1:-1
     ] == ["y"]
-    by_status = run_cli(sqlite_url, "export", "--status", "completed")
+    by_status = run_cli(store_url, "export", "--status", "completed")
     assert json.loads(by_status.stdout.splitlines()[-1]) == {"end": 0}
-    future = run_cli(sqlite_url, "export", "--since", "2999-01-01")
+    future = run_cli(store_url, "export", "--since", "2999-01-01")
     assert json.loads(future.stdout.splitlines()[-1]) == {"end": 0}
-    past = run_cli(sqlite_url, "export", "--since", "2000-01-01T00:00:00")
+    past = run_cli(store_url, "export", "--since", "2000-01-01T00:00:00")
     assert json.loads(past.stdout.splitlines()[-1]) == {"end": 2}
-    missing = run_cli(sqlite_url, "export", "nope")
+    missing = run_cli(store_url, "export", "nope")
     assert missing.exit_code == 1 and "'nope'" in missing.output
 
 

@@ -126,17 +126,17 @@ async def test_engine_retention_prunes_what_finished_and_keeps_what_waits(store_
         assert await e.handle("w").result(timeout=10) == [1, 1, 2]
 
 
-def test_prune_by_status_and_date(sqlite_url: str) -> None:
-    with durably.Client(sqlite_url) as client:
+def test_prune_by_status_and_date(store_url: str) -> None:
+    with durably.Client(store_url) as client:
         client.start(flows.waiter, "a", workflow_id="a")
-    durably.run(flows.steps, "b", 1, workflow_id="b", database=sqlite_url)
-    result = run_cli(sqlite_url, "prune", "--finished-before", "2999-01-01", "--status", "failed")
+    durably.run(flows.steps, "b", 1, workflow_id="b", database=store_url)
+    result = run_cli(store_url, "prune", "--finished-before", "2999-01-01", "--status", "failed")
     assert result.exit_code == 0 and "pruned 0" in result.output
-    assert "pruned 0" in run_cli(sqlite_url, "prune", "--finished-before", "1d").output
-    result = run_cli(sqlite_url, "prune", "--finished-before", "2999-01-01")
+    assert "pruned 0" in run_cli(store_url, "prune", "--finished-before", "1d").output
+    result = run_cli(store_url, "prune", "--finished-before", "2999-01-01")
     assert "pruned 1" in result.output
-    assert set(statuses(sqlite_url)) == {"a"}  # unfinished (waits for a signal): kept
-    bad = run_cli(sqlite_url, "prune", "--finished-before", "last tuesday")
+    assert set(statuses(store_url)) == {"a"}  # unfinished (waits for a signal): kept
+    bad = run_cli(store_url, "prune", "--finished-before", "last tuesday")
     assert bad.exit_code == 2 and "is not a date" in bad.output
 
 
