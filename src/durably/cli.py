@@ -28,8 +28,8 @@ from rich.table import Table
 from rich.text import Text
 
 import durably
+from durably import admin, receipts, serving
 from durably import queues as queues_module
-from durably import receipts, serving
 from durably import workflows as workflow_registry
 from durably.agents import cli as agents_cli
 from durably.agents import usage as agent_usage
@@ -683,6 +683,8 @@ main.add_command(crashes.test_crashes_command)
 main.add_command(agents_cli.approvals_cmd)
 main.add_command(agents_cli.approve_cmd)
 main.add_command(agents_cli.reject_cmd)
+for _command in admin.COMMANDS:  # export, import, prune, backup (docs/operations.md)
+    main.add_command(_command)
 
 
 @main.command()

@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import datetime
 import functools
 import logging
 import time
@@ -39,6 +40,7 @@ from durably import (
     watchdog,
     workflows,
 )
+from durably import retention as retention_policy
 from durably.storage import base, create_store, dispatch, resolve_url
 
 if TYPE_CHECKING:
@@ -139,6 +141,9 @@ class Engine:
     runs it anyway; with ``strict_code`` it never claims it and leaves it for
     an executor with the same code. Workflows that no running executor can
     take (nobody has their code or serves their queue) are logged once.
+
+    With ``retention``, finished workflows older than that are pruned, with
+    their journals, in small batches (docs/operations.md).
     """
 
     def __init__(
@@ -155,6 +160,7 @@ class Engine:
         clock: Callable[[], float] = time.time,
         queues: Sequence[Queue] = (),
         strict_code: bool = False,
+        retention: datetime.timedelta | None = None,
     ) -> None:
         if lease_seconds <= 0 or poll_interval <= 0:
             raise ValueError("lease_seconds and poll_interval must be > 0")
@@ -170,6 +176,7 @@ class Engine:
         self._other_code: set[str] = set()  # workflows logged as run on other code (once each)
         self._warned_queues: set[str] = set()  # queues enqueued on without serving them
         self._scanned_at = float("-inf")
+        self.retention = retention  # finished workflows older than this are pruned
         if len({q.name for q in self.queues}) != len(self.queues):
             raise ValueError("each queue may be given once")
         self._database = resolve_url(url)  # with its password, for the watchdog's connection
@@ -252,6 +259,11 @@ class Engine:
             self._database, self._me, self.lease_seconds, self.clock, self._held_here
         )
         self._watchdog.start()
+        if self.retention is not None:
+            pruning = retention_policy.prune_loop(
+                self._call, self._store.store.prune, self.clock, self.retention
+            )
+            self._background.append(asyncio.create_task(pruning, name="durably-retention"))
 
     async def close(self, drain_timeout: float = 30.0) -> None:
         """Stop: running steps finish and commit, workflows suspend, leases are released.

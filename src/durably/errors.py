@@ -180,6 +180,17 @@ class StorageDataError(StoreError):
     """
 
 
+class ArchiveError(StoreError):
+    """An archive cannot be read or imported; the message names the file and line.
+
+    Nothing of it was imported.
+    """
+
+
+class BackupNotSupported(StoreError):
+    """This database cannot be backed up by durably; the message gives the procedure."""
+
+
 class FencedError(StoreError):
     """This executor lost its lease: another executor owns the workflow now.
 

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from durably import journal
+from durably import errors, journal
 
 
 @dataclasses.dataclass(slots=True)
@@ -443,6 +443,31 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def remove_executor(self, executor_id: str, expire_leases: bool) -> None:
         """Forget an executor; with expire_leases its workflows become claimable now."""
+
+    # --- whole workflows: archives, retention, backups (docs/operations.md) -------------
+
+    @abc.abstractmethod
+    def export_ids(self, status: str | None, since: float | None) -> list[str]:
+        """The workflows an export selects: of ``status``, created at ``since`` or later."""
+
+    @abc.abstractmethod
+    def export_workflows(self, workflow_ids: Sequence[str]) -> list[Any]:
+        """Every row of each workflow and of its children (``bulk.ArchivedWorkflow`` s)."""
+
+    @abc.abstractmethod
+    def import_workflows(self, workflows: Sequence[Any]) -> list[str]:
+        """Insert exported workflows, all or none, without owners; an existing id refuses."""
+
+    @abc.abstractmethod
+    def prune(self, before: float, status: str | None, limit: int) -> list[str]:
+        """Remove at most ``limit`` finished workflows last changed before ``before``."""
+
+    def backup(self, path: str) -> None:
+        """Write a consistent copy of the database to the new file ``path``, online.
+
+        Not a verb: it runs outside run_batch, on the store's thread.
+        """
+        raise errors.BackupNotSupported(f"{self.url} cannot be backed up by durably")
 
     # --- wake-ups (not verbs: called from any thread, outside run_batch) ----------
 

@@ -369,3 +369,114 @@ WHERE workflow_id = :workflow_id AND status = 'needs_review'
 
 -- name: cancel_delivered
 SELECT 1 FROM journal WHERE workflow_id = :workflow_id AND kind = 'cancel'
+
+-- --- whole workflows: export, import, prune (storage/bulk.py) ------------------------
+-- Each table's columns are listed in the order of bulk.COLUMNS; a migration that adds a
+-- column adds it here too (tests/test_archive.py checks them against the schema).
+
+-- name: export_ids
+-- The workflows an export selects: of a status, created since a time; oldest first.
+SELECT workflow_id FROM workflows
+WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+  AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR created_at >= :since)
+ORDER BY created_at, workflow_id
+
+-- name: export_children
+SELECT workflow_id FROM workflows WHERE parent_id = :workflow_id ORDER BY created_at, workflow_id
+
+-- name: export_workflows
+SELECT workflow_id, name, version, source_hash, status, input, output, error, owner, epoch,
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
+       cancel_requested, signal_count, queue, priority, deduplication_id, started_at
+FROM workflows WHERE workflow_id = :workflow_id
+
+-- name: export_journal
+SELECT workflow_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
+
+-- name: export_claims
+SELECT workflow_id, epoch, owner, claimed_at, previous_owner, reason
+FROM claims WHERE workflow_id = :workflow_id ORDER BY epoch
+
+-- name: export_signals
+SELECT workflow_id, num, name, payload, idempotency_key, sent_at, consumed_seq
+FROM signals WHERE workflow_id = :workflow_id ORDER BY num
+
+-- name: export_events
+SELECT workflow_id, key, value, seq, updated_at
+FROM events WHERE workflow_id = :workflow_id ORDER BY key
+
+-- name: export_reviews
+SELECT workflow_id, seq, attempt, step, idempotency_key, intent, reason, opened_at,
+       decision, outcome, decided_by, decided_at
+FROM reviews WHERE workflow_id = :workflow_id ORDER BY seq, attempt
+
+-- name: import_workflows
+-- Imported without an owner: the executor that held it lives elsewhere; the next claim
+-- is a resume, not a crash.
+INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, output, error,
+                       owner, epoch, lease_expires_at, crash_count, wake_at, parent_id,
+                       created_at, updated_at, cancel_requested, signal_count, queue, priority,
+                       deduplication_id, started_at)
+VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :error,
+        NULL, :epoch, NULL, :crash_count, :wake_at, :parent_id,
+        :created_at, :updated_at, :cancel_requested, :signal_count, :queue, :priority,
+        :deduplication_id, :started_at)
+
+-- name: import_journal
+INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
+                     finished_at, wake_at)
+VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
+        :finished_at, :wake_at)
+
+-- name: import_claims
+INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
+VALUES (:workflow_id, :epoch, :owner, :claimed_at, :previous_owner, :reason)
+
+-- name: import_signals
+INSERT INTO signals (workflow_id, num, name, payload, idempotency_key, sent_at, consumed_seq)
+VALUES (:workflow_id, :num, :name, :payload, :idempotency_key, :sent_at, :consumed_seq)
+
+-- name: import_events
+INSERT INTO events (workflow_id, key, value, seq, updated_at)
+VALUES (:workflow_id, :key, :value, :seq, :updated_at)
+
+-- name: import_reviews
+INSERT INTO reviews (workflow_id, seq, attempt, step, idempotency_key, intent, reason,
+                     opened_at, decision, outcome, decided_by, decided_at)
+VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason,
+        :opened_at, :decision, :outcome, :decided_by, :decided_at)
+
+-- name: prunable
+-- Finished workflows last changed before :before, oldest first, but none whose parent is
+-- unfinished: the parent's join still reads the child's row. The dialect appends its
+-- skip_locked clause (a row another transaction holds is left for the next batch).
+SELECT workflow_id FROM workflows w
+WHERE status IN ('completed', 'failed', 'cancelled', 'diverged')
+  AND (CAST(:status AS TEXT) IS NULL OR status = :status)
+  AND updated_at < :before
+  AND NOT EXISTS (SELECT 1 FROM workflows p
+                  WHERE p.workflow_id = w.parent_id
+                    AND p.status NOT IN ('completed', 'failed', 'cancelled', 'diverged'))
+ORDER BY updated_at, workflow_id
+LIMIT :limit
+
+-- name: prune_journal
+DELETE FROM journal WHERE workflow_id = :workflow_id
+
+-- name: prune_claims
+DELETE FROM claims WHERE workflow_id = :workflow_id
+
+-- name: prune_signals
+DELETE FROM signals WHERE workflow_id = :workflow_id
+
+-- name: prune_events
+DELETE FROM events WHERE workflow_id = :workflow_id
+
+-- name: prune_reviews
+DELETE FROM reviews WHERE workflow_id = :workflow_id
+
+-- name: prune_workflows
+-- The status is checked again: only a finished workflow is ever removed.
+DELETE FROM workflows
+WHERE workflow_id = :workflow_id AND status IN ('completed', 'failed', 'cancelled', 'diverged')

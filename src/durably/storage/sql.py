@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from durably import errors, journal
-from durably.storage import base, sqlbase
+from durably.storage import base, bulk
 
 _WORKFLOW_FIELDS = tuple(f.name for f in journal.WorkflowInfo.__dataclass_fields__.values())
 
 
-class SqlStore(sqlbase.SqlBase):
+class SqlStore(bulk.BulkVerbs):
     """The verbs of a Store in SQL; subclasses are dialects."""
 
     #: (workflow, epoch) whose fence found crashes counted, until a new final entry lands.
