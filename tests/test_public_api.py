@@ -43,6 +43,7 @@ FROZEN = [
     "ExecutorInfo",
     "FencedError",
     "Found",
+    "InvalidName",
     "MaxTurnsExceeded",
     "NonDeterminismError",
     "NotADurablyDatabase",

@@ -75,6 +75,8 @@ async def _run(
         ctx = context.StepContext(run.workflow_id, seq, step.name, attempt, key)
         try:
             result = await invoke(run, step, args, kwargs, ctx)
+            # a result that cannot be stored fails this attempt like any error of the step
+            payload = codec.encode(result, where=f"{where} result")
         except Exception as exc:
             finished = run.services.clock()
             delay = step.retry.delay_after(attempt, exc) if step.retry else None
@@ -91,12 +93,6 @@ async def _run(
             continue
         finished = run.services.clock()
         faults.reached("after_call", step.name)
-        try:
-            payload = codec.encode(result, where=f"{where} result")
-        except errors.EncodeError as exc:
-            failed = _entry(run, seq, step, _S.FAILED, attempt, error_json(exc), started, finished)
-            await run.commit(failed)
-            raise
         await run.commit(_entry(run, seq, step, _S.COMPLETED, attempt, payload, started, finished))
         faults.reached("after_receipt", step.name)
         return codec.decode(payload, where=f"{where} result")
