@@ -420,3 +420,10 @@ def test_an_operator_timeout_that_is_not_finite_is_refused(sqlite_url: str, call
     if call.startswith("get_event"):
         with durably.Client(sqlite_url) as client, pytest.raises(ValueError, match="timeout"):
             client.get_event("wf-t", "k", timeout=NAN)
+
+
+def test_a_nan_delay_from_the_step_falls_back_to_the_usual_back_off() -> None:
+    retry = durably.Retry(initial=5.0, jitter=0.0, delay_from=lambda exc: NAN)
+    assert retry.delay_after(1, ValueError("429")) == 5.0
+    retry = durably.Retry(max_delay=7.0, delay_from=lambda exc: INF)
+    assert retry.delay_after(1, ValueError("429")) == 7.0
