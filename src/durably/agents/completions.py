@@ -131,12 +131,34 @@ def is_async_client(client: Any) -> bool:
 # --- the step ------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(init=False, eq=False)
 class Call:
-    """One model call in flight: set ``live`` when its step body ran in this process."""
+    """One model call in flight: ``live`` is set when its step body ran in this process.
 
-    params: JSON
-    live: bool = False
+    The model step commits an intent before each request, so a request cut off
+    by a crash leaves a trace: on recovery ``interrupted`` counts it (its answer
+    was lost; the provider may have billed it). Only ``model`` is a dataclass
+    field, so the intent records the model's name and never the conversation.
+    """
+
+    model: str
+
+    def __init__(self, params: JSON) -> None:
+        self.model = str(params.get("model") or "")
+        self.params: JSON = params
+        self.live = False
+        self.interrupted = 0
+
+
+def lost_answer(key: str, call: Call | None = None, *_: Any) -> Any:
+    """The model step's ``reconcile``: an interrupted request is asked again with its key.
+
+    A provider keeps no record we could look up, so the answer is always
+    NotFound; the interruption is counted so usage can say "billed at least".
+    """
+    if isinstance(call, Call):
+        call.interrupted += 1
+    return steps.NotFound
 
 
 def model_step(
@@ -181,7 +203,9 @@ def model_step(
             call.live = True
             return result
 
-        return steps.step(name=name, retry=retry, timeout=timeout)(call_async)
+        return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(
+            call_async
+        )
 
     def call_sync(call: Call) -> JSON:
         params = request(call)
@@ -194,7 +218,7 @@ def model_step(
         call.live = True
         return result
 
-    return steps.step(name=name, retry=retry, timeout=timeout)(call_sync)
+    return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(call_sync)
 
 
 def _dump(response: Any) -> JSON:
@@ -265,7 +289,7 @@ def call_model(
         tokens = usage.tokens_of(response, prices)
         for meter in (*meters, run_meter):
             if meter is not None:
-                meter.add(tokens, live=call.live)
+                meter.add(tokens, live=call.live, interrupted=call.interrupted)
         return response
 
     return finish()

@@ -108,10 +108,16 @@ def _money(cost: float) -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Usage:
-    """Model usage of a run: ``billed`` (called live now) and ``replayed`` (from the journal)."""
+    """Model usage of a run: ``billed`` (called live now) and ``replayed`` (from the journal).
+
+    ``interrupted`` counts requests cut off by a crash after they may have
+    reached the provider: their answers were lost, so they were asked again and
+    their cost is unknown. With any, ``billed`` is a lower bound.
+    """
 
     billed: Tokens = Tokens()
     replayed: Tokens = Tokens()
+    interrupted: int = 0
 
     @property
     def total(self) -> Tokens:
@@ -119,15 +125,26 @@ class Usage:
         return self.billed + self.replayed
 
     def summary(self) -> str:
-        """One line for people, e.g. ``recovery replayed 5 model calls (12,345 tokens,
-        $0.04) instead of paying for them again; billed 2 model calls (...)``."""
-        billed = f"billed {self.billed.describe()}"
-        if not self.replayed.calls:
-            return billed
-        return (
-            f"recovery replayed {self.replayed.describe()} instead of paying for them again; "
-            f"{billed}"
-        )
+        """One line for people, e.g. ``replayed 5 model calls (12,345 tokens, $0.04) from
+        the journal instead of paying for them again; billed 2 model calls (...)``.
+
+        Replayed calls are those served from the journal when the workflow re-ran,
+        after a crash or after it parked; neither is paid again.
+        """
+        line = f"billed {self.billed.describe()}"
+        if self.replayed.calls:
+            line = (
+                f"replayed {self.replayed.describe()} from the journal instead of paying for "
+                f"them again; {line}"
+            )
+        if self.interrupted:
+            n = self.interrupted
+            line += (
+                f"; {n} model request{'s' if n != 1 else ''} interrupted by a crash after "
+                f"{'they' if n != 1 else 'it'} may have reached the provider, asked again: "
+                f"billed at least {_money(self.billed.cost)}"
+            )
+        return line
 
 
 def call_tokens(response: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -155,17 +172,19 @@ class Meter:
     def __init__(self) -> None:
         self.billed = Tokens()
         self.replayed = Tokens()
+        self.interrupted = 0
 
-    def add(self, tokens: Tokens, *, live: bool) -> None:
-        """Count one model call."""
+    def add(self, tokens: Tokens, *, live: bool, interrupted: int = 0) -> None:
+        """Count one model call (and the ``interrupted`` requests made for it before)."""
         if live:
             self.billed += tokens
         else:
             self.replayed += tokens
+        self.interrupted += interrupted
 
     def usage(self) -> Usage:
         """The tally so far."""
-        return Usage(self.billed, self.replayed)
+        return Usage(self.billed, self.replayed, self.interrupted)
 
 
 _run_meters: weakref.WeakKeyDictionary[Any, Meter] = weakref.WeakKeyDictionary()
@@ -216,6 +235,20 @@ def usage_from_history(
     return total
 
 
+def requests_sent(entries: Iterable[journal.Entry]) -> int:
+    """How many requests the journal's model-call steps sent, as far as it knows.
+
+    A model step commits an intent before every attempt, so a completed entry's
+    ``attempt`` counts the attempts started for it: the answered one, those that
+    failed and were retried, and those cut off by a crash (their answers lost).
+    """
+    return sum(
+        e.attempt
+        for e in entries
+        if e.kind == journal.Kind.STEP and e.name.startswith(MODEL_STEP_PREFIX)
+    )
+
+
 def recovery_summary(
     entries: Sequence[journal.Entry],
     recovered_at: Sequence[float],
@@ -225,13 +258,25 @@ def recovery_summary(
 
     ``recovered_at`` are the times executors took the workflow over from a dead
     owner; the model calls finished before the last of them were served from
-    the journal on recovery instead of being paid for again. None without model calls.
+    the journal on recovery instead of being paid for again. When more requests
+    were sent than answers journaled (a retry, or an answer lost to a crash)
+    the cost is a lower bound, and the line says "billed at least".
+    None without model calls.
     """
     calls = [e for e in entries if e.name.startswith(MODEL_STEP_PREFIX)]
     total = usage_from_history(calls, prices)
     if not total.calls:
         return None
-    line = f"model usage: {total.describe()}, each billed once"
+    sent = requests_sent(calls)
+    line = f"model usage: {total.describe()}"
+    if sent > total.calls:
+        extra = sent - total.calls
+        line += (
+            f"; {sent} requests sent ({extra} retried after a failure or a crash that may "
+            f"have been billed too): billed at least {_money(total.cost)}"
+        )
+    else:
+        line += ", each requested once"
     if recovered_at:
         last = max(recovered_at)
         before = [e for e in calls if (e.finished_at or e.started_at or 0.0) < last]
