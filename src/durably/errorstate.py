@@ -62,7 +62,7 @@ def capture(exc: BaseException, to_json: Callable[[object], object]) -> dict[str
 
 
 def restore(state: object, from_json: Callable[[object], object]) -> dict[str, Any]:
-    """The attribute values ``capture`` recorded, HTTP objects rebuilt where their module is loaded."""
+    """The attributes ``capture`` recorded; HTTP objects rebuilt where their module is loaded."""
     if not isinstance(state, dict):
         return {}
     out: dict[str, Any] = {}

@@ -51,7 +51,16 @@ def _decide(action: str, database: str, workflow_id: str, **kw: Any) -> None:
     except (exceptions.ApprovalError, errors.WorkflowNotFound) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    click.echo(f"{action}d {decided.describe()} in {workflow_id}")
+    done = {"approve": "approved", "reject": "rejected"}[action]
+    override = kw.get("override_args")
+    if override is not None:
+        ran = dataclasses.replace(decided, arguments=dict(override))
+        click.echo(
+            f"{done} {ran.describe()} in {workflow_id} "
+            f"(with changed arguments; the model requested {decided.describe()})"
+        )
+        return
+    click.echo(f"{done} {decided.describe()} in {workflow_id}")
 
 
 @click.command("approve")
