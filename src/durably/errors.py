@@ -207,3 +207,7 @@ class MaxTurnsExceeded(DurablyError):
 
 class ModelResponseError(DurablyError):
     """The model's response cannot be used (no choices, or no message)."""
+
+
+class OutputValidationError(DurablyError):
+    """The model's final answers did not fit the agent's ``output_type`` within its retries."""

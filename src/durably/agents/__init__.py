@@ -19,6 +19,7 @@ from durably.agents.exceptions import (
     ClientRetriesWarning,
     MaxTurnsExceeded,
     ModelResponseError,
+    OutputValidationError,
     ToolError,
 )
 from durably.agents.tools import Tool, tool
@@ -46,6 +47,7 @@ __all__ = [
     "MaxTurnsExceeded",
     "ModelResponseError",
     "ModelRetry",
+    "OutputValidationError",
     "PendingApproval",
     "Price",
     "Tokens",

@@ -24,7 +24,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from durably import errors, steps
-from durably.agents import approvals, completions, exceptions, schema, usage
+from durably.agents import approvals, completions, exceptions, output, schema, usage
 from durably.agents import tools as agent_tools
 
 JSON = dict[str, Any]
@@ -35,7 +35,7 @@ _SYSTEM = ("system", "developer")
 class AgentResult:
     """What ``agent.run`` returns: the final text, the conversation, usage and turn count."""
 
-    output: str
+    output: Any  # the text, or the validated value of the agent's output_type
     messages: list[JSON]
     usage: usage.Usage
     turns: int
@@ -66,7 +66,12 @@ class Agent:
     passed to every ``create`` call (temperature, tool_choice, ...); ``retry``
     and ``timeout`` are the model step's (default :class:`ModelRetry`);
     ``stream=True`` streams each turn inside its step and journals the
-    assembled completion.
+    assembled completion. ``output_type`` (a pydantic model or any type
+    pydantic validates) makes the final answer a validated value: the model is
+    asked for JSON fitting its schema and, when an answer does not fit, told
+    why and asked again at most ``output_retries`` times (see
+    :mod:`durably.agents.output`). ``strict=True`` sends the tools' schemas
+    strict where every parameter is required.
     """
 
     def __init__(
@@ -84,9 +89,14 @@ class Agent:
         stream: bool = False,
         idempotency_header: str | None = completions.IDEMPOTENCY_HEADER,
         name: str = "agent",
+        output_type: Any = None,
+        output_retries: int = 2,
+        strict: bool = False,
     ) -> None:
         if max_turns < 1:
             raise errors.DefinitionError(f"max_turns={max_turns}: must be >= 1")
+        if output_retries < 0:
+            raise errors.DefinitionError(f"output_retries={output_retries}: must be >= 0")
         completions.warn_if_client_retries(client)
         self.client = client
         self.model = model
@@ -102,7 +112,9 @@ class Agent:
             if made.name in self.tools:
                 raise errors.DefinitionError(f"agent {name!r} has two tools named {made.name!r}")
             self.tools[made.name] = made
-        self._definitions = [t.definition() for t in self.tools.values()]
+        self._definitions = [t.definition(strict=strict) for t in self.tools.values()]
+        self.output = None if output_type is None else output.Output(output_type)
+        self.output_retries = output_retries
         self._step = completions.model_step(
             client,
             retry=completions.ModelRetry() if retry is None else retry,
@@ -137,10 +149,13 @@ class Agent:
         meter = usage.Meter()
         limit = self.max_turns if max_turns is None else max_turns
         calls_made = 0
+        corrections = 0
         for turn in range(1, limit + 1):
             params: JSON = {"model": self.model, "messages": list(messages), **self.model_settings}
             if self._definitions:
                 params["tools"] = self._definitions
+            if self.output is not None:
+                params.setdefault("response_format", self.output.response_format())
             if self.stream:
                 params["stream"] = True
             response = await completions.call_model(self._step, params, self.price_table, meter)
@@ -148,8 +163,19 @@ class Agent:
             messages.append(message)
             calls = message.get("tool_calls") or []
             if not calls:
-                output = message.get("content") or ""
-                return AgentResult(output, messages, meter.usage(), turn, calls_made)
+                if self.output is None:
+                    text = message.get("content") or ""
+                    return AgentResult(text, messages, meter.usage(), turn, calls_made)
+                try:
+                    value = self.output.validate(message.get("content"))
+                except ValueError as exc:
+                    corrections += 1
+                    if corrections > self.output_retries:
+                        raise self.output.exhausted(corrections, str(exc)) from None
+                    messages.append(self.output.correction(str(exc)))
+                    continue
+                value = await steps.run_step(_accepted, value, name=f"output:{self.name}")
+                return AgentResult(value, messages, meter.usage(), turn, calls_made)
             calls_made += len(calls)
             for call_id, content in await self.run_tools(calls):
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
@@ -223,6 +249,11 @@ class Agent:
                 return False
         p.running = p.tool.call_for_model(p.call_id, kwargs)
         return True
+
+
+def _accepted(value: Any) -> Any:
+    """The step that journals a validated final answer (replay returns the recorded one)."""
+    return value
 
 
 #: What stops the run itself rather than failing one tool call: raised at once.

@@ -15,6 +15,7 @@ from durably.errors import (
     ApprovalStale,
     MaxTurnsExceeded,
     ModelResponseError,
+    OutputValidationError,
     ToolError,
 )
 
@@ -27,6 +28,7 @@ __all__ = [
     "ClientRetriesWarning",
     "MaxTurnsExceeded",
     "ModelResponseError",
+    "OutputValidationError",
     "ToolError",
     "rejection_text",
 ]
