@@ -123,7 +123,8 @@ def test_a_turn_answered_but_not_journaled_is_counted_as_asked_twice(tmp_path: P
     requests = read_log(log)
     assert [r["turn"] for r in requests] == [0, 1, 1, 2, 3, 4]
     summary = done["result"]["summary"]
-    assert "1 model request interrupted" in summary and "billed at least" in summary, summary
+    assert "1 earlier model request retried" in summary, summary
+    assert "billed at least" in summary, summary
     shown = CliRunner().invoke(cli.main, ["-d", f"sqlite:///{db}", "show", "lost-1"])
     assert shown.exit_code == 0, shown.output
     text_shown = " ".join(shown.output.split())

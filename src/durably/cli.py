@@ -435,6 +435,7 @@ main.add_command(crashes.test_crashes_command)
 main.add_command(agents_cli.approvals_cmd)
 main.add_command(agents_cli.approve_cmd)
 main.add_command(agents_cli.reject_cmd)
+main.add_command(agents_cli.budget_cmd)
 
 
 @main.command()

@@ -211,3 +211,7 @@ class ModelResponseError(DurablyError):
 
 class OutputValidationError(DurablyError):
     """The model's final answers did not fit the agent's ``output_type`` within its retries."""
+
+
+class BudgetExceeded(DurablyError):
+    """A run's model budget (``max_cost=`` / ``max_tokens=``) was reached and not raised."""

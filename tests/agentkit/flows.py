@@ -31,6 +31,9 @@ agent = agents.Agent(
     instructions="You are a support agent.",
     tools=[lookup_order, refund, work],
     max_turns=50,
+    max_tokens=int(os.environ[harness.MAX_TOKENS_ENV])
+    if harness.MAX_TOKENS_ENV in os.environ
+    else None,
 )
 
 

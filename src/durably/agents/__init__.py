@@ -7,6 +7,7 @@ docs/agents.md.
 
 from durably.agents.agent import Agent, AgentResult
 from durably.agents.approvals import Decision, PendingApproval, args_hash
+from durably.agents.budget import set_budget
 from durably.agents.completions import ModelRetry
 from durably.agents.decisions import approve, list_approvals, reject
 from durably.agents.durable_client import DurableLLM, llm
@@ -16,6 +17,7 @@ from durably.agents.exceptions import (
     ApprovalNotPending,
     ApprovalRejected,
     ApprovalStale,
+    BudgetExceeded,
     ClientRetriesWarning,
     MaxTurnsExceeded,
     ModelResponseError,
@@ -41,6 +43,7 @@ __all__ = [
     "ApprovalNotPending",
     "ApprovalRejected",
     "ApprovalStale",
+    "BudgetExceeded",
     "ClientRetriesWarning",
     "Decision",
     "DurableLLM",
@@ -60,6 +63,7 @@ __all__ = [
     "llm",
     "reject",
     "run_usage",
+    "set_budget",
     "tool",
     "usage_from_history",
 ]

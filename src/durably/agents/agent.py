@@ -24,7 +24,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from durably import errors, steps
-from durably.agents import approvals, completions, exceptions, output, schema, usage
+from durably.agents import approvals, budget, completions, exceptions, output, schema, usage
 from durably.agents import tools as agent_tools
 
 JSON = dict[str, Any]
@@ -71,7 +71,10 @@ class Agent:
     asked for JSON fitting its schema and, when an answer does not fit, told
     why and asked again at most ``output_retries`` times (see
     :mod:`durably.agents.output`). ``strict=True`` sends the tools' schemas
-    strict where every parameter is required.
+    strict where every parameter is required. ``max_cost`` (dollars, by
+    ``price_table``) and ``max_tokens`` bound the model calls of the workflow
+    run, counted from the journal: when reached the run parks for a person
+    (see :mod:`durably.agents.budget`).
     """
 
     def __init__(
@@ -92,6 +95,8 @@ class Agent:
         output_type: Any = None,
         output_retries: int = 2,
         strict: bool = False,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         if max_turns < 1:
             raise errors.DefinitionError(f"max_turns={max_turns}: must be >= 1")
@@ -115,6 +120,7 @@ class Agent:
         self._definitions = [t.definition(strict=strict) for t in self.tools.values()]
         self.output = None if output_type is None else output.Output(output_type)
         self.output_retries = output_retries
+        self.limits = budget.Limits(max_cost, max_tokens)
         self._step = completions.model_step(
             client,
             retry=completions.ModelRetry() if retry is None else retry,
@@ -138,13 +144,25 @@ class Agent:
         return messages
 
     async def run(
-        self, input: str | Sequence[Mapping[str, Any]], *, max_turns: int | None = None
+        self,
+        input: str | Sequence[Mapping[str, Any]],
+        *,
+        max_turns: int | None = None,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
     ) -> AgentResult:
         """Run the conversation to the model's final answer (inside a workflow, durably).
 
         ``input`` is the user's message, or a list of chat messages to start
         from. Raises MaxTurnsExceeded after ``max_turns`` model calls.
+        ``max_cost`` / ``max_tokens`` replace the agent's budget for this run.
         """
+        limits = self.limits
+        if max_cost is not None or max_tokens is not None:
+            limits = budget.Limits(
+                limits.max_cost if max_cost is None else max_cost,
+                limits.max_tokens if max_tokens is None else max_tokens,
+            )
         messages = self.initial_messages(input)
         meter = usage.Meter()
         limit = self.max_turns if max_turns is None else max_turns
@@ -158,7 +176,9 @@ class Agent:
                 params.setdefault("response_format", self.output.response_format())
             if self.stream:
                 params["stream"] = True
-            response = await completions.call_model(self._step, params, self.price_table, meter)
+            response = await completions.call_model(
+                self._step, params, self.price_table, meter, limits=limits
+            )
             message = assistant_message(completions.first_message(response))
             messages.append(message)
             calls = message.get("tool_calls") or []

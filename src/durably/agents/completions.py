@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from durably import context, errors, steps
-from durably.agents import exceptions, usage
+from durably.agents import budget, exceptions, usage
 
 STEP_NAME = usage.MODEL_STEP_PREFIX + "chat.completions"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -136,29 +136,48 @@ class Call:
     """One model call in flight: ``live`` is set when its step body ran in this process.
 
     The model step commits an intent before each request, so a request cut off
-    by a crash leaves a trace: on recovery ``interrupted`` counts it (its answer
-    was lost; the provider may have billed it). Only ``model`` is a dataclass
-    field, so the intent records the model's name and never the conversation.
+    by a crash leaves a trace and the next attempt's number counts it; an
+    answer that took more than one attempt is journaled with that number
+    (:data:`ATTEMPT_KEY`), so usage and budgets count the earlier requests the
+    same way live and on replay. Only ``model`` is a dataclass field, so the
+    intent records the model's name and never the conversation. ``limits`` and
+    ``prices`` are the caller's budget (checked before a repeated request).
     """
 
     model: str
 
-    def __init__(self, params: JSON) -> None:
+    def __init__(
+        self,
+        params: JSON,
+        limits: budget.Limits | None = None,
+        prices: Mapping[str, usage.Price] | None = None,
+    ) -> None:
         self.model = str(params.get("model") or "")
         self.params: JSON = params
         self.live = False
-        self.interrupted = 0
+        self.limits = limits
+        self.prices: Mapping[str, usage.Price] = usage.DEFAULT_PRICES if prices is None else prices
 
 
-def lost_answer(key: str, call: Call | None = None, *_: Any) -> Any:
+#: Where a model step's result notes the attempts it took, when more than one.
+ATTEMPT_KEY = "_durably_attempt"
+
+
+def lost_answer(key: str, *_: Any) -> Any:
     """The model step's ``reconcile``: an interrupted request is asked again with its key.
 
     A provider keeps no record we could look up, so the answer is always
-    NotFound; the interruption is counted so usage can say "billed at least".
+    NotFound. The step's intent exists so the attempt is counted.
     """
-    if isinstance(call, Call):
-        call.interrupted += 1
     return steps.NotFound
+
+
+def _noted(result: JSON) -> JSON:
+    """The step's result, with the attempt number when earlier requests were made."""
+    step = context.current_step.get()
+    if step is None or step.attempt <= 1:
+        return result
+    return {**result, ATTEMPT_KEY: step.attempt}
 
 
 def model_step(
@@ -178,6 +197,9 @@ def model_step(
     create = client.chat.completions.create
 
     def request(call: Call) -> JSON:
+        step = context.current_step.get()
+        attempt = step.attempt if step is not None else 1
+        budget.refuse_if_reached(call.limits, call.params, attempt, call.prices)
         params = dict(call.params)
         if params.get("stream"):
             options = dict(params.get("stream_options") or {})
@@ -201,7 +223,7 @@ def model_step(
             else:
                 result = _dump(response)
             call.live = True
-            return result
+            return _noted(result)
 
         return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(
             call_async
@@ -216,7 +238,7 @@ def model_step(
         else:
             result = _dump(response)
         call.live = True
-        return result
+        return _noted(result)
 
     return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(call_sync)
 
@@ -273,23 +295,50 @@ def call_model(
     params: JSON,
     prices: Mapping[str, usage.Price],
     *meters: usage.Meter,
+    limits: budget.Limits | None = None,
 ) -> Coroutine[Any, Any, JSON]:
     """Take the model call's seq now (program order) and return the awaitable that makes it.
 
     When it returns, the call is counted as billed (its body ran here) or
     replayed (its response came from the journal) in ``meters`` and in the
-    current workflow run's tally.
+    current workflow run's tally. With ``limits`` the run's budget is checked
+    first (see :mod:`durably.agents.budget`): the seq is then taken once the
+    budget allows the call, and a call the step refused is made again at a new
+    seq after a person raised the budget.
     """
-    call = Call(params)
+    if limits is None or not limits.set or context.current_run.get() is None:
+        return _made(step, Call(params, None, prices), prices, meters)
+
+    async def budgeted() -> JSON:
+        while True:
+            await budget.ensure(limits)
+            try:
+                return await _made(step, Call(params, limits, prices), prices, meters)
+            except errors.BudgetExceeded as exc:  # refused before asking again: park
+                meter = usage.run_meter()
+                budget.count_refused(exc, (*meters, meter))
+                await budget.park(limits, str(exc), meter.charged if meter else usage.Tokens())
+
+    return budgeted()
+
+
+def _made(
+    step: steps.StepFunction[[Call], JSON],
+    call: Call,
+    prices: Mapping[str, usage.Price],
+    meters: Iterable[usage.Meter],
+) -> Coroutine[Any, Any, JSON]:
     pending = step(call)
     run_meter = usage.run_meter()
 
     async def finish() -> JSON:
         response = await pending
+        attempts = response.pop(ATTEMPT_KEY, 1) if isinstance(response, dict) else 1
+        earlier = max(0, int(attempts) - 1) if isinstance(attempts, int) else 0
         tokens = usage.tokens_of(response, prices)
         for meter in (*meters, run_meter):
             if meter is not None:
-                meter.add(tokens, live=call.live, interrupted=call.interrupted)
+                meter.add(tokens, live=call.live, interrupted=earlier)
         return response
 
     return finish()

@@ -19,7 +19,7 @@ from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from durably import steps
-from durably.agents import completions, usage
+from durably.agents import budget, completions, usage
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletion
@@ -45,7 +45,9 @@ class DurableCompletions:
                 "inside the step and journals the assembled completion."
             )
         owner = self._owner
-        pending = completions.call_model(owner.step, params, owner.price_table)
+        pending = completions.call_model(
+            owner.step, params, owner.price_table, limits=owner.limits
+        )
         return _as_completion(pending)
 
 
@@ -69,7 +71,9 @@ class DurableLLM:
     ``Retry-After``, other 4xx final); ``timeout`` bounds one attempt in
     seconds; ``price_table`` prices usage (see :mod:`durably.agents.usage`);
     ``idempotency_header`` names the header that carries the step's key on every
-    attempt (None to send none).
+    attempt (None to send none); ``max_cost`` / ``max_tokens`` bound the model
+    calls of each workflow run that uses it, counted from the journal: when
+    reached the run parks for a person (see :mod:`durably.agents.budget`).
     """
 
     def __init__(
@@ -80,7 +84,10 @@ class DurableLLM:
         timeout: float | None = None,
         price_table: Mapping[str, usage.Price] | None = None,
         idempotency_header: str | None = completions.IDEMPOTENCY_HEADER,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
+        self.limits = budget.Limits(max_cost, max_tokens)
         completions.warn_if_client_retries(client)
         self.client = client
         self.price_table = usage.DEFAULT_PRICES if price_table is None else price_table
@@ -103,6 +110,8 @@ def llm(
     timeout: float | None = None,
     price_table: Mapping[str, usage.Price] | None = None,
     idempotency_header: str | None = completions.IDEMPOTENCY_HEADER,
+    max_cost: float | None = None,
+    max_tokens: int | None = None,
 ) -> DurableLLM:
     """Wrap an ``OpenAI`` or ``AsyncOpenAI`` client (created with ``max_retries=0``).
 
@@ -115,4 +124,6 @@ def llm(
         timeout=timeout,
         price_table=price_table,
         idempotency_header=idempotency_header,
+        max_cost=max_cost,
+        max_tokens=max_tokens,
     )

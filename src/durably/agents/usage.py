@@ -89,6 +89,10 @@ class Tokens:
         """Same as ``total_tokens``."""
         return self.total_tokens
 
+    def times(self, n: int) -> Tokens:
+        """These counts ``n`` times over (a call asked ``n`` times)."""
+        return Tokens(*(getattr(self, f.name) * n for f in dataclasses.fields(Tokens)))
+
     def __add__(self, other: Tokens) -> Tokens:
         return Tokens(
             *(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(Tokens))
@@ -110,9 +114,10 @@ def _money(cost: float) -> str:
 class Usage:
     """Model usage of a run: ``billed`` (called live now) and ``replayed`` (from the journal).
 
-    ``interrupted`` counts requests cut off by a crash after they may have
-    reached the provider: their answers were lost, so they were asked again and
-    their cost is unknown. With any, ``billed`` is a lower bound.
+    ``interrupted`` counts the earlier requests of these calls: retried after a
+    failure, or cut off by a crash after they may have reached the provider
+    (their answers lost). Their cost is unknown; with any, ``billed`` is a
+    lower bound.
     """
 
     billed: Tokens = Tokens()
@@ -140,9 +145,8 @@ class Usage:
         if self.interrupted:
             n = self.interrupted
             line += (
-                f"; {n} model request{'s' if n != 1 else ''} interrupted by a crash after "
-                f"{'they' if n != 1 else 'it'} may have reached the provider, asked again: "
-                f"billed at least {_money(self.billed.cost)}"
+                f"; {n} earlier model request{'s' if n != 1 else ''} retried after a failure "
+                f"or a crash may have been billed too: billed at least {_money(self.billed.cost)}"
             )
         return line
 
@@ -173,14 +177,28 @@ class Meter:
         self.billed = Tokens()
         self.replayed = Tokens()
         self.interrupted = 0
+        self.charged = Tokens()  # every answered call once per request made for it
+        self.largest = Tokens()  # the most expensive single call so far
 
     def add(self, tokens: Tokens, *, live: bool, interrupted: int = 0) -> None:
-        """Count one model call (and the ``interrupted`` requests made for it before)."""
+        """Count one model call (and the ``interrupted`` requests made for it before).
+
+        ``charged`` prices each earlier request like the answered one: what a
+        budget counts, since a lost answer's own tokens are unknown.
+        """
         if live:
             self.billed += tokens
         else:
             self.replayed += tokens
         self.interrupted += interrupted
+        self.charged += tokens.times(1 + interrupted)
+        if (tokens.cost, tokens.total_tokens) > (self.largest.cost, self.largest.total_tokens):
+            self.largest = tokens
+
+    def add_lost(self, tokens: Tokens, requests: int) -> None:
+        """Count ``requests`` whose answers were lost, estimated as ``tokens`` (budgets only)."""
+        self.interrupted += requests
+        self.charged += tokens
 
     def usage(self) -> Usage:
         """The tally so far."""
@@ -242,11 +260,15 @@ def requests_sent(entries: Iterable[journal.Entry]) -> int:
     ``attempt`` counts the attempts started for it: the answered one, those that
     failed and were retried, and those cut off by a crash (their answers lost).
     """
-    return sum(
-        e.attempt
-        for e in entries
-        if e.kind == journal.Kind.STEP and e.name.startswith(MODEL_STEP_PREFIX)
-    )
+    sent = 0
+    for e in entries:
+        if e.kind == journal.Kind.STEP and e.name.startswith(MODEL_STEP_PREFIX):
+            sent += e.attempt
+            refused = e.status == journal.EntryStatus.FAILED and "BudgetExceeded" in (
+                e.payload or ""
+            )
+            sent -= 1 if refused else 0  # its last attempt stopped before the request
+    return sent
 
 
 def recovery_summary(
