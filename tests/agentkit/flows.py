@@ -13,6 +13,7 @@ import dataclasses
 import os
 from typing import Any
 
+import anthropic
 import openai
 
 import durably
@@ -35,6 +36,35 @@ agent = agents.Agent(
     if harness.MAX_TOKENS_ENV in os.environ
     else None,
 )
+
+
+anthropic_client = anthropic.AsyncAnthropic(
+    base_url=os.environ.get(harness.MODEL_URL_ENV, "http://127.0.0.1:9/v1").removesuffix("/v1"),
+    api_key="test",
+    max_retries=0,
+)
+anthropic_agent = agents.Agent(
+    client=anthropic_client,
+    model="claude-sonnet-4-6",
+    instructions="You are a support agent.",
+    tools=[lookup_order, refund, work],
+    max_turns=50,
+    name="claude-agent",
+)
+
+
+@durably.workflow(name="agentkit-support-anthropic")
+async def support_anthropic(question: str) -> dict[str, Any]:
+    """The same support agent over Anthropic's Messages API."""
+    result = await anthropic_agent.run(question)
+    return {
+        "output": result.output,
+        "turns": result.turns,
+        "billed": dataclasses.asdict(result.usage.billed),
+        "replayed": dataclasses.asdict(result.usage.replayed),
+        "summary": result.usage.summary(),
+        "tool_messages": [m for m in result.messages if m["role"] == "tool"],
+    }
 
 
 @durably.workflow(name="agentkit-support")

@@ -24,7 +24,16 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from durably import errors, steps
-from durably.agents import approvals, budget, completions, exceptions, output, schema, usage
+from durably.agents import (
+    approvals,
+    budget,
+    completions,
+    exceptions,
+    messages_api,
+    output,
+    schema,
+    usage,
+)
 from durably.agents import tools as agent_tools
 
 JSON = dict[str, Any]
@@ -60,7 +69,8 @@ class Agent:
     """A model with instructions and tools, run durably by ``await agent.run(input)``.
 
     ``client`` is an ``openai.AsyncOpenAI`` or ``openai.OpenAI`` (any
-    OpenAI-compatible ``base_url``) created with ``max_retries=0``.
+    OpenAI-compatible ``base_url``), or an ``anthropic.AsyncAnthropic`` /
+    ``Anthropic`` (the Messages API, natively), created with ``max_retries=0``.
     ``max_turns`` bounds the model calls of one run; ``price_table`` prices
     usage (default: the EXAMPLE ``DEFAULT_PRICES``); ``model_settings`` are
     passed to every ``create`` call (temperature, tool_choice, ...); ``retry``
@@ -103,6 +113,11 @@ class Agent:
         if output_retries < 0:
             raise errors.DefinitionError(f"output_retries={output_retries}: must be >= 0")
         completions.warn_if_client_retries(client)
+        if stream and messages_api.is_anthropic(client):
+            raise errors.DefinitionError(
+                "Agent(stream=True) streams chat completions only; an Anthropic client's turns "
+                "are made whole (leave stream unset)"
+            )
         self.client = client
         self.model = model
         self.instructions = instructions

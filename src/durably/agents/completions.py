@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from durably import context, errors, steps
-from durably.agents import budget, exceptions, usage
+from durably.agents import budget, exceptions, messages_api, usage
 
 STEP_NAME = usage.MODEL_STEP_PREFIX + "chat.completions"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -73,8 +73,11 @@ def is_transient(exc: BaseException) -> bool:
         return status in _RETRY_STATUSES or status >= 500
     if isinstance(exc, errors.StepTimeout | ConnectionError | TimeoutError):
         return True
-    openai = sys.modules.get("openai")
-    return openai is not None and isinstance(exc, openai.APIConnectionError)
+    for provider in ("openai", "anthropic"):
+        module = sys.modules.get(provider)
+        if module is not None and isinstance(exc, module.APIConnectionError):
+            return True
+    return False
 
 
 def retry_after(exc: BaseException, now: Callable[[], float] = time.time) -> float | None:
@@ -123,9 +126,14 @@ def warn_if_client_retries(client: Any) -> None:
 
 
 def is_async_client(client: Any) -> bool:
-    """True for ``AsyncOpenAI``-style clients (their ``create`` is a coroutine function)."""
-    create = client.chat.completions.create
-    return inspect.iscoroutinefunction(inspect.unwrap(create))
+    """True for ``AsyncOpenAI`` / ``AsyncAnthropic``-style clients (``create`` is a coroutine)."""
+    return inspect.iscoroutinefunction(inspect.unwrap(_create_of(client)))
+
+
+def _create_of(client: Any) -> Any:
+    if messages_api.is_anthropic(client):
+        return client.messages.create
+    return client.chat.completions.create
 
 
 # --- the step ------------------------------------------------------------------------
@@ -154,6 +162,7 @@ class Call:
     ) -> None:
         self.model = str(params.get("model") or "")
         self.params: JSON = params
+        self.native = False  # params already in the provider's own shape (llm() on Anthropic)
         self.live = False
         self.limits = limits
         self.prices: Mapping[str, usage.Price] = usage.DEFAULT_PRICES if prices is None else prices
@@ -194,14 +203,17 @@ def model_step(
     where a call is known to be billed. With ``stream=True`` in the params the
     stream is consumed inside the step and journaled as one completion.
     """
-    create = client.chat.completions.create
+    anthropic = messages_api.is_anthropic(client)
+    create = _create_of(client)
 
     def request(call: Call) -> JSON:
         step = context.current_step.get()
         attempt = step.attempt if step is not None else 1
         budget.refuse_if_reached(call.limits, call.params, attempt, call.prices)
         params = dict(call.params)
-        if params.get("stream"):
+        if anthropic:
+            params = params if call.native else messages_api.request(params)
+        elif params.get("stream"):
             options = dict(params.get("stream_options") or {})
             options.setdefault("include_usage", True)
             params["stream_options"] = options
@@ -223,7 +235,7 @@ def model_step(
             else:
                 result = _dump(response)
             call.live = True
-            return _noted(result)
+            return _noted(messages_api.turn(result) if anthropic else result)
 
         return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(
             call_async
@@ -238,7 +250,7 @@ def model_step(
         else:
             result = _dump(response)
         call.live = True
-        return _noted(result)
+        return _noted(messages_api.turn(result) if anthropic else result)
 
     return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(call_sync)
 
@@ -296,6 +308,7 @@ def call_model(
     prices: Mapping[str, usage.Price],
     *meters: usage.Meter,
     limits: budget.Limits | None = None,
+    native: bool = False,
 ) -> Coroutine[Any, Any, JSON]:
     """Take the model call's seq now (program order) and return the awaitable that makes it.
 
@@ -304,16 +317,23 @@ def call_model(
     current workflow run's tally. With ``limits`` the run's budget is checked
     first (see :mod:`durably.agents.budget`): the seq is then taken once the
     budget allows the call, and a call the step refused is made again at a new
-    seq after a person raised the budget.
+    seq after a person raised the budget. ``native`` says ``params`` are
+    already in the provider's own shape (``llm()`` on an Anthropic client).
     """
+
+    def new_call(with_limits: budget.Limits | None) -> Call:
+        call = Call(params, with_limits, prices)
+        call.native = native
+        return call
+
     if limits is None or not limits.set or context.current_run.get() is None:
-        return _made(step, Call(params, None, prices), prices, meters)
+        return _made(step, new_call(None), prices, meters)
 
     async def budgeted() -> JSON:
         while True:
             await budget.ensure(limits)
             try:
-                return await _made(step, Call(params, limits, prices), prices, meters)
+                return await _made(step, new_call(limits), prices, meters)
             except errors.BudgetExceeded as exc:  # refused before asking again: park
                 meter = usage.run_meter()
                 budget.count_refused(exc, (*meters, meter))

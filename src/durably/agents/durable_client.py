@@ -1,5 +1,8 @@
 """``durably.llm(client)``: the client's own API, where every ``create()`` is a durable step.
 
+An OpenAI client gets ``llm.chat.completions.create``; an Anthropic client
+``llm.messages.create`` (returning ``anthropic.types.Message``).
+
 For hand-written agent loops. ``await llm.chat.completions.create(model=...,
 messages=...)`` takes a seq in program order like any step call, journals the
 response (never the request) and returns a ``ChatCompletion``; on replay the
@@ -15,11 +18,12 @@ assembled completion.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from durably import steps
-from durably.agents import budget, completions, usage
+from durably.agents import budget, completions, messages_api, usage
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletion
@@ -45,9 +49,7 @@ class DurableCompletions:
                 "inside the step and journals the assembled completion."
             )
         owner = self._owner
-        pending = completions.call_model(
-            owner.step, params, owner.price_table, limits=owner.limits
-        )
+        pending = completions.call_model(owner.step, params, owner.price_table, limits=owner.limits)
         return _as_completion(pending)
 
 
@@ -55,6 +57,38 @@ async def _as_completion(pending: Coroutine[Any, Any, completions.JSON]) -> Chat
     from openai.types.chat import ChatCompletion
 
     return ChatCompletion.model_validate(await pending)
+
+
+class DurableMessages:
+    """``llm.messages`` of an Anthropic client: ``create()`` as a durable step."""
+
+    def __init__(self, owner: DurableLLM) -> None:
+        self._owner = owner
+
+    def create(self, **params: Any) -> Coroutine[Any, Any, Any]:
+        """Make (or replay) one Messages API call; await the ``anthropic.types.Message``.
+
+        Takes the client's own keyword arguments. The journal keeps the
+        provider-neutral turn (see :mod:`durably.agents.messages_api`): text and
+        tool_use blocks, the stop reason, usage with cache reads and writes.
+        """
+        if params.get("stream"):
+            raise ValueError(
+                "durably.llm(...).messages.create(stream=True) is not supported: the journal "
+                "holds whole responses, so a replay cannot be a stream. Call it without "
+                "stream=True."
+            )
+        owner = self._owner
+        pending = completions.call_model(
+            owner.step, params, owner.price_table, limits=owner.limits, native=True
+        )
+        return _as_message(pending)
+
+
+async def _as_message(pending: Coroutine[Any, Any, completions.JSON]) -> Any:
+    # imported by name: anthropic is an optional extra (and may be absent where mypy runs)
+    message_class: Any = importlib.import_module("anthropic.types").Message
+    return message_class.model_validate(messages_api.message(await pending))
 
 
 class DurableChat:
@@ -97,7 +131,10 @@ class DurableLLM:
             timeout=timeout,
             idempotency_header=idempotency_header,
         )
-        self.chat = DurableChat(self)
+        if messages_api.is_anthropic(client):
+            self.messages = DurableMessages(self)
+        else:
+            self.chat = DurableChat(self)
 
     def __repr__(self) -> str:
         return f"<durably.llm {type(self.client).__name__}>"

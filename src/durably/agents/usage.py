@@ -25,28 +25,39 @@ MODEL_STEP_PREFIX = "llm:"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Price:
-    """US dollars per million tokens: prompt, completion, and cached prompt tokens.
+    """US dollars per million tokens: prompt, completion, cached and cache-written prompt tokens.
 
-    ``cached_input`` defaults to ``input`` (no discount) when not given.
+    ``cached_input`` (tokens read from the prompt cache) and ``cache_write``
+    (tokens written to it, Anthropic's cache creation) default to ``input``.
     """
 
     input: float
     output: float
     cached_input: float | None = None
+    cache_write: float | None = None
 
-    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> float:
-        """Dollars for one call: cached prompt tokens at the cached rate, the rest at ``input``."""
+    def cost(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int,
+        cache_write_tokens: int = 0,
+    ) -> float:
+        """Dollars for one call: cache reads and writes at their rates, the rest at ``input``."""
         cached = min(cached_tokens, prompt_tokens)
+        written = min(cache_write_tokens, prompt_tokens - cached)
         cached_rate = self.input if self.cached_input is None else self.cached_input
+        write_rate = self.input if self.cache_write is None else self.cache_write
         total = (
-            (prompt_tokens - cached) * self.input
+            (prompt_tokens - cached - written) * self.input
             + cached * cached_rate
+            + written * write_rate
             + completion_tokens * self.output
         )
         return total / 1_000_000
 
 
-#: EXAMPLE prices (USD per 1M tokens, as listed by OpenAI in 2025). They go stale;
+#: EXAMPLE prices (USD per 1M tokens, as listed by OpenAI and Anthropic in 2025). They go stale;
 #: pass your own ``price_table`` for numbers you can bill against.
 DEFAULT_PRICES: Mapping[str, Price] = {
     "gpt-4.1": Price(input=2.00, output=8.00, cached_input=0.50),
@@ -54,6 +65,9 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "gpt-4.1-nano": Price(input=0.10, output=0.40, cached_input=0.025),
     "gpt-4o": Price(input=2.50, output=10.00, cached_input=1.25),
     "gpt-4o-mini": Price(input=0.15, output=0.60, cached_input=0.075),
+    "claude-opus-4": Price(input=15.00, output=75.00, cached_input=1.50, cache_write=18.75),
+    "claude-sonnet-4": Price(input=3.00, output=15.00, cached_input=0.30, cache_write=3.75),
+    "claude-haiku-4": Price(input=1.00, output=5.00, cached_input=0.10, cache_write=1.25),
 }
 
 
@@ -78,6 +92,7 @@ class Tokens:
     cached_tokens: int = 0
     cost: float = 0.0
     unpriced_calls: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -165,9 +180,11 @@ def call_tokens(response: Mapping[str, Any]) -> tuple[int, int, int]:
 def tokens_of(response: Mapping[str, Any], prices: Mapping[str, Price]) -> Tokens:
     """The Tokens of one call, priced by the model the response names."""
     prompt, completion, cached = call_tokens(response)
+    details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
+    written = int(details.get("cache_write_tokens") or 0)
     price = price_for(str(response.get("model") or ""), prices)
-    cost = price.cost(prompt, completion, cached) if price else 0.0
-    return Tokens(1, prompt, completion, cached, cost, 0 if price else 1)
+    cost = price.cost(prompt, completion, cached, written) if price else 0.0
+    return Tokens(1, prompt, completion, cached, cost, 0 if price else 1, written)
 
 
 class Meter:
@@ -304,7 +321,5 @@ def recovery_summary(
         before = [e for e in calls if (e.finished_at or e.started_at or 0.0) < last]
         replayed = usage_from_history(before, prices)
         if replayed.calls:
-            line += (
-                f"; recovery replayed {replayed.describe()} instead of paying for them again"
-            )
+            line += f"; recovery replayed {replayed.describe()} instead of paying for them again"
     return line
