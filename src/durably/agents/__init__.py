@@ -11,6 +11,7 @@ from durably.agents.budget import set_budget
 from durably.agents.completions import ModelRetry
 from durably.agents.decisions import approve, list_approvals, reject
 from durably.agents.durable_client import DurableLLM, llm
+from durably.agents.events import AgentEvent
 from durably.agents.exceptions import (
     ApprovalAlreadyDecided,
     ApprovalError,
@@ -37,6 +38,7 @@ from durably.agents.usage import (
 __all__ = [
     "DEFAULT_PRICES",
     "Agent",
+    "AgentEvent",
     "AgentResult",
     "ApprovalAlreadyDecided",
     "ApprovalError",

@@ -28,6 +28,7 @@ from durably.agents import (
     approvals,
     budget,
     completions,
+    events,
     exceptions,
     messages_api,
     output,
@@ -165,12 +166,15 @@ class Agent:
         max_turns: int | None = None,
         max_cost: float | None = None,
         max_tokens: int | None = None,
+        on_event: events.EventCallback | None = None,
     ) -> AgentResult:
         """Run the conversation to the model's final answer (inside a workflow, durably).
 
         ``input`` is the user's message, or a list of chat messages to start
         from. Raises MaxTurnsExceeded after ``max_turns`` model calls.
         ``max_cost`` / ``max_tokens`` replace the agent's budget for this run.
+        ``on_event`` gets text deltas and tool start/end events, live only (see
+        :mod:`durably.agents.events`).
         """
         limits = self.limits
         if max_cost is not None or max_tokens is not None:
@@ -183,6 +187,11 @@ class Agent:
         limit = self.max_turns if max_turns is None else max_turns
         calls_made = 0
         corrections = 0
+        turn = 0
+
+        def on_text(piece: str, replayed: bool) -> None:
+            events.emit(on_event, events.AgentEvent("text", piece, replayed=replayed, turn=turn))
+
         for turn in range(1, limit + 1):
             params: JSON = {"model": self.model, "messages": list(messages), **self.model_settings}
             if self._definitions:
@@ -191,9 +200,16 @@ class Agent:
                 params.setdefault("response_format", self.output.response_format())
             if self.stream:
                 params["stream"] = True
+            replayed_before = meter.replayed.calls
             response = await completions.call_model(
-                self._step, params, self.price_table, meter, limits=limits
+                self._step,
+                params,
+                self.price_table,
+                meter,
+                limits=limits,
+                on_text=on_text if on_event is not None else None,
             )
+            replayed = meter.replayed.calls > replayed_before
             message = assistant_message(completions.first_message(response))
             messages.append(message)
             calls = message.get("tool_calls") or []
@@ -212,8 +228,14 @@ class Agent:
                 value = await steps.run_step(_accepted, value, name=f"output:{self.name}")
                 return AgentResult(value, messages, meter.usage(), turn, calls_made)
             calls_made += len(calls)
+            names = {str(c.get("id") or ""): _tool_event(c, replayed, turn) for c in calls}
+            for started in names.values():
+                events.emit(on_event, started)
             for call_id, content in await self.run_tools(calls):
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+                started = names[call_id]
+                ended = dataclasses.replace(started, kind="tool_end", result=content)
+                events.emit(on_event, ended)
         raise exceptions.MaxTurnsExceeded(
             f"agent {self.name!r} made {limit} model calls without a final answer"
         )
@@ -284,6 +306,23 @@ class Agent:
                 return False
         p.running = p.tool.call_for_model(p.call_id, kwargs)
         return True
+
+
+def _tool_event(call: Mapping[str, Any], replayed: bool, turn: int) -> events.AgentEvent:
+    """The ``tool_start`` event of one tool call of the model."""
+    function = call.get("function") or {}
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except ValueError:
+        arguments = None
+    return events.AgentEvent(
+        "tool_start",
+        tool=str(function.get("name") or ""),
+        call_id=str(call.get("id") or ""),
+        arguments=arguments if isinstance(arguments, dict) else None,
+        replayed=replayed,
+        turn=turn,
+    )
 
 
 def _accepted(value: Any) -> Any:

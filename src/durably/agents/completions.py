@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from durably import context, errors, steps
-from durably.agents import budget, exceptions, messages_api, usage
+from durably.agents import budget, events, exceptions, messages_api, usage
 
 STEP_NAME = usage.MODEL_STEP_PREFIX + "chat.completions"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -163,6 +163,7 @@ class Call:
         self.model = str(params.get("model") or "")
         self.params: JSON = params
         self.native = False  # params already in the provider's own shape (llm() on Anthropic)
+        self.on_delta: Callable[[str], None] | None = None  # streamed text, live only
         self.live = False
         self.limits = limits
         self.prices: Mapping[str, usage.Price] = usage.DEFAULT_PRICES if prices is None else prices
@@ -231,7 +232,7 @@ def model_step(
             response = await create(**params)
             if params.get("stream"):
                 async with response as stream:
-                    result = assemble([_dump(chunk) async for chunk in stream])
+                    result = assemble([_seen(call, _dump(chunk)) async for chunk in stream])
             else:
                 result = _dump(response)
             call.live = True
@@ -246,13 +247,22 @@ def model_step(
         response = create(**params)
         if params.get("stream"):
             with response as stream:
-                result = assemble([_dump(chunk) for chunk in stream])
+                result = assemble([_seen(call, _dump(chunk)) for chunk in stream])
         else:
             result = _dump(response)
         call.live = True
         return _noted(messages_api.turn(result) if anthropic else result)
 
     return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(call_sync)
+
+
+def _seen(call: Call, chunk: JSON) -> JSON:
+    """Pass a streamed chunk's text to the caller (live), and keep the chunk."""
+    if call.on_delta is not None:
+        piece = events.delta_text(chunk)
+        if piece:
+            call.on_delta(piece)
+    return chunk
 
 
 def _dump(response: Any) -> JSON:
@@ -309,6 +319,7 @@ def call_model(
     *meters: usage.Meter,
     limits: budget.Limits | None = None,
     native: bool = False,
+    on_text: Callable[[str, bool], None] | None = None,
 ) -> Coroutine[Any, Any, JSON]:
     """Take the model call's seq now (program order) and return the awaitable that makes it.
 
@@ -319,21 +330,25 @@ def call_model(
     budget allows the call, and a call the step refused is made again at a new
     seq after a person raised the budget. ``native`` says ``params`` are
     already in the provider's own shape (``llm()`` on an Anthropic client).
+    ``on_text(text, replayed)`` gets a streamed turn's text as it arrives, or
+    the turn's whole text once it ends (``replayed`` when from the journal).
     """
 
     def new_call(with_limits: budget.Limits | None) -> Call:
         call = Call(params, with_limits, prices)
         call.native = native
+        if on_text is not None and params.get("stream"):
+            call.on_delta = lambda piece: on_text(piece, False)
         return call
 
     if limits is None or not limits.set or context.current_run.get() is None:
-        return _made(step, new_call(None), prices, meters)
+        return _made(step, new_call(None), prices, meters, on_text)
 
     async def budgeted() -> JSON:
         while True:
             await budget.ensure(limits)
             try:
-                return await _made(step, new_call(limits), prices, meters)
+                return await _made(step, new_call(limits), prices, meters, on_text)
             except errors.BudgetExceeded as exc:  # refused before asking again: park
                 meter = usage.run_meter()
                 budget.count_refused(exc, (*meters, meter))
@@ -347,6 +362,7 @@ def _made(
     call: Call,
     prices: Mapping[str, usage.Price],
     meters: Iterable[usage.Meter],
+    on_text: Callable[[str, bool], None] | None = None,
 ) -> Coroutine[Any, Any, JSON]:
     pending = step(call)
     run_meter = usage.run_meter()
@@ -359,9 +375,18 @@ def _made(
         for meter in (*meters, run_meter):
             if meter is not None:
                 meter.add(tokens, live=call.live, interrupted=earlier)
+        if on_text is not None and not (call.live and call.on_delta is not None):
+            said = _text_of(response)
+            if said:
+                on_text(said, not call.live)
         return response
 
     return finish()
+
+
+def _text_of(response: Mapping[str, Any]) -> str:
+    choices = response.get("choices") or [{}]
+    return str((choices[0].get("message") or {}).get("content") or "")
 
 
 def first_message(response: Mapping[str, Any]) -> JSON:
