@@ -73,3 +73,33 @@ async def test_deltas_arrive_live_in_order_and_a_replay_is_marked(store_url: str
     assert [e.text for e in texts] == [LONG]  # once, whole
     assert all(e.replayed for e in replayed)
     assert len([e for e in history if e.name == "llm:chat.completions"]) == 2  # one per turn
+
+
+INNER: list[agents.DurableLLM] = []
+
+
+@durably.step
+async def summarize_inside_a_step(question: str) -> str:
+    reply = await INNER[0].chat.completions.create(
+        model="gpt-4.1-mini", messages=[{"role": "user", "content": question}]
+    )
+    return reply.choices[0].message.content or ""
+
+
+@durably.workflow(name="events-model-in-step")
+async def model_in_step() -> str:
+    try:
+        return await summarize_inside_a_step("hi")
+    except durably.NotInWorkflow as exc:
+        return f"refused: {exc}"
+
+
+async def test_a_model_call_inside_a_step_is_refused_not_run_undurably(sqlite_url: str) -> None:
+    with FakeModelServer([text("hello")]) as server:
+        async with openai.AsyncOpenAI(base_url=server.url, api_key="t", max_retries=0) as client:
+            INNER[:] = [agents.llm(client)]
+            async with durably.Engine(sqlite_url) as engine:
+                handle = await engine.start(model_in_step, workflow_id="wf")
+                said = await handle.result(timeout=10)
+        assert server.requests == []  # nothing was asked undurably
+    assert said.startswith("refused: ") and "inside a step" in said, said

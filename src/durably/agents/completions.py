@@ -334,6 +334,14 @@ def call_model(
     the turn's whole text once it ends (``replayed`` when from the journal).
     """
 
+    if context.current_run.get() is not None and context.current_step.get() is not None:
+        raise errors.NotInWorkflow(
+            "a durable model call was made inside a step (a tool or @durably.step): it "
+            "cannot be journaled there, and would be asked again on every retry or recovery "
+            "of that step. Make the call from the workflow's own code, or call the client "
+            "itself inside the step if asking again is what you want."
+        )
+
     def new_call(with_limits: budget.Limits | None) -> Call:
         call = Call(params, with_limits, prices)
         call.native = native
