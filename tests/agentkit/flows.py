@@ -67,6 +67,36 @@ async def support_anthropic(question: str) -> dict[str, Any]:
     }
 
 
+researcher = agents.Agent(
+    client=client,
+    model="gpt-4.1-mini",
+    instructions="You research orders.",
+    tools=[lookup_order],
+    name="researcher",
+)
+team_lead = agents.Agent(
+    client=client,
+    model="gpt-4.1-mini",
+    instructions="You lead the support team.",
+    tools=[agents.as_tool(researcher, description="Ask the researcher about orders.")],
+    name="team-lead",
+)
+
+
+@durably.workflow(name="agentkit-support-team")
+async def support_team(question: str) -> dict[str, Any]:
+    """A lead agent that asks a researcher sub-agent (a durable child workflow)."""
+    result = await team_lead.run(question)
+    return {
+        "output": result.output,
+        "turns": result.turns,
+        "billed": dataclasses.asdict(result.usage.billed),
+        "replayed": dataclasses.asdict(result.usage.replayed),
+        "summary": result.usage.summary(),
+        "tool_messages": [m for m in result.messages if m["role"] == "tool"],
+    }
+
+
 @durably.workflow(name="agentkit-support")
 async def support(question: str) -> dict[str, Any]:
     """Answer a support question with the agent; report what it cost."""

@@ -25,6 +25,7 @@ from durably.agents.exceptions import (
     OutputValidationError,
     ToolError,
 )
+from durably.agents.subagents import as_tool
 from durably.agents.tools import Tool, tool
 from durably.agents.usage import (
     DEFAULT_PRICES,
@@ -61,6 +62,7 @@ __all__ = [
     "Usage",
     "approve",
     "args_hash",
+    "as_tool",
     "list_approvals",
     "llm",
     "reject",

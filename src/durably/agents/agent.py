@@ -184,6 +184,20 @@ class Agent:
             )
         messages = self.initial_messages(input)
         meter = usage.Meter()
+        token = usage.agent_meter.set(meter)  # sub-agents' usage rolls up into it
+        try:
+            return await self._loop(messages, meter, limits, max_turns, on_event)
+        finally:
+            usage.agent_meter.reset(token)
+
+    async def _loop(
+        self,
+        messages: list[JSON],
+        meter: usage.Meter,
+        limits: budget.Limits,
+        max_turns: int | None,
+        on_event: events.EventCallback | None,
+    ) -> AgentResult:
         limit = self.max_turns if max_turns is None else max_turns
         calls_made = 0
         corrections = 0

@@ -13,6 +13,7 @@ for real accounting.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -223,6 +224,11 @@ class Meter:
 
 
 _run_meters: weakref.WeakKeyDictionary[Any, Meter] = weakref.WeakKeyDictionary()
+
+#: The meter of the agent run now executing, for what rolls up into it (sub-agents).
+agent_meter: contextvars.ContextVar[Meter | None] = contextvars.ContextVar(
+    "durably_agent_meter", default=None
+)
 
 
 def run_meter() -> Meter | None:
