@@ -11,10 +11,12 @@ EXPECTED = sorted(durably.__all__)
 
 def test_all_is_sorted_and_complete() -> None:
     assert durably.__all__ == sorted(durably.__all__)
+    # dir(), not vars(): the agent names are loaded on first access (issue 12);
+    # getattr resolves them, so a lazy name that cannot be imported fails here.
     public = sorted(
         n
-        for n, v in vars(durably).items()
-        if not n.startswith("_") and not isinstance(v, types.ModuleType)
+        for n in dir(durably)
+        if not n.startswith("_") and not isinstance(getattr(durably, n), types.ModuleType)
     )
     assert public == EXPECTED
 

@@ -5,12 +5,8 @@ the workflow re-runs from its first line and finished steps return their
 recorded results. See README.md and docs/.
 """
 
-from durably.agents import (
-    Agent,
-    AgentResult,
-    llm,
-    tool,
-)
+import typing
+
 from durably.client import Client
 from durably.context import idempotency_key, step_info
 from durably.engine import Engine, WorkflowHandle, run
@@ -49,6 +45,35 @@ from durably.queues import Queue
 from durably.steps import Found, NotFound, Retry, Unknown, run_step, step
 from durably.waits import ChildHandle, set_event, sleep, sleep_until, start_child, wait_for_signal
 from durably.workflows import compensate, now, random, uuid4, workflow
+
+if typing.TYPE_CHECKING:
+    from durably.agents import Agent, AgentResult, llm, tool
+
+# The agents package is loaded on first use: a workflow that never builds an
+# agent should not pay for it at import (issue 12). Name -> the module holding it.
+_LAZY = {
+    "Agent": "durably.agents.agent",
+    "AgentResult": "durably.agents.agent",
+    "llm": "durably.agents.durable_client",
+    "tool": "durably.agents.tools",
+}
+
+
+def __getattr__(name: str) -> typing.Any:
+    """Import a lazily loaded public name on first access, then keep it in the module."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'durably' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazily loaded ones included (before their first use too)."""
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def _installed_version() -> str:

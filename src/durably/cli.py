@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from types import ModuleType
 from typing import Any, NoReturn
 
 import click
@@ -33,7 +34,6 @@ from durably import queues as queues_module
 from durably import workflows as workflow_registry
 from durably.agents import cli as agents_cli
 from durably.agents import usage as agent_usage
-from durably.server import views
 from durably.testing import crashes
 
 console = Console(highlight=False)
@@ -166,7 +166,7 @@ def list_cmd(
     found = {info.workflow_id: serving.notes(info, executors, now) for info in rows}
     if as_json:
         _json_lines(
-            {**views.workflow(info), "notes": [n.text for n in found[info.workflow_id]]}
+            {**_views().workflow(info), "notes": [n.text for n in found[info.workflow_id]]}
             for info in rows
         )
         return
@@ -212,16 +212,23 @@ def show(database: str, workflow_id: str, as_json: bool) -> None:
     notes = [note.text for note in serving.notes(info, executors, time.time())]
     if as_json:
         document = {
-            "workflow": views.workflow(info),
+            "workflow": _views().workflow(info),
             "notes": notes,
-            "timeline": views.timeline(entries, claims),
-            "usage": views.usage_line(entries, claims),
-            "entries": [views.entry(e) for e in entries],
+            "timeline": _views().timeline(entries, claims),
+            "usage": _views().usage_line(entries, claims),
+            "entries": [_views().entry(e) for e in entries],
             "claims": [dataclasses.asdict(c) for c in claims],
         }
         click.echo(json.dumps(document, sort_keys=True, default=str))
         return
     print_receipts(info, entries, claims, notes)
+
+
+def _views() -> ModuleType:
+    """The server's record shapes, imported when a command prints JSON (not for ``--help``)."""
+    from durably.server import views
+
+    return views
 
 
 def _json_lines(records: Iterable[dict[str, Any]]) -> None:
@@ -439,7 +446,7 @@ def workers(database: str, as_json: bool) -> None:
     with _client(database, create=False) as client:
         rows = client.executors()
     if as_json:
-        _json_lines(views.executor(e, time.time()) for e in rows)
+        _json_lines(_views().executor(e, time.time()) for e in rows)
         return
     if not rows:
         console.print("no workers")
@@ -614,7 +621,7 @@ def review_list(database: str, workflow_id: str | None, as_json: bool) -> None:
     with _client(database, create=False) as client:
         rows = client.reviews(workflow_id)
     if as_json:
-        _json_lines(views.review(r) for r in rows)
+        _json_lines(_views().review(r) for r in rows)
         return
     if not rows:
         console.print("no step awaits review")

@@ -1,0 +1,79 @@
+"""``import durably`` loads the engine only; agents, model SDKs and the server load when used.
+
+Behaviour, not timing: each check runs a fresh interpreter (``python -X importtime``,
+so the import really happens from scratch) and looks at ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("openai", "rich", "pydantic_ai", "agents", "starlette", "anthropic")
+
+
+def _modules_after(code: str) -> list[str]:
+    """The top-level and durably module names loaded by ``code`` in a new interpreter."""
+    script = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "durably" in proc.stderr, "python -X importtime printed no line for durably"
+    loaded: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return loaded
+
+
+def test_import_durably_loads_no_agent_sdk_cli_or_server_module() -> None:
+    loaded = _modules_after("import durably")
+    assert "durably" in loaded
+    for name in HEAVY:
+        assert name not in loaded, f"import durably loaded {name!r}"
+    for name in ("click", "pydantic", "durably.agents", "durably.server"):
+        assert name not in loaded, f"import durably loaded {name!r}"
+
+
+def test_lazy_names_resolve_to_the_agents_objects() -> None:
+    loaded = _modules_after(
+        "import durably\n"
+        "from durably.agents import agent, durable_client, tools\n"
+        "assert durably.Agent is agent.Agent and durably.AgentResult is agent.AgentResult\n"
+        "assert durably.llm is durable_client.llm and durably.tool is tools.tool\n"
+        "from durably import Agent\n"
+        "assert Agent is agent.Agent"
+    )
+    assert "durably.agents" in loaded
+
+
+def test_durably_help_loads_no_agent_sdk_or_server_module() -> None:
+    loaded = _modules_after(
+        "import sys\n"
+        "from durably import cli\n"
+        "sys.argv = ['durably', '--help']\n"
+        "try:\n"
+        "    cli.main()\n"
+        "except SystemExit as exit_:\n"
+        "    assert exit_.code in (0, None), exit_.code\n"
+    )
+    for name in ("openai", "pydantic_ai", "agents", "starlette", "anthropic", "durably.server"):
+        assert name not in loaded, f"durably --help loaded {name!r}"
+    # The approval commands are listed, so their small modules load; the agent
+    # loop, the model client and the schema machinery do not.
+    for name in ("durably.agents.agent", "durably.agents.durable_client", "durably.agents.schema"):
+        assert name not in loaded, f"durably --help loaded {name!r}"
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    import durably
+
+    try:
+        durably.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:
+        raise AssertionError("durably.NoSuchThing did not raise AttributeError")
