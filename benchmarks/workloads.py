@@ -1,0 +1,315 @@
+"""The durably workloads of ``python -m benchmarks`` and their same-run baselines.
+
+Each function measures one thing once and returns one number; the caller runs
+it in interleaved rounds and keeps min/median/max. Nothing here asserts speed.
+Databases are long-lived (warm) files or PostgreSQL databases made once per
+run: each round adds to the same database, as a long-running engine would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from typing import Any
+
+import durably
+
+PAYLOAD = {"ok": True, "n": 0, "text": "a small result"}
+PAYLOAD_JSON = json.dumps(PAYLOAD, separators=(",", ":"))
+
+# --- workflows ----------------------------------------------------------------------------
+
+_spans: list[tuple[float, float]] = []  # (first step began, last step ended) per pass
+_signal_seen: list[float] = []  # perf_counter when wait_for_signal returned
+_blocked = 0  # recovery child: workflows parked in the blocking step
+_CHILD = os.environ.get("DURABLY_BENCH_CHILD") == "1"
+
+
+@durably.step
+async def bench_step(i: int) -> dict[str, Any]:
+    return {**PAYLOAD, "n": i}
+
+
+@durably.step
+async def bench_block() -> None:
+    """In the recovery child: hang here (the parent SIGKILLs it); elsewhere return at once."""
+    global _blocked
+    if _CHILD:
+        _blocked += 1
+        await asyncio.Event().wait()
+
+
+@durably.workflow(name="bench-steps")
+async def steps_workflow(steps: int) -> int:
+    t0 = time.perf_counter()
+    for i in range(steps):
+        await bench_step(i)
+    _spans.append((t0, time.perf_counter()))
+    return steps
+
+
+@durably.workflow(name="bench-recover")
+async def recover_workflow() -> int:
+    await bench_step(0)
+    await bench_block()
+    await bench_step(1)
+    return 2
+
+
+@durably.workflow(name="bench-replay")
+async def replay_workflow(steps: int) -> int:
+    t0 = time.perf_counter()
+    for i in range(steps):
+        await bench_step(i)
+    _spans.append((t0, time.perf_counter()))
+    await durably.wait_for_signal("go")
+    return steps
+
+
+@durably.workflow(name="bench-signal")
+async def signal_workflow() -> None:
+    await durably.wait_for_signal("go")
+    _signal_seen.append(time.perf_counter())
+
+
+# --- baselines ----------------------------------------------------------------------------
+
+
+class RawSqlite:
+    """One warm SQLite file written one committed row at a time: the floor of a step."""
+
+    def __init__(self, path: str, synchronous: str) -> None:
+        self.conn = sqlite3.connect(path, isolation_level=None)
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS journal (workflow_id TEXT NOT NULL, seq BIGINT NOT NULL, "
+            "payload TEXT, PRIMARY KEY (workflow_id, seq))"
+        )
+        self.seq = 0
+        self.commit_us(200)  # warm the file, the WAL and the statement cache
+
+    def commit_us(self, n: int) -> float:
+        """Mean microseconds of ``BEGIN IMMEDIATE; INSERT; COMMIT``."""
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.seq += 1
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("INSERT INTO journal VALUES ('wf', ?, ?)", (self.seq, PAYLOAD_JSON))
+            self.conn.execute("COMMIT")
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def read_us(self, n: int) -> float:
+        """Microseconds per row to read back the last ``n`` rows and decode their JSON."""
+        t0 = time.perf_counter()
+        rows = self.conn.execute(
+            "SELECT seq, payload FROM journal WHERE workflow_id = 'wf' ORDER BY seq DESC LIMIT ?",
+            (n,),
+        ).fetchall()
+        for _, payload in rows:
+            json.loads(payload)
+        return (time.perf_counter() - t0) / max(1, len(rows)) * 1e6
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class RawPostgres:
+    """One psycopg connection doing ``BEGIN; INSERT; COMMIT`` per row: the PostgreSQL floor."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute(
+            "CREATE TABLE IF NOT EXISTS raw_journal (workflow_id TEXT NOT NULL, "
+            "seq BIGINT NOT NULL, payload TEXT, PRIMARY KEY (workflow_id, seq))"
+        )
+        self.seq = 0
+        self.commit_us(100)
+
+    def commit_us(self, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            self.seq += 1
+            self.conn.execute("BEGIN")
+            self.conn.execute(
+                "INSERT INTO raw_journal VALUES ('wf', %s, %s)", (self.seq, PAYLOAD_JSON)
+            )
+            self.conn.execute("COMMIT")
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def read_us(self, n: int) -> float:
+        t0 = time.perf_counter()
+        rows = self.conn.execute(
+            "SELECT seq, payload FROM raw_journal WHERE workflow_id = 'wf' "
+            "ORDER BY seq DESC LIMIT %s",
+            (n,),
+        ).fetchall()
+        for _, payload in rows:
+            json.loads(payload)
+        return (time.perf_counter() - t0) / max(1, len(rows)) * 1e6
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# --- durably measurements -------------------------------------------------------------------
+
+
+async def step_us(engine: durably.Engine, steps: int) -> float:
+    """Microseconds per plain async step, timed inside one workflow of ``steps`` steps."""
+    _spans.clear()
+    await (await engine.start(steps_workflow, steps)).result()
+    ((t0, t1),) = _spans
+    return (t1 - t0) / steps * 1e6
+
+
+async def throughput(engine: durably.Engine, steps: int, in_flight: int, total: int) -> float:
+    """Workflows of ``steps`` steps finished per second, ``in_flight`` at a time."""
+    left = [total]
+
+    async def lane() -> None:
+        while left[0] > 0:
+            left[0] -= 1
+            await (await engine.start(steps_workflow, steps)).result()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(in_flight)))
+    return total / (time.perf_counter() - t0)
+
+
+async def replay_us(engine: durably.Engine, steps: int) -> float:
+    """Microseconds per recorded step when a parked workflow of ``steps`` steps re-runs."""
+    _spans.clear()
+    handle = await engine.start(replay_workflow, steps)
+    await _until_parked(handle)
+    await engine.send_signal(handle.workflow_id, "go")
+    await handle.result()
+    if len(_spans) < 2:
+        raise RuntimeError("the workflow did not re-run from its first line after the signal")
+    t0, t1 = _spans[-1]
+    return (t1 - t0) / steps * 1e6
+
+
+async def signal_us(engine: durably.Engine) -> float:
+    """Microseconds from ``send_signal`` being called to the parked workflow holding it."""
+    _signal_seen.clear()
+    handle = await engine.start(signal_workflow)
+    await _until_parked(handle)
+    t0 = time.perf_counter()
+    await engine.send_signal(handle.workflow_id, "go")
+    await handle.result()
+    return (_signal_seen[-1] - t0) * 1e6
+
+
+async def _until_parked(handle: durably.WorkflowHandle, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while await handle.status() != durably.Status.WAITING:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{handle.workflow_id} did not park within {timeout} s")
+        await asyncio.sleep(0.001)
+
+
+async def journal_bytes_per_step(engine: durably.Engine, url: str, steps: int) -> float:
+    """Bytes the journal table and its index grow by per step (SQLite dbstat / PG relation size)."""
+    before = _journal_bytes(url)
+    await (await engine.start(steps_workflow, steps)).result()
+    return (_journal_bytes(url) - before) / steps
+
+
+def _journal_bytes(url: str) -> int:
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url.removeprefix("sqlite:///").split("?")[0])
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            row = conn.execute(
+                "SELECT sum(pgsize) FROM dbstat WHERE name IN "
+                "(SELECT name FROM sqlite_master WHERE tbl_name = 'journal')"
+            ).fetchone()
+            return int(row[0] or 0)
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        row = pg.execute("SELECT pg_total_relation_size('durably.journal')").fetchone()
+        return int(row[0]) if row else 0
+
+
+# --- recovery of killed workflows: a child process that is SIGKILLed ------------------------
+
+
+async def recovery_seconds(url: str, n: int, timeout: float = 600.0) -> float:
+    """Seconds to finish ``n`` workflows left behind by a SIGKILLed process.
+
+    A child process starts ``n`` workflows (ids ``recover-0`` ...) that each commit
+    a step and then hang; once all hang it is SIGKILLed. A new engine in this
+    process then recovers them (a dead executor on this host is seen at once):
+    timed from opening the engine to the last one finished. ``url`` must be a
+    database no other run has used.
+    """
+    env = {**os.environ, "DURABLY_BENCH_CHILD": "1"}
+    child = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.workloads", "recovery-child", url, str(n)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        line = await asyncio.to_thread(child.stdout.readline)
+        if line.strip() != "ready":
+            raise RuntimeError(f"the recovery child did not get ready: {line!r}")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    return await _recover_all(url, n, timeout)
+
+
+async def fresh_seconds(url: str, n: int) -> float:
+    """The baseline of recovery: ``n`` fresh workflows of the same shape, started together."""
+    return await _fresh_all(url, n)
+
+
+async def _recover_all(url: str, n: int, timeout: float) -> float:
+    t0 = time.perf_counter()
+    async with durably.Engine(url, poll_interval=0.05) as engine:
+        ids = [f"recover-{i}" for i in range(n)]
+        deadline = time.monotonic() + timeout
+        for wid in ids:
+            left = max(0.001, deadline - time.monotonic())
+            await engine.handle(wid).result(timeout=left)
+        return time.perf_counter() - t0
+
+
+async def _fresh_all(url: str, n: int) -> float:
+    t0 = time.perf_counter()
+    async with durably.Engine(url) as engine:
+        handles = [await engine.start(recover_workflow) for _ in range(n)]
+        for h in handles:
+            await h.result()
+        return time.perf_counter() - t0
+
+
+async def _recovery_child(url: str, n: int) -> None:
+    async with durably.Engine(url) as engine:
+        for i in range(n):
+            await engine.start(recover_workflow, workflow_id=f"recover-{i}")
+        deadline = time.monotonic() + 600
+        while _blocked < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {_blocked} of {n} workflows reached the blocking step")
+            await asyncio.sleep(0.01)
+        print("ready", flush=True)
+        await asyncio.Event().wait()  # until SIGKILL
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["recovery-child"]:
+    asyncio.run(_recovery_child(sys.argv[2], int(sys.argv[3])))

@@ -1,0 +1,61 @@
+"""``python -m benchmarks --quick`` runs and prints its one table (speed is never asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests import pgcluster
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_quick_benchmark_prints_every_row_beside_its_baseline(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    lines = out.splitlines()
+    assert lines[0] == "durably benchmarks (python -m benchmarks)"
+    assert "Python" in lines[1] and "SQLite" in lines[1] and "load average" in out
+    header = next(line for line in lines if line.startswith("row "))
+    for column in ("baseline", "durably", "vs base", "DBOS"):
+        assert column in header
+    pg = not pgcluster.missing_tools() or os.environ.get("DURABLY_REQUIRE_POSTGRES") == "1"
+    expected = ["step-full", "step-normal", "tp1-full-100", "tp10-full-1", "recovery-full",
+                "replay-100", "replay-1000", "signal-full", "bytes-full"]  # fmt: skip
+    if pg:
+        expected += ["step-pg", "tp1-pg-100", "recovery-pg", "signal-pg", "bytes-pg"]
+    rows = {line.split(" | ")[0].strip(): line.split(" | ") for line in lines if " | " in line}
+    for name in expected:
+        assert name in rows, f"row {name} missing from:\n{out}"
+        baseline, durably_cell = rows[name][3].strip(), rows[name][4].strip()
+        assert baseline != "-" and durably_cell != "-", rows[name]
+    if importlib.util.find_spec("dbos") is not None:
+        assert rows["step-full"][6].strip() != "-", "DBOS is installed but its column is empty"
+    else:
+        assert "DBOS column skipped" in out
+    # The temp files are removed.
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_unknown_row_name_is_refused_naming_the_rows() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--rows", "no-such-row"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "no-such-row" in proc.stderr and "step-full" in proc.stderr
