@@ -85,7 +85,8 @@ class RawSqlite:
     """One warm SQLite file written one committed row at a time: the floor of a step."""
 
     def __init__(self, path: str, synchronous: str) -> None:
-        self.conn = sqlite3.connect(path, isolation_level=None)
+        # Used from a worker thread (asyncio.to_thread), off the engines' event loop.
+        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         self.conn.execute(
