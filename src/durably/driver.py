@@ -48,7 +48,7 @@ async def drive(
         if run.parked or run.suspended:  # the code went on past a Suspended it swallowed
             log.info("workflow %s returned after it let go: it ends when replayed", wid)
             return
-        run.replayer.check_finished()
+        run.check_finished()
         output = codec.encode(result, where=f"workflow {definition.name!r} ({wid!r}) result")
         faults.reached("before_finish", definition.name)
         try:
@@ -87,7 +87,7 @@ def _poison(info: journal.WorkflowInfo, history: list[journal.Entry], limit: int
 
 
 async def _fail(run: runtime.Run, exc: Exception) -> None:
-    diverged = run.replayer.diverged
+    diverged = run.diverged
     status: str
     err: BaseException
     if diverged is not None or isinstance(exc, errors.NonDeterminismError):

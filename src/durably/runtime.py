@@ -14,8 +14,8 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from durably import codec, errors, journal, replay
 from durably.storage import dispatch
@@ -24,6 +24,28 @@ if TYPE_CHECKING:
     from durably.steps import StepDefinition
 
 T = TypeVar("T")
+
+#: The fenced store verbs a run writes with (see ``Run.write``).
+Verb = Literal[
+    "append_entries",
+    "finish_workflow",
+    "park",
+    "open_review",
+    "start_child",
+    "receive_signal",
+    "join_child",
+]
+
+#: Where each verb takes the batch of entries, counted in the arguments after the epoch.
+_BATCH_AT: dict[str, int] = {
+    "append_entries": 0,
+    "finish_workflow": 3,  # status, output, error, entries
+    "park": 2,  # status, wake_at, entries, signals, children
+    "open_review": 3,  # intent, idempotency_key, reason, entries
+    "start_child": 0,  # entries, child
+    "receive_signal": 1,  # wait, entries
+    "join_child": 1,  # wait, entries
+}
 
 log = logging.getLogger("durably")
 
@@ -86,17 +108,33 @@ class Compensation:
 
 
 class Run:
-    """The state of one workflow run: its journal, its lease epoch, unflushed values."""
+    """The state of one workflow run: its journal, its lease epoch, unflushed values.
+
+    Workflow-side modules (steps, waits, agents, approvals) use only this
+    declared interface, never the run's store, journal or pending list:
+
+    * ``take_seq()`` and ``lookup(seq, kind, name)``: the seq of a durable call
+      and what the journal holds there; ``cancel_point(seq)`` delivers a
+      requested cancellation;
+    * ``stage(entry)``: journal an entry that rides with the next write;
+    * ``write(verb, ...)``: the one write path: the staged entries go with one
+      fenced store verb, in one transaction, and are then part of the journal;
+      ``commit(*entries)`` and ``finish(...)`` are the two common verbs;
+    * ``clock()``, ``step_threads``, ``child_started(id)``: what the engine lends;
+    * ``local(key, factory)``: a value kept for this run only (agents' tallies);
+    * ``block``, ``poke``, ``active``, ``not_active``, ``ready``: waiting and parking.
+    """
 
     def __init__(
         self, services: Services, info: journal.WorkflowInfo, history: list[journal.Entry]
     ) -> None:
-        self.services = services
+        self._services = services
         self.workflow_id = info.workflow_id
-        self.epoch = info.epoch
-        self.replayer = replay.Replayer(info.workflow_id, history)
+        self._epoch = info.epoch
+        self._replayer = replay.Replayer(info.workflow_id, history)
         self.parent_id = info.parent_id
-        self.pending: list[journal.Entry] = []  # journaled values not yet committed
+        self._pending: list[journal.Entry] = []  # journaled values not yet committed
+        self._locals: dict[object, Any] = {}
         self.lost: errors.FencedError | None = None
         self.abandoned: errors.StoreError | None = None
         self.cancel_requested = bool(info.cancel_requested)
@@ -119,33 +157,87 @@ class Run:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    # --- commits --------------------------------------------------------------
+    # --- what the engine lends ---------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this run writes under (the fence of every write)."""
+        return self._epoch
+
+    def clock(self) -> float:
+        """The engine's clock (seconds since the epoch)."""
+        return self._services.clock()
+
+    @property
+    def step_threads(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The pool that runs sync step functions."""
+        return self._services.step_threads
+
+    def child_started(self, child_id: str) -> None:
+        """Tell the engine a child workflow was committed, so it can run it at once."""
+        self._services.on_child(child_id)
+
+    def local(self, key: object, factory: Callable[[], T]) -> T:
+        """The value kept under ``key`` for this run only, made by ``factory`` on first use.
+
+        For side tables of workflow-side modules (an agent's usage tally, the
+        approvals of a run): they live and die with the run, and a replay starts
+        them afresh.
+        """
+        try:
+            value: T = self._locals[key]
+        except KeyError:
+            value = self._locals[key] = factory()
+        return value
+
+    # --- the one write path ---------------------------------------------------
+
+    def stage(self, entry: journal.Entry) -> None:
+        """Journal ``entry`` now; it is committed with this run's next write."""
+        self._pending.append(entry)
+        self._replayer.record(entry)
+
+    async def write(
+        self, verb: Verb, *args: Any, entries: Sequence[journal.Entry] = (), internal: bool = False
+    ) -> Any:
+        """Call the store's ``verb`` with the staged entries and ``entries``, fenced.
+
+        Every store verb a run writes with takes ``(workflow_id, epoch, ...,
+        now)`` and the batch of entries at its own place among ``args``
+        (``_BATCH_AT``); the batch is the staged entries followed by
+        ``entries``. The verb runs on the store thread (``_store_op`` waits out
+        what can be waited out). Once it returns, the batch (and an entry the
+        verb returns: a wait's outcome) is part of this run's journal.
+        ``internal`` is for the run's own park and final write, which must not
+        wait for a park to settle.
+        """
+        batch = [*self._take_pending(), *entries]
+        fn = getattr(self._services.store.store, verb)
+        at = _BATCH_AT[verb]
+        head = (self.workflow_id, self._epoch, *args[:at], batch, *args[at:])
+        result = await self._store_op(lambda now: fn(*head, now), internal=internal)
+        for entry in batch:
+            self._replayer.record(entry)
+        if isinstance(result, journal.Entry):
+            self._replayer.record(result)
+        return result
 
     async def commit(self, *entries: journal.Entry) -> None:
-        """Commit entries (and any pending journaled values) fenced by this run's epoch."""
-        batch = [*self.take_pending(), *entries]
-        store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
-        if await self.store_op(lambda now: store.append_entries(wid, epoch, batch, now)):
+        """Commit entries (and any staged ones) fenced by this run's epoch."""
+        if await self.write("append_entries", entries=entries):
             self.cancel_requested = True
-        for entry in batch:
-            self.replayer.record(entry)
 
     async def finish(self, status: str, output: str | None, error: str | None) -> None:
-        """Commit the final status with any pending journaled values."""
+        """Commit the final status with any staged entries."""
         await self.settle()
-        batch = self.take_pending()
-        store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
-        await self.store_op(
-            lambda now: store.finish_workflow(wid, epoch, status, output, error, batch, now),
-            internal=True,
-        )
+        await self.write("finish_workflow", status, output, error, internal=True)
 
-    def take_pending(self) -> list[journal.Entry]:
-        """Hand over the uncommitted journaled values to the commit about to be made."""
-        batch, self.pending = self.pending, []
+    def _take_pending(self) -> list[journal.Entry]:
+        """Hand over the staged entries to the write about to be made."""
+        batch, self._pending = self._pending, []
         return batch
 
-    async def store_op(self, write: Callable[[float], T], *, internal: bool = False) -> T:
+    async def _store_op(self, write: Callable[[float], T], *, internal: bool = False) -> T:
         """Run a fenced write on the store thread, waiting out a locked database a while.
 
         Counts as activity: a run never parks while one is on its way, and none
@@ -162,20 +254,19 @@ class Run:
             await self.ready()
         delay, waited = 0.05, 0.0
         full_delay, full_waited = _FULL_DELAYS[0], 0.0
+        services = self._services
         with self.active():
             while True:
-                inline = self.services.inline_commits and _loop_is_quiet()
+                inline = services.inline_commits and _loop_is_quiet()
                 try:
-                    return await self.services.store.call(
-                        write, self.services.clock(), inline=inline
-                    )
+                    return await services.store.call(write, services.clock(), inline=inline)
                 except errors.FencedError as exc:
                     self.lost = exc
                     raise
                 except errors.StorageDataError:
                     raise
                 except errors.StorageFull as exc:
-                    if full_waited >= self.services.full_patience:
+                    if full_waited >= self._services.full_patience:
                         raise self._abandon(exc) from exc
                     log.error(
                         "workflow %s cannot commit: %s: %s; trying again in %.2g s "
@@ -185,14 +276,14 @@ class Run:
                         exc,
                         full_delay,
                         full_waited,
-                        self.services.full_patience,
+                        self._services.full_patience,
                     )
                     if await self._pause(full_delay):
                         raise self._abandon(exc) from exc
                     full_waited += full_delay
                     full_delay = min(full_delay * 2, _FULL_DELAYS[1])
                 except _TRANSIENT as exc:
-                    if waited >= self.services.commit_patience:
+                    if waited >= self._services.commit_patience:
                         raise self._abandon(exc) from exc
                     await asyncio.sleep(delay)
                     waited += delay
@@ -202,7 +293,7 @@ class Run:
 
     async def _pause(self, seconds: float) -> bool:
         """Sleep ``seconds``, or less if the engine starts stopping; True if it did."""
-        stopping = self.services.stopping
+        stopping = self._services.stopping
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await stopping.wait()
@@ -247,7 +338,7 @@ class Run:
         Other pending entries (events, finished sleeps) ride with the step's
         receipt, so a plain step still costs one commit.
         """
-        if any(e.kind in _OBSERVABLE for e in self.pending):
+        if any(e.kind in _OBSERVABLE for e in self._pending):
             await self.commit()
 
     # --- journaled values -------------------------------------------------------
@@ -259,11 +350,9 @@ class Run:
         if entry is not None:
             return codec.decode(entry.payload or "null", where=f"{kind} at seq {seq}")  # type: ignore[return-value]
         value = make()
-        now = self.services.clock()
+        now = self._services.clock()
         payload = codec.encode(value, where=f"durably.{kind}() at seq {seq}")
-        new = journal.Entry(seq, kind, "", journal.EntryStatus.COMPLETED, 1, payload, now, now)
-        self.pending.append(new)
-        self.replayer.record(new)
+        self.stage(journal.Entry(seq, kind, "", _COMPLETED, 1, payload, now, now))
         return value
 
     # --- steps --------------------------------------------------------------------
@@ -278,7 +367,7 @@ class Run:
 
     def check_stopping(self) -> None:
         """Raise Suspended when no new step may start: the engine or the workflow is ending."""
-        if self.services.stopping.is_set():
+        if self._services.stopping.is_set():
             raise self.suspend("engine stopping")
         if self.closing and not self._is_compensating():
             raise self.suspend("the workflow function has ended")
@@ -292,14 +381,23 @@ class Run:
 
     # --- seqs, cancellation ---------------------------------------------------------
 
+    @property
+    def diverged(self) -> errors.NonDeterminismError | None:
+        """The divergence from the journal found so far, if any."""
+        return self._replayer.diverged
+
+    def check_finished(self) -> None:
+        """Raise NonDeterminismError if the journal holds calls the code never made."""
+        self._replayer.check_finished()
+
     def take_seq(self) -> int:
         """The next seq, for a durable call made now; refuses once the run cannot go on."""
-        if self.replayer.diverged is not None:
-            raise self.replayer.diverged
+        if self._replayer.diverged is not None:
+            raise self._replayer.diverged
         self._check_live()
         if self.closing and not self._is_compensating():
             raise self.suspend("the workflow function has ended")
-        return self.replayer.next_seq()
+        return self._replayer.next_seq()
 
     def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
         """The journal's entry for this call, delivering a requested cancellation here.
@@ -308,7 +406,7 @@ class Run:
         final in the journal, and journaled there so a replay raises it at the
         same seq.
         """
-        entry = self.replayer.lookup(seq, kind, name)
+        entry = self._replayer.lookup(seq, kind, name)
         if entry is not None and entry.kind == journal.Kind.CANCEL:
             self.cancel_delivered = True
             raise errors.Cancelled(f"workflow {self.workflow_id!r} was cancelled (seq {seq})")
@@ -321,12 +419,11 @@ class Run:
         if not self.cancel_requested or self.cancel_delivered or self._cancel_in_journal:
             return
         self.cancel_delivered = True
-        now = self.services.clock()
+        now = self._services.clock()
         marker = journal.Entry(
             seq, journal.Kind.CANCEL, "", journal.EntryStatus.COMPLETED, 1, None, now, now
         )
-        self.pending.append(marker)
-        self.replayer.record(marker)
+        self.stage(marker)
         raise errors.Cancelled(f"workflow {self.workflow_id!r} was cancelled (seq {seq})")
 
     def request_cancel(self) -> None:
@@ -378,7 +475,7 @@ class Run:
         self._blocks.append(block)
         timer = None
         if wake_at is not None:
-            timer = loop.call_later(max(0.0, wake_at - self.services.clock()), _wake, block.future)
+            timer = loop.call_later(max(0.0, wake_at - self._services.clock()), _wake, block.future)
         if self.inflight == 0:
             self._schedule_park()
         try:
@@ -398,9 +495,9 @@ class Run:
         if self._park_timer is not None or self.parked or self._parking:
             return
         wakes = [b.wake_at for b in self._blocks]
-        now = self.services.clock()
-        urgent = self.services.stopping.is_set() or any(b.kind == REVIEW for b in self._blocks)
-        hold = 0.0 if urgent else self.services.hold_seconds
+        now = self._services.clock()
+        urgent = self._services.stopping.is_set() or any(b.kind == REVIEW for b in self._blocks)
+        hold = 0.0 if urgent else self._services.hold_seconds
         if wakes and all(w is not None and w - now <= hold for w in wakes):
             return  # every wait ends soon: cheaper to stay than to park and replay
         self._park_timer = asyncio.get_running_loop().call_later(hold, self._start_park)
@@ -438,13 +535,8 @@ class Run:
         wake_at = min((b.wake_at for b in waits if b.wake_at is not None), default=None)
         signals = sorted({b.key for b in waits if b.kind == journal.Kind.SIGNAL})
         children = sorted({b.key for b in waits if b.kind == journal.Kind.JOIN})
-        batch = self.take_pending()
-        store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
         try:
-            parked = await self.store_op(
-                lambda now: store.park(wid, epoch, status, wake_at, batch, signals, children, now),
-                internal=True,
-            )
+            parked = await self.write("park", status, wake_at, signals, children, internal=True)
         except (errors.FencedError, Abandoned):
             parked = True  # nothing more can be written: let the waits unwind
         except errors.StorageDataError as exc:
@@ -461,7 +553,7 @@ class Run:
         for block in waits:
             if not block.future.done():
                 block.future.set_exception(self.suspend(f"parked {status}"))
-        self.services.on_park(wake_at)
+        self._services.on_park(wake_at)
 
     async def close(self) -> None:
         """The workflow function ended: start nothing new, let running steps commit."""
@@ -481,6 +573,8 @@ REVIEW = "review"
 
 #: Journaled values a step could observe: committed before any step starts.
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
+
+_COMPLETED = journal.EntryStatus.COMPLETED
 
 _FINAL = frozenset(
     {journal.EntryStatus.COMPLETED, journal.EntryStatus.FAILED, journal.EntryStatus.TIMED_OUT}

@@ -72,14 +72,14 @@ async def _run(
             await run.commit(intent)
             faults.reached("after_intent", step.name)
         faults.reached("before_call", step.name)
-        started = run.services.clock()
+        started = run.clock()
         ctx = context.StepContext(run.workflow_id, seq, step.name, attempt, key)
         try:
             with telemetry.step_span(run.workflow_id, seq, step.name, attempt) as span:
                 result = await invoke(run, step, args, kwargs, ctx)
                 telemetry.record_result(span, step.name, result)
         except Exception as exc:
-            finished = run.services.clock()
+            finished = run.clock()
             delay = step.retry.delay_after(attempt, exc) if step.retry else None
             status = _S.FAILED if delay is None else _S.RETRYING
             wake = None if delay is None else finished + delay
@@ -92,7 +92,7 @@ async def _run(
             await _backoff(run, seq, finished + delay)
             attempt += 1
             continue
-        finished = run.services.clock()
+        finished = run.clock()
         faults.reached("after_call", step.name)
         try:
             payload = codec.encode(result, where=f"{where} result")
@@ -161,7 +161,7 @@ def _entry(
     wake_at: float | None = None,
 ) -> journal.Entry:
     if started is None:
-        started = run.services.clock()
+        started = run.clock()
     return journal.Entry(
         seq, _STEP, step.name, status, attempt, payload, started, finished, wake_at
     )
@@ -198,7 +198,7 @@ async def _unknown_outcome(
             reason = f"reconcile answered {verdict!r}"
         if isinstance(verdict, steps.Found):
             payload = codec.encode(verdict.result, where=f"{where} reconciled result")
-            now = run.services.clock()
+            now = run.clock()
             receipt = dataclasses.replace(
                 intent, status=_S.COMPLETED, payload=payload, finished_at=now
             )
@@ -217,11 +217,7 @@ async def _unknown_outcome(
 async def _await_review(
     run: Run, seq: int, step: steps.StepDefinition, intent: journal.Entry, key: str, reason: str
 ) -> None:
-    store = run.services.store.store
-    batch = run.take_pending()
-    await run.store_op(
-        functools.partial(store.open_review, run.workflow_id, run.epoch, intent, key, reason, batch)
-    )
+    await run.write("open_review", intent, key, reason)
     with run.not_active():
         while True:
             await run.block(REVIEW, key, None)
@@ -262,9 +258,7 @@ async def _call(
         else:
             loop = asyncio.get_running_loop()
             call = functools.partial(fn, *args, **kwargs)
-            awaitable = loop.run_in_executor(
-                run.services.step_threads, contextvars.copy_context().run, call
-            )
+            awaitable = loop.run_in_executor(run.step_threads, contextvars.copy_context().run, call)
         with watchdog.async_step(ctx, on_loop):  # named if it blocks the event loop
             result = await awaitable
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
@@ -280,7 +274,7 @@ async def _backoff(run: Run, seq: int, wake_at: float) -> None:
     A long back-off parks the workflow like ``durably.sleep``; a short one stays.
     """
     with run.not_active():
-        while run.services.clock() < wake_at:
+        while run.clock() < wake_at:
             await run.block(journal.Kind.SLEEP, "", wake_at)
             run.cancel_point(seq)
 

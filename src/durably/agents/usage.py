@@ -14,7 +14,6 @@ for real accounting.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -168,18 +167,12 @@ class Meter:
         return Usage(self.billed, self.replayed)
 
 
-_run_meters: weakref.WeakKeyDictionary[Any, Meter] = weakref.WeakKeyDictionary()
-
-
 def run_meter() -> Meter | None:
     """The tally of every model call of the workflow run now executing (None outside one)."""
     run = context.current_run.get()
     if run is None:
         return None
-    meter = _run_meters.get(run)
-    if meter is None:
-        meter = _run_meters[run] = Meter()
-    return meter
+    return run.local(Meter, Meter)
 
 
 def run_usage() -> Usage:
