@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import enum
 import logging
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -69,6 +70,76 @@ class Suspended(BaseException):
 
     A BaseException so that a workflow's own ``except Exception`` cannot swallow it.
     """
+
+
+class State(enum.Enum):
+    """Where a run is in its life; ``Run.state``.
+
+    ========= =================================================================
+    state     meaning
+    ========= =================================================================
+    RUNNING   the workflow's code runs and may make durable calls
+    PARKING   every branch waits: a park is on its way to the store
+    PARKED    the store parked the workflow; its waits unwound (Suspended)
+    CLOSING   the workflow function ended; running steps commit, none starts
+    RETIRED   the workflow task ended: every later write is refused
+    LOST      another executor took the workflow (its epoch is later)
+    ABANDONED the database stopped answering; the run wrote what it could
+    ========= =================================================================
+
+    Transitions (any other is a bug):
+
+    ========= ================================ ===================================
+    from      to                               when
+    ========= ================================ ===================================
+    RUNNING   PARKING                          the hold ran out with every branch blocked
+    CLOSING   PARKING                          the same, while steps of ended code commit
+    PARKING   the state it came from           the store found a reason to go on
+    PARKING   CLOSING                          the function ended while a park was on its way
+    any       PARKED                           a park reached the store or nothing more
+                                               can be written (a LOST or ABANDONED run
+                                               parks to unwind its waits too)
+    RUNNING   CLOSING                          the function returned or raised
+    RUNNING,  LOST                             a write was fenced or the heartbeat saw
+    CLOSING,                                   a later epoch
+    PARKING
+    RUNNING,  ABANDONED                        the database kept failing
+    CLOSING,
+    PARKING
+    any but   RETIRED                          the workflow task ended (``retire``); a
+    PARKED                                     PARKED run stays PARKED, so the engine
+                                               can tell a parked run from an ended one
+    ========= ================================ ===================================
+
+    Only RUNNING, PARKING and CLOSING hold the workflow (``Run.let_go`` is the
+    opposite); the liveness check is ``Run._check_live``.
+    """
+
+    RUNNING = "running"
+    PARKING = "parking"
+    PARKED = "parked"
+    CLOSING = "closing"
+    RETIRED = "retired"
+    LOST = "lost"
+    ABANDONED = "abandoned"
+
+
+#: The states in which a run holds its workflow and may write.
+_HOLDING = frozenset({State.RUNNING, State.PARKING, State.CLOSING})
+
+
+@dataclasses.dataclass(slots=True)
+class Cancellation:
+    """Whether cancellation of the workflow was asked, and where it stands in this run."""
+
+    requested: bool = False
+    delivered: bool = False  # Cancelled was raised into the workflow's code
+    in_journal: bool = False  # the journal holds its delivery: a replay raises it at that seq
+
+    @property
+    def due(self) -> bool:
+        """True when the next durable call that is not final must raise Cancelled."""
+        return self.requested and not self.delivered and not self.in_journal
 
 
 @dataclasses.dataclass(slots=True)
@@ -135,22 +206,21 @@ class Run:
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
         self._locals: dict[object, Any] = {}
-        self.lost: errors.FencedError | None = None
-        self.abandoned: errors.StoreError | None = None
-        self.cancel_requested = bool(info.cancel_requested)
-        self.cancel_delivered = False
+        self._state = State.RUNNING
+        self._resume = State.RUNNING  # where PARKING goes back to if the park does not happen
+        self._lost: errors.FencedError | None = None  # why LOST
+        self._abandoned: errors.StoreError | None = None  # why ABANDONED
         # A replay meets the journaled cancellation at its own seq; never earlier.
-        self._cancel_in_journal = any(e.kind == journal.Kind.CANCEL for e in history)
+        self.cancellation = Cancellation(
+            requested=bool(info.cancel_requested),
+            in_journal=any(e.kind == journal.Kind.CANCEL for e in history),
+        )
         self.inflight = 0  # steps running and commits on their way
-        self.parked = False
-        self.retired = False
-        self.closing = False  # the workflow function ended: no new durable call may start
         self.suspended = False  # a Suspended was raised into the workflow's code
         self._compensator: asyncio.Task[Any] | None = None
         self._blocks: list[Block] = []
         self.compensations: list[Compensation] = []
         self._park_timer: asyncio.TimerHandle | None = None
-        self._parking = False
         self._park_task: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()  # set whenever no park is on its way
         self._settled.set()
@@ -225,7 +295,7 @@ class Run:
     async def commit(self, *entries: journal.Entry) -> None:
         """Commit entries (and any staged ones) fenced by this run's epoch."""
         if await self.write("append_entries", entries=entries):
-            self.cancel_requested = True
+            self.cancellation.requested = True
 
     async def finish(self, status: str, output: str | None, error: str | None) -> None:
         """Commit the final status with any staged entries."""
@@ -261,7 +331,7 @@ class Run:
                 try:
                     return await services.store.call(write, services.clock(), inline=inline)
                 except errors.FencedError as exc:
-                    self.lost = exc
+                    self.lose(exc)
                     raise
                 except errors.StorageDataError:
                     raise
@@ -300,7 +370,9 @@ class Run:
         return stopping.is_set()
 
     def _abandon(self, exc: errors.StoreError) -> Abandoned:
-        self.abandoned = exc
+        self._abandoned = exc
+        if self._state in _HOLDING:
+            self._state = State.ABANDONED
         return Abandoned(f"workflow {self.workflow_id!r}: the database failed: {exc}")
 
     def suspend(self, why: str) -> Suspended:
@@ -319,18 +391,56 @@ class Run:
             await self._settled.wait()
         self._check_live()
 
+    # --- the run's state ---------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        """Where this run is in its life (see :class:`State`)."""
+        return self._state
+
     @property
     def let_go(self) -> bool:
         """True once this run holds the workflow no more: ended, parked, lost or abandoned."""
-        return self.retired or self.parked or self.lost is not None or self.abandoned is not None
+        return self._state not in _HOLDING
+
+    @property
+    def parked(self) -> bool:
+        """True once a park of this run reached the store (or could write nothing more)."""
+        return self._state is State.PARKED
+
+    @property
+    def listening(self) -> bool:
+        """True while a wake-up (a signal, a child, a cancellation) can still reach the run:
+        neither parked nor retired."""
+        return self._state not in (State.PARKED, State.RETIRED)
+
+    @property
+    def closing(self) -> bool:
+        """True once the workflow function ended: no new durable call may start."""
+        return self._state is State.CLOSING or (
+            self._state is State.PARKING and self._resume is State.CLOSING
+        )
+
+    @property
+    def _parking(self) -> bool:
+        """True while a park is on its way (from any state)."""
+        return not self._settled.is_set()
+
+    def lose(self, fenced: errors.FencedError) -> None:
+        """Another executor holds the workflow now: every later call of this run raises it."""
+        self._lost = fenced
+        if self._state in _HOLDING:
+            self._state = State.LOST
 
     def _check_live(self) -> None:
-        if self.lost is not None:
-            raise self.lost
-        if self.abandoned is not None:
-            raise Abandoned(str(self.abandoned))
-        if self.parked or self.retired:
-            raise self.suspend("this run has let go of the workflow")
+        """The one liveness check: raise unless this run still holds its workflow."""
+        if self._state in _HOLDING:
+            return
+        if self._lost is not None:
+            raise self._lost
+        if self._abandoned is not None:
+            raise Abandoned(str(self._abandoned))
+        raise self.suspend("this run has let go of the workflow")
 
     async def flush(self) -> None:
         """Commit journaled values a step could observe (now, random, uuid4) before it runs.
@@ -408,7 +518,7 @@ class Run:
         """
         entry = self._replayer.lookup(seq, kind, name)
         if entry is not None and entry.kind == journal.Kind.CANCEL:
-            self.cancel_delivered = True
+            self.cancellation.delivered = True
             raise errors.Cancelled(f"workflow {self.workflow_id!r} was cancelled (seq {seq})")
         if entry is None or entry.status not in _FINAL:
             self.cancel_point(seq)
@@ -416,9 +526,9 @@ class Run:
 
     def cancel_point(self, seq: int) -> None:
         """Raise Cancelled at ``seq`` if cancellation was requested and not yet delivered."""
-        if not self.cancel_requested or self.cancel_delivered or self._cancel_in_journal:
+        if not self.cancellation.due:
             return
-        self.cancel_delivered = True
+        self.cancellation.delivered = True
         now = self._services.clock()
         marker = journal.Entry(
             seq, journal.Kind.CANCEL, "", journal.EntryStatus.COMPLETED, 1, None, now, now
@@ -428,7 +538,7 @@ class Run:
 
     def request_cancel(self) -> None:
         """Cancellation was requested while this run is live: wake its waits to deliver it."""
-        self.cancel_requested = True
+        self.cancellation.requested = True
         self.poke()
 
     # --- blocking and parking -------------------------------------------------------
@@ -468,7 +578,7 @@ class Run:
 
     async def block(self, kind: str, key: str, wake_at: float | None) -> None:
         """Wait until poked, until ``wake_at``, or until the run parks (raises Suspended)."""
-        if self.parked or self.retired:
+        if not self.listening:
             raise self.suspend("this run has let go of the workflow")
         loop = asyncio.get_running_loop()
         block = Block(loop.create_future(), kind, key, wake_at)
@@ -492,7 +602,7 @@ class Run:
                 _wake(block.future)
 
     def _schedule_park(self) -> None:
-        if self._park_timer is not None or self.parked or self._parking:
+        if self._park_timer is not None or self._state is State.PARKED or self._parking:
             return
         wakes = [b.wake_at for b in self._blocks]
         now = self._services.clock()
@@ -504,9 +614,10 @@ class Run:
 
     def _start_park(self) -> None:
         self._park_timer = None
-        if self.parked or self.retired or self.inflight or not self._blocks or self._parking:
+        if not self.listening or self.inflight or not self._blocks or self._parking:
             return
-        self._parking = True
+        if self._state in (State.RUNNING, State.CLOSING):
+            self._resume, self._state = self._state, State.PARKING
         self._settled.clear()
         planned = list(self._blocks)
         self._park_task = asyncio.get_running_loop().create_task(self._park(planned))
@@ -515,7 +626,8 @@ class Run:
         try:
             await self._park_now(planned)
         finally:
-            self._parking = False
+            if self._state is State.PARKING:  # the park did not happen: go on as before
+                self._state = self._resume
             self._settled.set()
 
     async def _park_now(self, planned: list[Block]) -> None:
@@ -549,7 +661,7 @@ class Run:
         if not parked:  # a signal or a child arrived meanwhile (entries are written): look again
             self.poke()
             return
-        self.parked = True
+        self._state = State.PARKED
         for block in waits:
             if not block.future.done():
                 block.future.set_exception(self.suspend(f"parked {status}"))
@@ -557,12 +669,16 @@ class Run:
 
     async def close(self) -> None:
         """The workflow function ended: start nothing new, let running steps commit."""
-        self.closing = True
+        if self._state is State.RUNNING:
+            self._state = State.CLOSING
+        elif self._state is State.PARKING:
+            self._resume = State.CLOSING
         await self.wait_idle()
 
     def retire(self) -> None:
         """The workflow task ended: refuse every later write of this run."""
-        self.retired = True
+        if self._state is not State.PARKED:
+            self._state = State.RETIRED
         if self._park_timer is not None:
             self._park_timer.cancel()
             self._park_timer = None
