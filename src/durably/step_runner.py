@@ -22,13 +22,26 @@ import json
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from durably import codec, context, errors, faults, journal, runtime, steps, telemetry, watchdog
+from durably import (
+    codec,
+    context,
+    errors,
+    faults,
+    journal,
+    replay,
+    runtime,
+    steps,
+    telemetry,
+    watchdog,
+)
 
 if TYPE_CHECKING:
     from durably.runtime import Run
 
 _STEP = journal.Kind.STEP
 _S = journal.EntryStatus
+_A = replay.Action
+_RUN = replay.Action.RUN
 
 REVIEW = runtime.REVIEW
 
@@ -47,21 +60,21 @@ async def _run(
     entry = run.lookup(seq, _STEP, step.name)
     where = f"step {step.name!r} (workflow {run.workflow_id!r}, seq {seq})"
     key = f"{run.workflow_id}:{seq}"
-    attempt = 1
-    if entry is not None:
-        if entry.status == _S.COMPLETED:
+    plan = replay.plan_step(entry, reconciles=step.reconcile is not None)
+    action, attempt = plan.action, plan.attempt
+    if action is not _RUN:
+        assert entry is not None  # a new call always runs
+        if action is _A.RETURN:
             return codec.decode(entry.payload or "null", where=f"{where} result")
-        if entry.status == _S.FAILED:
+        if action is _A.RAISE:
             raise recorded_error(entry, where)
-        if entry.status == _S.RETRYING:
-            attempt = entry.attempt + 1
-            if entry.wake_at is not None:
-                await _backoff(run, seq, entry.wake_at)
-        if entry.status == _S.STARTED:  # an intent without a receipt: outcome unknown
+        if action is _A.BACKOFF:
+            assert plan.wake_at is not None
+            await _backoff(run, seq, plan.wake_at)
+        else:  # an intent without a receipt: the outcome is unknown
             found = await _unknown_outcome(run, seq, step, entry, args, kwargs, key, where)
             if found is not None:
                 return found[0]
-            attempt = entry.attempt + 1
     await run.flush()
     while True:
         await run.ready()  # not while a park is on its way: the run may be letting go
@@ -188,15 +201,16 @@ async def _unknown_outcome(
     Parks the workflow in ``needs_review`` when nothing can decide.
     """
     if step.reconcile is not None:
-        verdict: Any
+        verdict: Any = None
+        raised: Exception | None = None
         ctx = context.StepContext(run.workflow_id, seq, step.name, intent.attempt, key)
         try:
             verdict = await _call(run, step.reconcile, (key, *args), kwargs, ctx)
         except Exception as exc:
-            verdict, reason = steps.Unknown, f"reconcile raised {type(exc).__name__}: {exc}"
-        else:
-            reason = f"reconcile answered {verdict!r}"
-        if isinstance(verdict, steps.Found):
+            raised = exc
+        action, reason = replay.judge_reconcile(verdict, raised)
+        if action is _A.RETURN:
+            assert isinstance(verdict, steps.Found)
             payload = codec.encode(verdict.result, where=f"{where} reconciled result")
             now = run.clock()
             receipt = dataclasses.replace(
@@ -204,12 +218,10 @@ async def _unknown_outcome(
             )
             await _commit_receipt(run, receipt, where)
             return (codec.decode(payload, where=f"{where} result"),)
-        if verdict is steps.NotFound:
+        if action is _A.RUN:
             return None
-        if verdict is not steps.Unknown:
-            reason = f"reconcile returned {verdict!r}, not Found(...), NotFound or Unknown"
     else:
-        reason = "an at-most-once step was interrupted; its outcome is unknown"
+        reason = replay.AT_MOST_ONCE_REASON
     await _await_review(run, seq, step, intent, key, reason)
     raise AssertionError("unreachable: a review wait ends by parking")  # pragma: no cover
 
