@@ -134,6 +134,8 @@ class Run:
         self, services: Services, info: journal.WorkflowInfo, history: list[journal.Entry]
     ) -> None:
         self._services = services
+        #: The engine's clock (seconds since the epoch), lent to workflow-side modules.
+        self.clock: Callable[[], float] = services.clock
         self.workflow_id = info.workflow_id
         self._epoch = info.epoch
         self._replayer = replay.Replayer(info.workflow_id, history)
@@ -167,10 +169,6 @@ class Run:
     def epoch(self) -> int:
         """The lease epoch this run writes under (the fence of every write)."""
         return self._epoch
-
-    def clock(self) -> float:
-        """The engine's clock (seconds since the epoch)."""
-        return self._services.clock()
 
     @property
     def step_threads(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -209,17 +207,70 @@ class Run:
         Every store verb a run writes with takes ``(workflow_id, epoch, ...,
         now)`` and the batch of entries at its own place among ``args``
         (``_BATCH_AT``); the batch is the staged entries followed by
-        ``entries``. The verb runs on the store thread (``_store_op`` waits out
-        what can be waited out). Once it returns, the batch (and an entry the
-        verb returns: a wait's outcome) is part of this run's journal.
-        ``internal`` is for the run's own park and final write, which must not
-        wait for a park to settle.
+        ``entries``. Once the verb returns, the batch (and an entry the verb
+        returns: a wait's outcome) is part of this run's journal.
+
+        The verb runs on the store thread, waiting out a locked database a
+        while. It counts as activity: a run never parks while a write is on its
+        way, and none starts while a park is on its way (it waits to see
+        whether the run parked), except the run's own park and final write
+        (``internal``). A database that keeps failing abandons the run
+        (``Abandoned``). A full database is waited out longer, with a growing
+        pause and a loud log line each time: the write holds a step's outcome
+        that running the step again would only repeat. A value the database
+        refuses (``StorageDataError``) is raised as it is: the run goes on, and
+        the caller records the refusal instead.
         """
         batch = [*self._take_pending(), *entries]
         fn = getattr(self._services.store.store, verb)
         at = _BATCH_AT[verb]
-        head = (self.workflow_id, self._epoch, *args[:at], batch, *args[at:])
-        result = await self._store_op(lambda now: fn(*head, now), internal=internal)
+        if at == 0:  # a step's commit: no slicing on the hot path
+            head = (self.workflow_id, self._epoch, batch, *args)
+        else:
+            head = (self.workflow_id, self._epoch, *args[:at], batch, *args[at:])
+        if not internal:  # the run's own park and final write skip the check
+            await self.ready()
+        delay, waited = 0.05, 0.0
+        full_delay, full_waited = _FULL_DELAYS[0], 0.0
+        services = self._services
+        with self.active():
+            while True:
+                inline = services.inline_commits and _loop_is_quiet()
+                try:
+                    result = await services.store.call(
+                        lambda now: fn(*head, now), services.clock(), inline=inline
+                    )
+                    break
+                except errors.FencedError as exc:
+                    self.lose(exc)
+                    raise
+                except errors.StorageDataError:
+                    raise
+                except errors.StorageFull as exc:
+                    if full_waited >= services.full_patience:
+                        raise self._abandon(exc) from exc
+                    log.error(
+                        "workflow %s cannot commit: %s: %s; trying again in %.2g s "
+                        "(%.0f s of %.0f s waited)",
+                        self.workflow_id,
+                        type(exc).__name__,
+                        exc,
+                        full_delay,
+                        full_waited,
+                        services.full_patience,
+                    )
+                    if await self._pause(full_delay):
+                        raise self._abandon(exc) from exc
+                    full_waited += full_delay
+                    full_delay = min(full_delay * 2, _FULL_DELAYS[1])
+                except _TRANSIENT as exc:
+                    if waited >= services.commit_patience:
+                        raise self._abandon(exc) from exc
+                    await asyncio.sleep(delay)
+                    waited += delay
+                    delay = min(delay * 2, 2.0)
+                except errors.StoreError as exc:
+                    raise self._abandon(exc) from exc
         for entry in batch:
             self._replayer.record(entry)
         if isinstance(result, journal.Entry):
@@ -240,60 +291,6 @@ class Run:
         """Hand over the staged entries to the write about to be made."""
         batch, self._pending = self._pending, []
         return batch
-
-    async def _store_op(self, write: Callable[[float], T], *, internal: bool = False) -> T:
-        """Run a fenced write on the store thread, waiting out a locked database a while.
-
-        Counts as activity: a run never parks while one is on its way, and none
-        starts while a park is on its way (it waits to see whether the run parked).
-        A database that keeps failing abandons the run (``Abandoned``).
-
-        A full database is waited out longer, with a growing pause and a loud
-        log line each time: the write holds a step's outcome that running the
-        step again would only repeat. A value the database refuses
-        (``StorageDataError``) is raised as it is: the run goes on, and the
-        caller records the refusal instead.
-        """
-        if not internal:  # the run's own park and final write skip the check
-            await self.ready()
-        delay, waited = 0.05, 0.0
-        full_delay, full_waited = _FULL_DELAYS[0], 0.0
-        services = self._services
-        with self.active():
-            while True:
-                inline = services.inline_commits and _loop_is_quiet()
-                try:
-                    return await services.store.call(write, services.clock(), inline=inline)
-                except errors.FencedError as exc:
-                    self.lose(exc)
-                    raise
-                except errors.StorageDataError:
-                    raise
-                except errors.StorageFull as exc:
-                    if full_waited >= self._services.full_patience:
-                        raise self._abandon(exc) from exc
-                    log.error(
-                        "workflow %s cannot commit: %s: %s; trying again in %.2g s "
-                        "(%.0f s of %.0f s waited)",
-                        self.workflow_id,
-                        type(exc).__name__,
-                        exc,
-                        full_delay,
-                        full_waited,
-                        self._services.full_patience,
-                    )
-                    if await self._pause(full_delay):
-                        raise self._abandon(exc) from exc
-                    full_waited += full_delay
-                    full_delay = min(full_delay * 2, _FULL_DELAYS[1])
-                except _TRANSIENT as exc:
-                    if waited >= self._services.commit_patience:
-                        raise self._abandon(exc) from exc
-                    await asyncio.sleep(delay)
-                    waited += delay
-                    delay = min(delay * 2, 2.0)
-                except errors.StoreError as exc:
-                    raise self._abandon(exc) from exc
 
     async def _pause(self, seconds: float) -> bool:
         """Sleep ``seconds``, or less if the engine starts stopping; True if it did."""
@@ -460,7 +457,8 @@ class Run:
 
     def cancel_point(self, seq: int) -> None:
         """Raise Cancelled at ``seq`` if cancellation was requested and not yet delivered."""
-        if not self.cancellation.due:
+        cancellation = self.cancellation
+        if not cancellation.requested or not cancellation.due:  # the first test is the usual
             return
         self.cancellation.delivered = True
         now = self._services.clock()
