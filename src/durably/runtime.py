@@ -427,6 +427,20 @@ class Run:
         """The divergence from the journal found so far, if any."""
         return self._replayer.diverged
 
+    @property
+    def last_seq(self) -> int:
+        """The seq most recently taken."""
+        return self._replayer.last_seq
+
+    def recorded(self, seq: int, kind: str, name: str) -> journal.Entry | None:
+        """What the journal holds at ``seq`` for this call, without delivering a cancellation.
+
+        A look ahead for code that must know now whether a call it has made
+        will be replayed (a sub-agent's join); the call itself still meets its
+        entry through ``lookup``. Raises NonDeterminismError on another call.
+        """
+        return self._replayer.lookup(seq, kind, name)
+
     def check_finished(self) -> None:
         """Raise NonDeterminismError if the journal holds calls the code never made."""
         self._replayer.check_finished()
