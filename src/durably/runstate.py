@@ -25,7 +25,7 @@ class State(enum.Enum):
     ABANDONED the database stopped answering; the run wrote what it could
     ========= =================================================================
 
-    Transitions (any other is a bug):
+    Transitions (``Run`` makes no other):
 
     ========= ================================ ===================================
     from      to                               when
@@ -36,7 +36,9 @@ class State(enum.Enum):
     PARKING   CLOSING                          the function ended while a park was on its way
     any       PARKED                           a park reached the store or nothing more
                                                can be written (a LOST or ABANDONED run
-                                               parks to unwind its waits too)
+                                               parks, without passing PARKING, to
+                                               unwind its waits; a RETIRED one when the
+                                               park was on its way as the task ended)
     RUNNING   CLOSING                          the function returned or raised
     RUNNING,  LOST                             a write was fenced or the heartbeat saw
     CLOSING,                                   a later epoch
