@@ -183,7 +183,7 @@ class Engine:
     def executor_id(self) -> str:
         """This executor's id, as recorded in leases and claims."""
         if self._me is None:
-            raise errors.DurablyError("the engine is not open; use `async with Engine(...)`")
+            raise errors.EngineNotOpen("the engine is not open; use `async with Engine(...)`")
         return self._me.executor_id
 
     async def __aenter__(self) -> Engine:
@@ -294,7 +294,7 @@ class Engine:
 
     def _require_open(self) -> runtime.Services:
         if self._services is None:
-            raise errors.DurablyError("the engine is not open; use `async with Engine(...)`")
+            raise errors.EngineNotOpen("the engine is not open; use `async with Engine(...)`")
         return self._services
 
     async def _call(self, fn: Callable[..., R], *args: Any, write: bool = True) -> R:

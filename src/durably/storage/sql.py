@@ -548,7 +548,7 @@ class SqlStore(sqlbase.SqlBase):
             journal.Status.CANCELLED,
             journal.Status.DIVERGED,
         ):
-            raise errors.DurablyError(
+            raise errors.NotResumable(
                 f"workflow {workflow_id!r} is {info.status}; only a failed, cancelled or "
                 "diverged workflow can be resumed"
             )
@@ -563,7 +563,7 @@ class SqlStore(sqlbase.SqlBase):
                 and e.status == journal.EntryStatus.COMPLETED
             ]
             if after:
-                raise errors.DurablyError(
+                raise errors.NotResumable(
                     f"workflow {workflow_id!r} ran {len(after)} step(s) after its cancellation "
                     f"(cleanup or compensations, e.g. {after[0].name!r} at seq {after[0].seq}); "
                     "resuming would forget them: fork it instead"

@@ -1,0 +1,68 @@
+"""Errors say what is so: each distinct condition has its own class, and a class its message."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import durably
+from durably import errors, storage
+from durably.storage import create_store
+
+
+@durably.workflow
+async def finishes() -> str:
+    return "done"
+
+
+def test_an_error_raised_without_a_message_says_its_docstring() -> None:
+    assert str(errors.WorkflowFinished()) == (
+        "The workflow has ended, so what was sent to it can never be received (a signal)."
+    )
+    assert str(errors.EngineNotOpen()) == "The engine is not open; use ``async with Engine(...)``."
+    assert str(errors.StoreError("disk on fire")) == "disk on fire"  # a message wins
+    assert str(errors.StepError("KeyError", "x")) == "KeyError: x"  # own __str__ kept
+
+
+async def test_an_engine_not_open_says_so(sqlite_url: str) -> None:
+    engine = durably.Engine(sqlite_url)
+    with pytest.raises(errors.EngineNotOpen, match="not open"):
+        engine.executor_id  # noqa: B018
+    with pytest.raises(errors.EngineNotOpen, match="not open"):
+        await engine.start(finishes)
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("mysql://localhost/db", "unsupported database URL scheme 'mysql'"),
+        ("sqlite://", "no file in sqlite URL"),
+        ("sqlite:///x.db?synchronous=off", "synchronous='off'"),
+        ("sqlite:///x.db?file_mode=0400", "file_mode='0400'"),
+        ("postgresql://u@h/db?schema=a&schema=b", "schema= is given 2 times"),
+        ("postgresql://u@h/db?schema=Bad-Name", "is not a schema name durably accepts"),
+    ],
+)
+def test_a_bad_database_url_is_a_database_url_error(url: str, match: str) -> None:
+    with pytest.raises(errors.DatabaseURLError, match=match):
+        create_store(url)
+
+
+def test_a_postgres_url_without_psycopg_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.delitem(sys.modules, "durably.storage.postgres", raising=False)
+    monkeypatch.delattr(storage, "postgres", raising=False)
+    with pytest.raises(errors.BackendNotInstalled, match=r"pip install 'durably\[postgres\]'"):
+        create_store("postgresql://u@h/db")
+
+
+def test_resuming_a_workflow_that_did_not_fail_is_not_resumable(store_url: str) -> None:
+    with durably.Client(store_url) as client:
+        client.start(finishes, workflow_id="ended")  # pending: no worker runs it
+    with durably.Client(store_url) as client:
+        with pytest.raises(errors.NotResumable, match="only a failed, cancelled or diverged"):
+            client.resume("ended")
+        assert client.get_workflow("ended").status == "pending"
