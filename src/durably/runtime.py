@@ -482,9 +482,7 @@ REVIEW = "review"
 #: Journaled values a step could observe: committed before any step starts.
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
 
-_FINAL = frozenset(
-    {journal.EntryStatus.COMPLETED, journal.EntryStatus.FAILED, journal.EntryStatus.TIMED_OUT}
-)
+_FINAL = journal.FINAL_ENTRY_STATUSES
 
 
 def _loop_is_quiet() -> bool:
