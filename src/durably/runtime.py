@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from durably import codec, errors, journal, replay
+from durably import codec, errors, faults, journal, replay
 from durably.storage import dispatch
 
 if TYPE_CHECKING:
@@ -129,6 +129,7 @@ class Run:
             self.cancel_requested = True
         for entry in batch:
             self.replayer.record(entry)
+        faults.committed(self.workflow_id, batch)  # durable now (durably test-crashes counts)
 
     async def finish(self, status: str, output: str | None, error: str | None) -> None:
         """Commit the final status with any pending journaled values."""
