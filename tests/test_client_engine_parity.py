@@ -212,7 +212,7 @@ async def test_events_cancel_resume_and_fork_alike(both: Any) -> None:
     assert await two.result(timeout=10) == "two:b"
     kind, message = await same(lambda: client.resume("w2"), lambda: engine.resume("w2"))
     assert (kind, message) == (
-        "DurablyError",
+        "NotResumable",
         "workflow 'w2' is completed; only a failed, cancelled or diverged workflow can be resumed",
     )
 
