@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from click.testing import CliRunner
 
 from durably.testing import CrashToolError, crash_points, crashes, payments
 from durably.testing.crashes import KeyCount, Scenario
+from tests import children
 from tests.crashkit import refund_flows
 from tests.crashkit.refund_flows import OUTBOX, PAYMENTS_ENV
 
@@ -129,8 +129,7 @@ def test_the_command_prints_every_boundary_and_exits_zero(tmp_path: Path) -> Non
         entry = "from durably.testing.crashes import test_crashes_command as c; c()"
         argv = [sys.executable, "-c", entry]
     with payments.FakePaymentsServer(tmp_path / "payments.jsonl", flavour="plain") as server:
-        env = {**os.environ, PAYMENTS_ENV: server.url, "COLUMNS": "200"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env = children.child_env({PAYMENTS_ENV: server.url, "COLUMNS": "200"})
         proc = subprocess.run(
             [
                 *argv,
