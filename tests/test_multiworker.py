@@ -328,7 +328,7 @@ def test_workers_lists_the_running_workers_and_worker_checks_its_queues(
         listed = cli("workers")
         assert listed.returncode == 0, listed.stderr
         for worker in started:
-            assert f" {worker.pid} " in listed.stdout, listed.stdout
+            assert f"pid {worker.pid}," in listed.stdout, listed.stdout
         assert "queues: mw-llm)" in started[0].output()
     wrong = cli("worker", "tests.multiworker_flows", "--queue", "nope")
     assert wrong.returncode == 1

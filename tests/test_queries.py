@@ -39,7 +39,13 @@ def test_every_query_says_what_it_does() -> None:
 
 def test_every_query_is_used_by_the_library() -> None:
     code = "\n".join(p.read_text(encoding="utf-8") for p in SRC.rglob("*.py"))
-    unused = [name for name in sqlbase.load_queries() if f'"{name}"' not in code]
+    # a family of queries run by a name built in code: f"export_{table}"
+    families = tuple(re.findall(r'f"(\w+_)\{', code))
+    unused = [
+        name
+        for name in sqlbase.load_queries()
+        if f'"{name}"' not in code and not name.startswith(families)
+    ]
     assert unused == [], f"queries nothing runs: {unused}"
 
 

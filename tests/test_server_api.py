@@ -435,7 +435,7 @@ def test_resolve_a_review_once_and_record_who(http: TestClient, store_url: str) 
         r = http.post("/api/workflows/t/reviews/1/resolve", json={"result": {"transfer_id": "T"}})
         assert r.status_code == 200 and r.json()["decided_by"] == "alice"
         again = http.post("/api/workflows/t/reviews/1/resolve", json={"retry": True})
-        assert again.status_code == 409 and again.json()["error"]["type"] == "NothingToResolve"
+        assert again.status_code == 409 and again.json()["error"]["type"] == "AlreadyResolved"
         harness.until(
             lambda: http.get("/api/workflows/t").json()["status"] == "completed",
             "the transfer workflow to complete",

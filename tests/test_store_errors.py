@@ -90,7 +90,7 @@ def refuse_poison(url: str, how: str) -> None:
         conn.execute("DROP TABLE se_gone")
         conn.close()
         return
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url, autocommit=True, options="-c search_path=durably") as conn:
         if how == "data":
             conn.execute(
                 "ALTER TABLE journal ADD CONSTRAINT se_refuse_marked "
@@ -305,7 +305,7 @@ async def test_a_full_postgresql_backs_off_and_completes_once_room_returns(
 ) -> None:
     refuse_poison(postgres_url, "full")
     caplog.set_level(logging.ERROR, logger="durably")
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
+    with psycopg.connect(postgres_url, autocommit=True, options="-c search_path=durably") as admin:
 
         def refusals() -> int:
             row = admin.execute("SELECT last_value, is_called FROM se_refusals").fetchone()

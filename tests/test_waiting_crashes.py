@@ -284,7 +284,7 @@ def test_resume_from_the_cli_then_a_worker_finishes_it(kit: Kit) -> None:
     assert kit.status("r") == "failed"
 
     broken.unlink()
-    assert "pending again" in kit.cli("resume", "r")
+    assert "pending again" in kit.cli("resume", "r", "--no-wait")
     assert kit.status("r") == "pending"
     worker = kit.worker()
     kit.wait_until(lambda: kit.status("r") == "completed", "the resumed workflow", child=worker)
@@ -304,7 +304,7 @@ def test_fork_from_seq_3_reruns_only_what_follows(kit: Kit) -> None:
     assert kit.runner("wc_five", "orig").output() == {"ok": True, "result": steps}
     assert [r["seq"] for r in kit.journal("orig")] == [1, 2, 3, 4, 5]
 
-    fork_id = kit.cli("fork", "orig", "--from-seq", "3", "--id", "orig-fork").strip()
+    fork_id = kit.cli("fork", "orig", "--from-seq", "3", "--id", "orig-fork", "--no-wait").strip()
     assert fork_id == "orig-fork"
     assert kit.runner("", "orig-fork", attach=True).output() == {"ok": True, "result": steps}
 

@@ -19,16 +19,18 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import durably
+from durably import admin, receipts, serving
 from durably import queues as queues_module
-from durably import receipts
+from durably import workflows as workflow_registry
 from durably.agents import cli as agents_cli
 from durably.agents import usage as agent_usage
 from durably.server import views
@@ -52,16 +54,51 @@ def _when(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _age(seconds: float) -> str:
+    """How long ago, in the largest unit that fits: ``42s``, ``7m``, ``3h``, ``12d``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def _short_when(ts: float | None, now: float) -> str:
+    """A compact time for a table column: the time alone today, else month and day too."""
+    if ts is None:
+        return ""
+    when = datetime.datetime.fromtimestamp(ts)
+    if when.date() == datetime.datetime.fromtimestamp(now).date():
+        return when.strftime("%H:%M:%S")
+    if when.year == datetime.datetime.fromtimestamp(now).year:
+        return when.strftime("%b %d %H:%M")
+    return when.strftime("%Y-%m-%d")
+
+
+def _status(status: str) -> Text:
+    """A workflow status, coloured (a style never comes from user text)."""
+    return Text(status, style=_STATUS_STYLE.get(status, ""))
+
+
 def _fail(exc: Exception) -> NoReturn:
-    console.print(f"[red]error:[/red] {exc}")
+    # Messages name ids, steps and values: user text, printed as it is (never as markup).
+    console.print(Text.assemble(("error:", "red"), " ", str(exc)), soft_wrap=True)
     sys.exit(1)
 
 
+def _say(text: str) -> None:
+    """Print a line that holds user text (ids, names, values) exactly, never as markup."""
+    console.print(text, markup=False, soft_wrap=True)
+
+
 @contextlib.contextmanager
-def _client(database: str) -> Iterator[durably.Client]:
-    """A Client for one command; a durably error ends the command with its message."""
+def _client(database: str, *, create: bool = True) -> Iterator[durably.Client]:
+    """A Client for one command; a durably error ends the command with its message.
+
+    Commands that only read, or act on workflows that must already exist, pass
+    ``create=False``: a mistyped path is then an error, not a new empty database.
+    """
     try:
-        with durably.Client(database) as client:
+        with durably.Client(database, create=create) as client:
             yield client
     except durably.DurablyError as exc:
         _fail(exc)
@@ -116,23 +153,49 @@ def main(ctx: click.Context, database: str, verbose: bool) -> None:
 def list_cmd(
     database: str, status: str | None, name: str | None, limit: int, as_json: bool
 ) -> None:
-    """List workflows, newest first."""
-    with _client(database) as client:
+    """List workflows, newest first.
+
+    The note column says why an unfinished workflow may not move: no running
+    worker serves its workflow or its queue, or the workers run other code
+    than the code that started it.
+    """
+    with _client(database, create=False) as client:
         rows = client.list_workflows(status=status, name=name, limit=limit)
+        executors = client.executors()
+    now = time.time()
+    found = {info.workflow_id: serving.notes(info, executors, now) for info in rows}
     if as_json:
-        _json_lines(views.workflow(info) for info in rows)
-        return
-    table = Table("id", "workflow", "status", "created", "updated", box=None)
-    for info in rows:
-        style = _STATUS_STYLE.get(info.status, "")
-        table.add_row(
-            info.workflow_id,
-            info.name,
-            f"[{style}]{info.status}[/]" if style else info.status,
-            _when(info.created_at),
-            _when(info.updated_at),
+        _json_lines(
+            {**views.workflow(info), "notes": [n.text for n in found[info.workflow_id]]}
+            for info in rows
         )
-    console.print(table if rows else "no workflows", soft_wrap=True)
+        return
+    if not rows:
+        console.print("no workflows")
+        return
+    table = Table(box=None, pad_edge=False)
+    # Ids stay whole up to 36 characters (a uuid); beyond that they fold, never cut.
+    longest = max(len(info.workflow_id) for info in rows)
+    table.add_column("id", overflow="fold", min_width=min(36, longest))
+    table.add_column("workflow", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("queue", overflow="fold")
+    table.add_column("created", no_wrap=True)
+    for info in rows:
+        shown = _status(info.status)
+        if found[info.workflow_id]:
+            shown.append(" !", "yellow")  # explained below the table
+        table.add_row(
+            Text(info.workflow_id),
+            Text(info.name + (f" v{info.version}" if info.version else "")),
+            shown,
+            Text(info.queue or ""),
+            _short_when(info.created_at, now),
+        )
+    console.print(table)
+    for wid, notes in found.items():  # what the marks mean, in full
+        for note in notes:
+            console.print(Text.assemble(("! ", "yellow"), (wid, "bold"), ": ", note.text))
 
 
 @main.command()
@@ -141,13 +204,16 @@ def list_cmd(
 @click.pass_obj
 def show(database: str, workflow_id: str, as_json: bool) -> None:
     """Show a workflow's receipts: each step, its attempt, duration and output."""
-    with _client(database) as client:
+    with _client(database, create=False) as client:
         info = client.get_workflow(workflow_id)
         entries = client.history(workflow_id)
         claims = client.claims(workflow_id)
+        executors = client.executors()
+    notes = [note.text for note in serving.notes(info, executors, time.time())]
     if as_json:
         document = {
             "workflow": views.workflow(info),
+            "notes": notes,
             "timeline": views.timeline(entries, claims),
             "usage": views.usage_line(entries, claims),
             "entries": [views.entry(e) for e in entries],
@@ -155,7 +221,7 @@ def show(database: str, workflow_id: str, as_json: bool) -> None:
         }
         click.echo(json.dumps(document, sort_keys=True, default=str))
         return
-    print_receipts(info, entries, claims)
+    print_receipts(info, entries, claims, notes)
 
 
 def _json_lines(records: Iterable[dict[str, Any]]) -> None:
@@ -165,15 +231,30 @@ def _json_lines(records: Iterable[dict[str, Any]]) -> None:
 
 
 def print_receipts(
-    info: durably.WorkflowInfo, entries: list[durably.Entry], claims: list[durably.Claim]
+    info: durably.WorkflowInfo,
+    entries: list[durably.Entry],
+    claims: list[durably.Claim],
+    notes: list[str] | None = None,
 ) -> None:
-    """Print the receipts of one workflow (used by ``show`` and the demo)."""
-    style = _STATUS_STYLE.get(info.status, "")
+    """Print the receipts of one workflow (used by ``show`` and the demo).
+
+    Every piece of user text (ids, names, payloads, errors) is printed as
+    text, never read as rich markup.
+    """
     console.print(
-        f"[bold]{info.workflow_id}[/bold]  {info.name}"
-        + (f" v{info.version}" if info.version else "")
-        + f"  [{style}]{info.status}[/]  started {_when(info.created_at)}"
+        Text.assemble(
+            (info.workflow_id, "bold"),
+            "  ",
+            info.name + (f" v{info.version}" if info.version else ""),
+            "  ",
+            _status(info.status),
+            f"  started {_when(info.created_at)}",
+            *([f"  queue {info.queue}"] if info.queue else []),
+        ),
+        soft_wrap=True,
     )
+    for note in notes or []:
+        console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
     rows = receipts.receipts(entries, claims)
     names = {e.seq: receipts.label(e) for e in rows if not isinstance(e, receipts.Gap)}
     width = min(max([24, *map(len, names.values())]), 44)
@@ -182,23 +263,24 @@ def print_receipts(
     )
     for row in rows:
         if isinstance(row, receipts.Gap):
-            console.print(f"[yellow]{row.line()}[/yellow]", soft_wrap=True)
+            console.print(Text(row.line(), style="yellow"), soft_wrap=True)
             continue
         duration = f"{row.duration * 1000:.1f}ms" if row.duration is not None else ""
-        console.print(
+        _say(
             f"{row.seq:>4}  {names[row.seq]:<{width}} {row.attempt:>7} {duration:>9}  "
-            f"{receipts.preview(row.payload, 60)}",
-            soft_wrap=True,
-            markup=False,
+            f"{receipts.preview(row.payload, 60)}"
         )
     recovered = [c.claimed_at for c in claims if c.reason == "recovery"]
     cost = agent_usage.recovery_summary(entries, recovered)
     if cost is not None:
-        console.print(cost, soft_wrap=True)
+        _say(cost)
     if info.output is not None:
-        console.print(f"result: {receipts.preview(info.output, 200)}", soft_wrap=True)
+        _say(f"result: {receipts.preview(info.output, 200)}")
     if info.error is not None:
-        console.print(f"[red]error:[/red] {receipts.preview(info.error, 300)}")
+        console.print(
+            Text.assemble(("error:", "red"), " ", receipts.preview(info.error, 300)),
+            soft_wrap=True,
+        )
 
 
 @main.command()
@@ -218,16 +300,56 @@ def start(database: str, target: str, args_json: str, workflow_id: str | None, w
     if wf is None:
         raise click.ClickException(f"{module!r} has no attribute {attr!r}")
     args, kwargs = parse_args_json(args_json)
+    if not wait:
+        with _client(database) as client:
+            wid = client.start(wf, *args, workflow_id=workflow_id, **kwargs)
+        _say(wid)
+        return
+
+    async def begin(engine: durably.Engine) -> durably.WorkflowHandle:
+        return await engine.start(wf, *args, workflow_id=workflow_id, **kwargs)
+
+    _run_here(database, begin)
+
+
+def _run_here(
+    database: str, begin: Callable[[durably.Engine], Awaitable[durably.WorkflowHandle]]
+) -> None:
+    """Open an engine here, let ``begin`` start or reopen a workflow, run it to its end
+    and print its result (or its error, without a traceback: exit 1)."""
+
+    async def main() -> Any:
+        async with durably.Engine(database) as engine:
+            handle = await begin(engine)
+            return await handle.result()
+
     try:
-        if not wait:
-            with durably.Client(database) as client:
-                wid = client.start(wf, *args, workflow_id=workflow_id, **kwargs)
-            console.print(wid)
-            return
-        result = durably.run(wf, *args, workflow_id=workflow_id, database=database, **kwargs)
-    except durably.DurablyError as exc:
+        result = asyncio.run(main())
+    except Exception as exc:  # a durably error, or the workflow's own error re-raised
+        if not isinstance(exc, durably.DurablyError):
+            exc = durably.DurablyError(f"the workflow failed: {type(exc).__name__}: {exc}")
         _fail(exc)
     console.print_json(json.dumps(result, default=str))
+
+
+def _runnable_here(database: str, workflow_id: str, modules: tuple[str, ...]) -> None:
+    """Import ``modules`` and check they register the workflow's code, before anything
+    changes: running it here needs its code, as a worker does."""
+    for module in modules:
+        _import(module)
+    with _client(database, create=False) as client:
+        name = client.get_workflow(workflow_id).name
+    if workflow_registry.registered(name) is None:
+        where = (
+            f"which MODULES ({', '.join(modules)}) did not register"
+            if modules
+            else "whose code is not loaded here"
+        )
+        raise click.ClickException(
+            f"workflow {workflow_id!r} runs the workflow {name!r}, {where}: give the module "
+            f"that defines it (durably resume {workflow_id} MODULE), or --no-wait to leave "
+            "it to a running worker"
+        )
 
 
 @main.command()
@@ -247,6 +369,12 @@ def start(database: str, target: str, args_json: str, workflow_id: str | None, w
     "PostgreSQL, which announces it).",
 )
 @click.option("--max-recoveries", default=5, show_default=True, help="Crashes before failing.")
+@click.option(
+    "--strict-code",
+    is_flag=True,
+    help="Never take a workflow started by other code (another source hash) than this "
+    "worker's; leave it for a worker with the same code.",
+)
 @click.pass_obj
 def worker(
     database: str,
@@ -255,6 +383,7 @@ def worker(
     queue_names: tuple[str, ...],
     poll: float,
     max_recoveries: int,
+    strict_code: bool,
 ) -> None:
     """Import MODULES (registering their workflows and queues) and run workflows until SIGTERM.
 
@@ -285,13 +414,12 @@ def worker(
             poll_interval=poll,
             max_recoveries=max_recoveries,
             queues=queues,
+            strict_code=strict_code,
         )
         async with engine:
-            serving = ", ".join(q.name for q in queues) or "none"
-            console.print(
-                f"worker {engine.executor_id} serving {engine.url} (queues: {serving})",
-                soft_wrap=True,
-            )
+            served = ", ".join(q.name for q in queues) or "none"
+            _say(f"worker {engine.executor_id} serving {engine.url} (queues: {served})")
+            _say(f"workflows: {', '.join(workflow_registry.registered_names()) or 'none'}")
             await stop.wait()
             console.print("stopping: letting running steps finish")
         console.print("stopped")
@@ -306,8 +434,9 @@ def worker(
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
 def workers(database: str, as_json: bool) -> None:
-    """List the executors (workers) registered in the database, oldest first."""
-    with _client(database) as client:
+    """List the executors (workers) registered in the database, oldest first, with the
+    workflows and queues each serves."""
+    with _client(database, create=False) as client:
         rows = client.executors()
     if as_json:
         _json_lines(views.executor(e, time.time()) for e in rows)
@@ -316,18 +445,21 @@ def workers(database: str, as_json: bool) -> None:
         console.print("no workers")
         return
     now = time.time()
-    table = Table("executor", "host", "pid", "started", "last heartbeat", box=None)
+    # A block per executor: its id whole on the first line, what it serves wrapped below.
     for e in rows:
         age = now - e.heartbeat_at
-        beat = f"{age:.0f}s ago" if age < 3600 else _when(e.heartbeat_at)
-        table.add_row(
-            e.executor_id,
-            e.host,
-            str(e.pid),
-            _when(e.started_at),
-            f"[yellow]{beat}[/]" if age > 60 else beat,
+        beat = _age(age)
+        served = [name + (f" v{v}" if v else "") for name, v, _ in e.workflows]
+        console.print(Text(e.executor_id, "bold"), soft_wrap=True)
+        console.print(
+            Text.assemble(
+                f"  host {e.host}, pid {e.pid}, started {_short_when(e.started_at, now)}, "
+                "last heartbeat ",
+                (beat, "yellow" if age > 60 else ""),
+            )
         )
-    console.print(table, soft_wrap=True)
+        console.print(Text(f"  workflows: {', '.join(served) or '(none registered)'}"))
+        console.print(Text(f"  queues: {', '.join(e.queues) or '(none)'}"))
 
 
 @main.command()
@@ -383,9 +515,9 @@ def signal_cmd(
         payload = json.loads(payload_json)
     except json.JSONDecodeError as exc:
         raise click.ClickException(f"PAYLOAD_JSON is not JSON: {exc}") from exc
-    with _client(database) as client:
+    with _client(database, create=False) as client:
         sent = client.send_signal(workflow_id, name, payload, idempotency_key=idempotency_key)
-    console.print(f"signal {name!r} sent to {workflow_id}" if sent else "already sent (same key)")
+    _say(f"signal {name!r} sent to {workflow_id}" if sent else "already sent (same key)")
 
 
 @main.command()
@@ -393,31 +525,79 @@ def signal_cmd(
 @click.pass_obj
 def cancel(database: str, workflow_id: str) -> None:
     """Cancel a workflow and its unfinished children (at their next durable call)."""
-    with _client(database) as client:
+    with _client(database, create=False) as client:
         asked = client.cancel(workflow_id)
-    console.print(f"cancellation requested: {', '.join(asked) or 'nothing unfinished'}")
+    _say(f"cancellation requested: {', '.join(asked) or 'nothing unfinished'}")
 
 
-@main.command()
+_IN_PLACE = (
+    "By default it runs here, as `start` does, until it ends: give the MODULES that "
+    "define its workflow (imported as `durably worker` imports them). With --no-wait it "
+    "is only marked pending, for a running `durably worker` to take."
+)
+
+
+@main.command(
+    help=f"""Run a failed, cancelled or diverged workflow again from where it
+stopped.
+
+{_IN_PLACE}"""
+)
 @click.argument("workflow_id")
+@click.argument("modules", nargs=-1)
+@click.option(
+    "--wait/--no-wait", default=True, help="Run it here to the end, or leave it to a worker."
+)
 @click.pass_obj
-def resume(database: str, workflow_id: str) -> None:
-    """Run a failed, cancelled or diverged workflow again from where it stopped."""
-    with _client(database) as client:
-        client.resume(workflow_id)
-    console.print(f"{workflow_id} is pending again; a worker will resume it")
+def resume(database: str, workflow_id: str, modules: tuple[str, ...], wait: bool) -> None:
+    if not wait:
+        with _client(database, create=False) as client:
+            client.resume(workflow_id)
+        _say(f"{workflow_id} is pending again; a running worker will resume it")
+        return
+    _runnable_here(database, workflow_id, modules)
+
+    async def begin(engine: durably.Engine) -> durably.WorkflowHandle:
+        return await engine.resume(workflow_id)
+
+    _run_here(database, begin)
 
 
-@main.command()
+@main.command(
+    help=f"""Start a copy of a workflow that replays its first entries (up to
+--from-seq) and runs the rest live, on the code loaded now.
+
+Prints the new id. {_IN_PLACE}"""
+)
 @click.argument("workflow_id")
+@click.argument("modules", nargs=-1)
 @click.option("--from-seq", type=int, required=True, help="Copy journal entries up to this seq.")
 @click.option("--id", "new_id", default=None, help="Id of the new workflow.")
+@click.option(
+    "--wait/--no-wait", default=True, help="Run it here to the end, or leave it to a worker."
+)
 @click.pass_obj
-def fork(database: str, workflow_id: str, from_seq: int, new_id: str | None) -> None:
-    """Start a copy of a workflow that replays its first entries and runs the rest live."""
-    with _client(database) as client:
-        fork_id = client.fork(workflow_id, from_seq, new_id)
-    console.print(fork_id)
+def fork(
+    database: str,
+    workflow_id: str,
+    modules: tuple[str, ...],
+    from_seq: int,
+    new_id: str | None,
+    wait: bool,
+) -> None:
+    if not wait:
+        with _client(database, create=False) as client:
+            fork_id = client.fork(workflow_id, from_seq, new_id)
+        _say(fork_id)
+        return
+    _runnable_here(database, workflow_id, modules)
+
+    async def begin(engine: durably.Engine) -> durably.WorkflowHandle:
+        handle = await engine.fork(workflow_id, from_seq, new_id)
+        _say(handle.workflow_id)
+        return handle
+
+    _run_here(database, begin)
 
 
 @main.group()
@@ -431,7 +611,7 @@ def review() -> None:
 @click.pass_obj
 def review_list(database: str, workflow_id: str | None, as_json: bool) -> None:
     """List steps waiting for a decision, oldest first."""
-    with _client(database) as client:
+    with _client(database, create=False) as client:
         rows = client.reviews(workflow_id)
     if as_json:
         _json_lines(views.review(r) for r in rows)
@@ -440,18 +620,20 @@ def review_list(database: str, workflow_id: str | None, as_json: bool) -> None:
         console.print("no step awaits review")
         return
     now = time.time()
-    table = Table("workflow", "seq", "step", "idempotency key", "arguments", "age", "why", box=None)
+    # A block per step, not a table: the workflow id and key that `resolve` needs are
+    # printed whole at any width, with the command to run.
     for r in rows:
-        table.add_row(
-            r.workflow_id,
-            str(r.seq),
-            r.step,
-            r.idempotency_key,
-            receipts.preview(r.intent, 50),
-            f"{now - r.opened_at:.0f}s",
-            r.reason,
+        console.print(
+            Text.assemble(
+                (r.workflow_id, "bold"), f"  seq {r.seq}  ", r.step, f"  {_age(now - r.opened_at)}"
+            ),
+            soft_wrap=True,
         )
-    console.print(table, soft_wrap=True)
+        _say(f"  key        {r.idempotency_key}")
+        _say(f"  arguments  {receipts.preview(r.intent, 200)}")
+        _say(f"  why        {r.reason}")
+        _say(f"  decide     durably review resolve {r.workflow_id} {r.seq} \\")
+        _say("                 --result JSON | --retry | --fail REASON")
 
 
 @review.command("resolve")
@@ -480,9 +662,9 @@ def review_resolve(
             choice = {"result": json.loads(result_json)}
         except json.JSONDecodeError as exc:
             raise click.ClickException(f"--result is not JSON: {exc}") from exc
-    with _client(database) as client:
+    with _client(database, create=False) as client:
         decided = client.resolve(workflow_id, seq, by=by, **choice)
-    console.print(
+    _say(
         f"{workflow_id} seq {seq} ({decided.step}): {decided.decision} by {decided.decided_by}; "
         "the workflow resumes"
     )
@@ -494,13 +676,15 @@ def migrate(database: str) -> None:
     """Bring the database schema up to date."""
     with _client(database) as client:
         version = client.schema_version()
-    console.print(f"{database}: schema version {version}")
+    _say(f"{database}: schema version {version}")
 
 
 main.add_command(crashes.test_crashes_command)
 main.add_command(agents_cli.approvals_cmd)
 main.add_command(agents_cli.approve_cmd)
 main.add_command(agents_cli.reject_cmd)
+for _command in admin.COMMANDS:  # export, import, prune, backup (docs/operations.md)
+    main.add_command(_command)
 
 
 @main.command()

@@ -23,8 +23,10 @@ R = TypeVar("R")
 class Client:
     """A connection to a durably database that reads and starts, but runs nothing."""
 
-    def __init__(self, url: str | None = None) -> None:
-        self._store = dispatch.StoreThread(create_store(resolve_url(url)))
+    def __init__(self, url: str | None = None, *, create: bool = True) -> None:
+        """``create=False`` for a reader: a database that does not exist (a mistyped
+        path) raises DatabaseNotFound on open instead of being created empty."""
+        self._store = dispatch.StoreThread(create_store(resolve_url(url), create=create))
         self.url = self._store.store.url  # as shown in messages: without a password
         self._ops = operations.Operations(self._store.store, time.time)
         self._open = False

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
+import datetime
 import functools
 import logging
 import time
@@ -32,11 +34,13 @@ from durably import (
     liveness,
     operations,
     runtime,
+    serving,
     step_runner,
     waits,
     watchdog,
     workflows,
 )
+from durably import retention as retention_policy
 from durably.storage import base, create_store, dispatch, resolve_url
 
 if TYPE_CHECKING:
@@ -47,6 +51,10 @@ log = logging.getLogger("durably")
 #: Seconds close() gives a task it asked to end (a background loop, a run cancelled after
 #: the drain) before it cancels it, and then again before it gives up on it, naming it.
 STOP_GRACE = 5.0
+
+#: How many of the oldest unclaimed workflows a pass looks at to tell the ones that no
+#: running executor can take (logged once per engine each).
+UNCLAIMED_SCAN = 50
 
 #: The most workflows one recovery pass claims (the rest wait for the next pass, which
 #: follows at once when this one was full, so that other executors get their share).
@@ -126,6 +134,16 @@ class Engine:
     long a blocked workflow stays in memory before it parks. With
     ``inline_commits`` (the default) a SQLite commit runs on the event loop's
     thread when nothing else is ready to run there (see docs/decisions.md).
+
+    A workflow records the source hash of the code that started it. An engine
+    whose code for it differs (another application sharing the database, a
+    changed function) logs a warning with both hashes when it claims it and
+    runs it anyway; with ``strict_code`` it never claims it and leaves it for
+    an executor with the same code. Workflows that no running executor can
+    take (nobody has their code or serves their queue) are logged once.
+
+    With ``retention``, finished workflows older than that are pruned, with
+    their journals, in small batches (docs/operations.md).
     """
 
     def __init__(
@@ -141,6 +159,8 @@ class Engine:
         executor_id: str | None = None,
         clock: Callable[[], float] = time.time,
         queues: Sequence[Queue] = (),
+        strict_code: bool = False,
+        retention: datetime.timedelta | None = None,
     ) -> None:
         if lease_seconds <= 0 or poll_interval <= 0:
             raise ValueError("lease_seconds and poll_interval must be > 0")
@@ -151,6 +171,12 @@ class Engine:
         self.inline_commits = inline_commits
         self.clock = clock
         self.queues = tuple(queues)
+        self.strict_code = strict_code
+        self._noted: set[str] = set()  # workflows logged as taken by nobody (once each)
+        self._other_code: set[str] = set()  # workflows logged as run on other code (once each)
+        self._warned_queues: set[str] = set()  # queues enqueued on without serving them
+        self._scanned_at = float("-inf")
+        self.retention = retention  # finished workflows older than this are pruned
         if len({q.name for q in self.queues}) != len(self.queues):
             raise ValueError("each queue may be given once")
         self._database = resolve_url(url)  # with its password, for the watchdog's connection
@@ -200,7 +226,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._store.start)
         faults.reached("engine_start")
-        self._me = liveness.this_executor(self.clock(), self._executor_id)
+        self._me = self._serving(liveness.this_executor(self.clock(), self._executor_id))
         self._services = runtime.Services(
             store=self._store,
             clock=self.clock,
@@ -235,6 +261,11 @@ class Engine:
             self._database, self._me, self.lease_seconds, self.clock, self._held_here
         )
         self._watchdog.start()
+        if self.retention is not None:
+            pruning = retention_policy.prune_loop(
+                self._call, self._store.store.prune, self.clock, self.retention
+            )
+            self._background.append(asyncio.create_task(pruning, name="durably-retention"))
 
     async def close(self, drain_timeout: float = 30.0) -> None:
         """Stop: running steps finish and commit, workflows suspend, leases are released.
@@ -294,6 +325,18 @@ class Engine:
             held.append((wid, epoch))
         return held
 
+    def _serving(self, me: journal.ExecutorInfo) -> journal.ExecutorInfo:
+        """``me`` saying what it serves now (the registry may grow after open)."""
+        served = tuple(
+            (d.name, d.version, d.source_hash)
+            for name in workflows.registered_names()
+            if (d := workflows.registered(name)) is not None
+        )
+        queues = tuple(q.name for q in self.queues)
+        if (served, queues) == (me.workflows, me.queues):
+            return me
+        return dataclasses.replace(me, workflows=served, queues=queues)
+
     def _require_open(self) -> runtime.Services:
         if self._services is None:
             raise errors.EngineNotOpen("the engine is not open; use `async with Engine(...)`")
@@ -335,9 +378,26 @@ class Engine:
         """Commit a pending workflow for any engine to claim (a queue's ``enqueue``).
 
         Returns the row: the new one, or the one already holding its id or its
-        queue's deduplication id.
+        queue's deduplication id. Warns (once per queue) when this engine does not
+        serve the queue: a forgotten ``Engine(queues=[...])`` otherwise leaves the
+        work waiting silently.
         """
         self._require_open()
+        queue = new.queue
+        if (
+            queue is not None
+            and queue not in {q.name for q in self.queues}
+            and queue not in self._warned_queues
+        ):
+            self._warned_queues.add(queue)
+            log.warning(
+                "workflow %s was enqueued on queue %r, which this engine does not serve: "
+                "it runs only on an engine given the queue (Engine(url, queues=[...]) or "
+                "`durably worker MODULE --queue %s`)",
+                new.workflow_id,
+                queue,
+                queue,
+            )
         info, created = await self._call(
             self._store.store.create_workflow, new, None, None, self.clock()
         )
@@ -520,8 +580,11 @@ class Engine:
             return []
         store = self._store.store
         now = self.clock()
+        assert self._me is not None
+        self._me = self._serving(self._me)  # the heartbeat registers it again with this
         silent = now - max(10 * self.lease_seconds, 60.0)
-        for other in await self._call(store.list_executors, write=False):
+        executors = await self._call(store.list_executors, write=False)
+        for other in executors:
             if other.executor_id == self.executor_id:
                 continue
             if liveness.is_dead_here(other):
@@ -529,11 +592,8 @@ class Engine:
                 await self._call(store.remove_executor, other.executor_id, True)
             elif other.heartbeat_at < silent:  # long gone; it registers again if it is not
                 await self._call(store.remove_executor, other.executor_id, False)
-        runnable = [
-            (name, definition.version)
-            for name in workflows.registered_names()
-            if (definition := workflows.registered(name)) is not None
-        ]
+        runnable = [(name, version) for name, version, _ in self._me.workflows]
+        same_code = {name: h for name, _, h in self._me.workflows if h} if self.strict_code else {}
         claimed = await self._call(
             store.claim_next,
             self.executor_id,
@@ -542,16 +602,82 @@ class Engine:
             now,
             CLAIM_BATCH,
             [q.limits for q in self.queues],
+            same_code,
         )
         for info in claimed:
             definition = workflows.registered(info.name)
             if definition is None or services.stopping.is_set():  # unregistered meanwhile
                 await self._call(store.release, info.workflow_id, info.epoch, self.clock())
                 continue
+            if (
+                serving.code_differs(info.source_hash, definition.source_hash)
+                and info.workflow_id not in self._other_code
+            ):
+                self._other_code.add(info.workflow_id)  # not again at each wake-up
+                log.warning(
+                    "workflow %s (%r) was started by code with source hash %s; this engine "
+                    "runs it on code with source hash %s (another application's, or a changed "
+                    "function); Engine(strict_code=True) leaves such workflows for another "
+                    "worker",
+                    info.workflow_id,
+                    info.name,
+                    info.source_hash,
+                    definition.source_hash,
+                )
             self._launch(services, info, definition)
         if len(claimed) >= CLAIM_BATCH:
             self._kick_recovery()  # there may be more: take it in the next pass
+        elif now - self._scanned_at >= 5 * self.poll_interval:
+            self._scanned_at = now
+            await self._note_unclaimed(executors, now)
         return [info.workflow_id for info in claimed]
+
+    async def _note_unclaimed(self, executors: list[journal.ExecutorInfo], now: float) -> None:
+        """Log, once per workflow, the claimable ones that no running executor takes."""
+        me = self._me
+        assert me is not None
+        rows = await self._call(self._store.store.unclaimed, now, UNCLAIMED_SCAN, write=False)
+        others = [e for e in executors if e.executor_id != me.executor_id]
+        live = [me, *serving.running(others, now)]
+        for row in rows:
+            if row.workflow_id in self._noted:
+                continue
+            wanted = serving.describe(row.name, row.version)
+            servers = [e for e in live if e.serves(row.name, row.version)]
+            mine = me.source_hash_of(row.name, row.version)
+            if not servers:
+                log.warning(
+                    "workflow %s waits for workflow %s, which no running worker has "
+                    "registered (this engine has: %s): run a worker that imports its module",
+                    row.workflow_id,
+                    wanted,
+                    ", ".join(n for n, _, _ in me.workflows) or "none",
+                )
+            elif row.queue is not None and not any(row.queue in e.queues for e in servers):
+                log.warning(
+                    "workflow %s waits on queue %r, which no running worker with its code "
+                    "serves: give the queue to an engine (Engine(queues=[...]) or "
+                    "`durably worker MODULE --queue %s`)",
+                    row.workflow_id,
+                    row.queue,
+                    row.queue,
+                )
+            elif (
+                self.strict_code
+                and me.serves(row.name, row.version)
+                and serving.code_differs(row.source_hash, mine)
+            ):
+                log.warning(
+                    "workflow %s (%s) was started by code with source hash %s; this engine "
+                    "has source hash %s and, with strict_code, leaves it for another worker",
+                    row.workflow_id,
+                    wanted,
+                    row.source_hash,
+                    mine,
+                )
+            else:
+                continue
+            self._noted.add(row.workflow_id)
 
     def _kick_recovery(self) -> None:
         self._changes.signal()

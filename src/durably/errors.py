@@ -124,6 +124,13 @@ class WorkflowNotRegistered(DurablyError, LookupError):
     """The journal names a workflow whose code is not imported in this process."""
 
 
+class WorkflowArgumentsError(DurablyError, TypeError):
+    """The arguments given to start a workflow do not fit its function's signature.
+
+    Raised before anything is committed, instead of a workflow that fails at once.
+    """
+
+
 class DefinitionError(DurablyError, TypeError):
     """A decorator was applied to something it cannot make durable."""
 
@@ -179,6 +186,11 @@ class DatabaseUnavailable(StoreError):
     """The database cannot be reached or opened."""
 
 
+class DatabaseNotFound(DatabaseUnavailable):
+    """A database opened without ``create`` (a reader) does not exist or holds no durably
+    schema: a mistyped path is reported, not answered with a new empty database."""
+
+
 class SchemaTooNew(StoreError):
     """The database was migrated by a newer durably than this one."""
 
@@ -198,6 +210,17 @@ class StorageDataError(StoreError):
     Permanent for that value: writing it again fails the same way, so the step
     or workflow that produced it fails with this error instead of running again.
     """
+
+
+class ArchiveError(StoreError):
+    """An archive cannot be read or imported; the message names the file and line.
+
+    Nothing of it was imported.
+    """
+
+
+class BackupNotSupported(StoreError):
+    """This database cannot be backed up by durably; the message gives the procedure."""
 
 
 class FencedError(StoreError):

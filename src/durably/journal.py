@@ -153,6 +153,20 @@ class ExecutorInfo:
     pid_start: str
     started_at: float
     heartbeat_at: float
+    #: The workflows it has the code of: (name, version, source hash).
+    workflows: tuple[tuple[str, str | None, str | None], ...] = ()
+    queues: tuple[str, ...] = ()  # the queues it serves
+
+    def serves(self, name: str, version: str | None) -> bool:
+        """Whether it has the code of workflow ``name`` at ``version``."""
+        return any(n == name and v == version for n, v, _ in self.workflows)
+
+    def source_hash_of(self, name: str, version: str | None) -> str | None:
+        """The source hash of its code for workflow ``name`` at ``version``, if it has one."""
+        for n, v, h in self.workflows:
+            if n == name and v == version:
+                return h
+        return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

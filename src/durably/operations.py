@@ -84,6 +84,7 @@ def new_workflow(
     else:
         definition = workflows.definition_of(wf)
         name, version, source_hash = definition.name, definition.version, definition.source_hash
+        workflows.check_arguments(definition, args, kwargs)
     wid = workflows.new_workflow_id(workflow_id)
     payload = codec.encode({"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input")
     return base.NewWorkflow(wid, name, payload, version, source_hash), definition

@@ -148,6 +148,7 @@ async def _start_child(
         if workflow_id is None
         else workflows.new_workflow_id(workflow_id)
     )
+    workflows.check_arguments(definition, args, kwargs)
     payload = codec.encode(
         {"args": list(args), "kwargs": kwargs}, where=f"child workflow {definition.name!r} input"
     )

@@ -126,6 +126,33 @@ def new_workflow_id(workflow_id: str | None) -> str:
     return workflow_id
 
 
+def check_arguments(
+    definition: WorkflowDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Raise WorkflowArgumentsError unless the function takes these arguments.
+
+    Checked before the start is committed: otherwise the workflow would be
+    stored and fail at its first line with a TypeError.
+    """
+    try:
+        signature = inspect.signature(definition.fn)
+    except (TypeError, ValueError):  # no signature to check against (a builtin, a C function)
+        return
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        signature = signature.replace(  # names only: annotations may be unresolved strings
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=signature.empty,
+        )
+        raise errors.WorkflowArgumentsError(
+            f"workflow {definition.name!r} takes {definition.fn.__name__}{signature}; "
+            f"cannot call it with {len(args)} positional argument(s)"
+            + (f" and keywords {', '.join(map(repr, kwargs))}" if kwargs else "")
+            + f": {exc}"
+        ) from None
+
+
 def definition_of(wf: object) -> WorkflowDefinition:
     """The definition behind a decorated workflow or a registered name."""
     if isinstance(wf, WorkflowFunction):

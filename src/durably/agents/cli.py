@@ -20,7 +20,13 @@ from durably.agents import decisions, exceptions
 
 
 def _client(database: str) -> client_module.Client:
-    return client_module.Client(database)
+    # Every command here needs a workflow that exists: never create a database.
+    return client_module.Client(database, create=False)
+
+
+def _fail(exc: Exception) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(1)
 
 
 @click.command("approvals")
@@ -29,8 +35,12 @@ def _client(database: str) -> client_module.Client:
 @click.pass_obj
 def approvals_cmd(database: str, workflow_id: str | None, as_json: bool) -> None:
     """List tool calls waiting for approval (of one workflow, or of all)."""
-    with _client(database) as client:
-        pending = decisions.list_approvals(client, workflow_id)
+    try:
+        with _client(database) as client:
+            pending = decisions.list_approvals(client, workflow_id)
+    except errors.DurablyError as exc:
+        _fail(exc)
+        return
     for p in pending:
         if as_json:
             click.echo(json.dumps({**dataclasses.asdict(p), "signal": p.signal}))
@@ -48,9 +58,9 @@ def _decide(action: str, database: str, workflow_id: str, **kw: Any) -> None:
                 decided = decisions.approve(client, workflow_id, **kw)
             else:
                 decided = decisions.reject(client, workflow_id, **kw)
-    except (exceptions.ApprovalError, errors.WorkflowNotFound) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    except (exceptions.ApprovalError, errors.DurablyError) as exc:
+        _fail(exc)
+        return
     click.echo(f"{action}d {decided.describe()} in {workflow_id}")
 
 

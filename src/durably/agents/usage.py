@@ -237,7 +237,5 @@ def recovery_summary(
         before = [e for e in calls if (e.finished_at or e.started_at or 0.0) < last]
         replayed = usage_from_history(before, prices)
         if replayed.calls:
-            line += (
-                f"; recovery replayed {replayed.describe()} instead of paying for them again"
-            )
+            line += f"; recovery replayed {replayed.describe()} instead of paying for them again"
     return line

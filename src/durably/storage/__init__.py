@@ -15,8 +15,18 @@ def resolve_url(url: str | None) -> str:
     return url or os.environ.get("DURABLY_DATABASE_URL") or DEFAULT_URL
 
 
-def create_store(url: str) -> base.Store:
-    """An unopened Store for the URL's scheme."""
+def create_store(url: str, *, create: bool = True) -> base.Store:
+    """An unopened Store for the URL's scheme.
+
+    With ``create=False`` opening it never creates a database: a missing SQLite
+    file, or a database without durably's schema, raises DatabaseNotFound.
+    """
+    store = _store_for(url)
+    store.create = create
+    return store
+
+
+def _store_for(url: str) -> base.Store:
     scheme = url.split(":", 1)[0].lower()
     if scheme == "sqlite":
         from durably.storage import sqlite

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from durably import journal
+from durably import errors, journal
 
 
 @dataclasses.dataclass(slots=True)
@@ -95,6 +95,17 @@ class Wakeup:
     at: float | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unclaimed:
+    """A workflow waiting to be claimed: what tells who could run it."""
+
+    workflow_id: str
+    name: str
+    version: str | None
+    source_hash: str | None
+    queue: str | None
+
+
 #: Runnable workflows are named (name, version); an unversioned workflow has version None.
 Runnable = tuple[str, str | None]
 
@@ -107,6 +118,10 @@ class Store(abc.ABC):
     """Workflows, their journals, claims and executors."""
 
     url: str
+
+    #: Whether ``open`` may create the database (and its schema). A reader sets it False
+    #: (see ``create_store``): a database that does not exist then raises DatabaseNotFound.
+    create: bool = True
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -180,6 +195,7 @@ class Store(abc.ABC):
         now: float,
         limit: int,
         queues: Sequence[QueueLimits] = (),
+        same_code: Mapping[str, str] | None = None,
     ) -> list[journal.WorkflowInfo]:
         """Select and take up to ``limit`` claimable workflows in one transaction.
 
@@ -194,7 +210,17 @@ class Store(abc.ABC):
         Each taken workflow is owned by ``owner`` until ``lease_expires_at`` at
         epoch + 1; a crash is counted when it was running under another owner,
         and a claim row records why it changed hands. Returns the new rows.
+
+        ``same_code`` (a strict executor's) maps workflow names to the source
+        hash of the code here: a workflow of such a name started by other code
+        (another source hash recorded) is not claimable, so it stays for
+        another executor and is never taken and let go again.
         """
+
+    @abc.abstractmethod
+    def unclaimed(self, now: float, limit: int) -> list[Unclaimed]:
+        """Up to ``limit`` workflows claimable now by an executor that runs them, oldest
+        first, whether or not this one does (to tell the ones nobody takes)."""
 
     @abc.abstractmethod
     def load_claims(self, workflow_id: str) -> list[journal.Claim]:
@@ -417,6 +443,31 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def remove_executor(self, executor_id: str, expire_leases: bool) -> None:
         """Forget an executor; with expire_leases its workflows become claimable now."""
+
+    # --- whole workflows: archives, retention, backups (docs/operations.md) -------------
+
+    @abc.abstractmethod
+    def export_ids(self, status: str | None, since: float | None) -> list[str]:
+        """The workflows an export selects: of ``status``, created at ``since`` or later."""
+
+    @abc.abstractmethod
+    def export_workflows(self, workflow_ids: Sequence[str]) -> list[Any]:
+        """Every row of each workflow and of its children (``bulk.ArchivedWorkflow`` s)."""
+
+    @abc.abstractmethod
+    def import_workflows(self, workflows: Sequence[Any]) -> list[str]:
+        """Insert exported workflows, all or none, without owners; an existing id refuses."""
+
+    @abc.abstractmethod
+    def prune(self, before: float, status: str | None, limit: int) -> list[str]:
+        """Remove at most ``limit`` finished workflows last changed before ``before``."""
+
+    def backup(self, path: str) -> None:
+        """Write a consistent copy of the database to the new file ``path``, online.
+
+        Not a verb: it runs outside run_batch, on the store's thread.
+        """
+        raise errors.BackupNotSupported(f"{self.url} cannot be backed up by durably")
 
     # --- wake-ups (not verbs: called from any thread, outside run_batch) ----------
 

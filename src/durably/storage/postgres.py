@@ -363,6 +363,15 @@ class PostgresStore(sql.SqlStore):
                     f"GRANT CREATE ON DATABASE to {user}"
                 ) from None
 
+    def backup(self, path: str) -> None:
+        dbname = self._params.get("dbname") or "DBNAME"
+        raise errors.BackupNotSupported(
+            f"durably does not back up {self.where}: use PostgreSQL's own tools, e.g. "
+            f"pg_dump --schema={self.schema} --format=custom --file={path} {dbname} "
+            "(consistent while workers run), restored with pg_restore, or continuous "
+            "archiving for point-in-time recovery; see docs/operations.md"
+        )
+
     @property
     def _namespace(self) -> str:
         return f"schema {self.schema!r} of {self.where}"

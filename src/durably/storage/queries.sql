@@ -65,10 +65,12 @@ SELECT status, COUNT(*) FROM workflows GROUP BY status
 -- name: create_runnable
 -- The (name, version) pairs the claiming executor can run, for the claim queries below to
 -- join (version '' for an unversioned workflow). A temporary table lives as long as its
--- connection; claim_next refills it every time.
+-- connection; claim_next refills it every time. A source_hash other than '' (a strict
+-- executor's) makes only the workflows started by that code, or by unknown code, runnable.
 CREATE TEMPORARY TABLE IF NOT EXISTS runnable_here (
-    name    TEXT NOT NULL,
-    version TEXT NOT NULL
+    name        TEXT NOT NULL,
+    version     TEXT NOT NULL,
+    source_hash TEXT NOT NULL
 )
 
 -- name: clear_runnable
@@ -76,8 +78,8 @@ CREATE TEMPORARY TABLE IF NOT EXISTS runnable_here (
 DELETE FROM runnable_here
 
 -- name: add_runnable
--- One (name, version) this executor can run.
-INSERT INTO runnable_here (name, version) VALUES (:name, :version)
+-- One (name, version, source hash) this executor can run.
+INSERT INTO runnable_here (name, version, source_hash) VALUES (:name, :version, :source_hash)
 
 -- name: claimable_unqueued
 -- Workflows on no queue that may be claimed now: unowned, lease gone, or due.
@@ -89,7 +91,9 @@ WHERE queue IS NULL
   AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
        OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
   AND EXISTS (SELECT 1 FROM runnable_here r
-              WHERE r.name = w.name AND r.version = COALESCE(w.version, ''))
+              WHERE r.name = w.name AND r.version = COALESCE(w.version, '')
+                AND (r.source_hash = '' OR w.source_hash IS NULL
+                     OR r.source_hash = w.source_hash))
 ORDER BY created_at, workflow_id
 LIMIT :limit
 
@@ -101,8 +105,20 @@ WHERE queue = :queue
   AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
        OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
   AND EXISTS (SELECT 1 FROM runnable_here r
-              WHERE r.name = w.name AND r.version = COALESCE(w.version, ''))
+              WHERE r.name = w.name AND r.version = COALESCE(w.version, '')
+                AND (r.source_hash = '' OR w.source_hash IS NULL
+                     OR r.source_hash = w.source_hash))
 ORDER BY priority DESC, created_at, workflow_id
+LIMIT :limit
+
+-- name: unclaimed
+-- Workflows claimable now (as in the claimable queries) by any executor that runs them,
+-- oldest first: the engine tells which of them nobody running can take.
+SELECT workflow_id, name, version, source_hash, queue
+FROM workflows
+WHERE ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
+       OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
+ORDER BY created_at, workflow_id
 LIMIT :limit
 
 -- name: lock_queue
@@ -222,14 +238,16 @@ WHERE workflow_id = :workflow_id AND owner = :owner AND epoch = :epoch
 UPDATE workflows SET lease_expires_at = 0 WHERE owner = :owner
 
 -- name: register_executor
--- Record an executor (or refresh its heartbeat).
-INSERT INTO executors (executor_id, host, pid, pid_start, started_at, heartbeat_at)
-VALUES (:executor_id, :host, :pid, :pid_start, :started_at, :heartbeat_at)
-ON CONFLICT (executor_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at
+-- Record an executor and what it serves (or refresh its heartbeat).
+-- Also the heartbeat's: what it serves may have grown since (a module imported later).
+INSERT INTO executors (executor_id, host, pid, pid_start, started_at, heartbeat_at, serves)
+VALUES (:executor_id, :host, :pid, :pid_start, :started_at, :heartbeat_at, :serves)
+ON CONFLICT (executor_id) DO UPDATE
+SET heartbeat_at = excluded.heartbeat_at, serves = excluded.serves
 
 -- name: list_executors
--- The executors known, oldest first.
-SELECT executor_id, host, pid, pid_start, started_at, heartbeat_at
+-- The executors known and what each serves, oldest first.
+SELECT executor_id, host, pid, pid_start, started_at, heartbeat_at, serves
 FROM executors ORDER BY started_at
 
 -- name: remove_executor
@@ -392,3 +410,131 @@ WHERE workflow_id = :workflow_id AND status = 'needs_review'
 -- name: cancel_delivered
 -- Whether the cancellation was delivered (journaled) in the workflow.
 SELECT 1 FROM journal WHERE workflow_id = :workflow_id AND kind = 'cancel'
+
+-- --- whole workflows: export, import, prune (storage/bulk.py) ------------------------
+-- Each table's columns are listed in the order of bulk.COLUMNS; a migration that adds a
+-- column adds it here too (tests/test_archive.py checks them against the schema).
+
+-- name: export_ids
+-- The workflows an export selects: of a status, created since a time; oldest first.
+SELECT workflow_id FROM workflows
+WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+  AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR created_at >= :since)
+ORDER BY created_at, workflow_id
+
+-- name: export_children
+-- The children of a workflow, oldest first (exported along with it).
+SELECT workflow_id FROM workflows WHERE parent_id = :workflow_id ORDER BY created_at, workflow_id
+
+-- name: export_workflows
+-- The workflows rows of one workflow, for an archive.
+SELECT workflow_id, name, version, source_hash, status, input, output, error, owner, epoch,
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
+       cancel_requested, signal_count, queue, priority, deduplication_id, started_at
+FROM workflows WHERE workflow_id = :workflow_id
+
+-- name: export_journal
+-- The journal rows of one workflow, for an archive.
+SELECT workflow_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
+
+-- name: export_claims
+-- The claims rows of one workflow, for an archive.
+SELECT workflow_id, epoch, owner, claimed_at, previous_owner, reason
+FROM claims WHERE workflow_id = :workflow_id ORDER BY epoch
+
+-- name: export_signals
+-- The signals rows of one workflow, for an archive.
+SELECT workflow_id, num, name, payload, idempotency_key, sent_at, consumed_seq
+FROM signals WHERE workflow_id = :workflow_id ORDER BY num
+
+-- name: export_events
+-- The events rows of one workflow, for an archive.
+SELECT workflow_id, key, value, seq, updated_at
+FROM events WHERE workflow_id = :workflow_id ORDER BY key
+
+-- name: export_reviews
+-- The reviews rows of one workflow, for an archive.
+SELECT workflow_id, seq, attempt, step, idempotency_key, intent, reason, opened_at,
+       decision, outcome, decided_by, decided_at
+FROM reviews WHERE workflow_id = :workflow_id ORDER BY seq, attempt
+
+-- name: import_workflows
+-- Imported without an owner: the executor that held it lives elsewhere; the next claim
+-- is a resume, not a crash.
+INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, output, error,
+                       owner, epoch, lease_expires_at, crash_count, wake_at, parent_id,
+                       created_at, updated_at, cancel_requested, signal_count, queue, priority,
+                       deduplication_id, started_at)
+VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :error,
+        NULL, :epoch, NULL, :crash_count, :wake_at, :parent_id,
+        :created_at, :updated_at, :cancel_requested, :signal_count, :queue, :priority,
+        :deduplication_id, :started_at)
+
+-- name: import_journal
+-- Insert one archived journal row.
+INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
+                     finished_at, wake_at)
+VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
+        :finished_at, :wake_at)
+
+-- name: import_claims
+-- Insert one archived claims row.
+INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
+VALUES (:workflow_id, :epoch, :owner, :claimed_at, :previous_owner, :reason)
+
+-- name: import_signals
+-- Insert one archived signals row.
+INSERT INTO signals (workflow_id, num, name, payload, idempotency_key, sent_at, consumed_seq)
+VALUES (:workflow_id, :num, :name, :payload, :idempotency_key, :sent_at, :consumed_seq)
+
+-- name: import_events
+-- Insert one archived events row.
+INSERT INTO events (workflow_id, key, value, seq, updated_at)
+VALUES (:workflow_id, :key, :value, :seq, :updated_at)
+
+-- name: import_reviews
+-- Insert one archived reviews row.
+INSERT INTO reviews (workflow_id, seq, attempt, step, idempotency_key, intent, reason,
+                     opened_at, decision, outcome, decided_by, decided_at)
+VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason,
+        :opened_at, :decision, :outcome, :decided_by, :decided_at)
+
+-- name: prunable
+-- Finished workflows last changed before :before, oldest first, but none whose parent is
+-- unfinished: the parent's join still reads the child's row. The dialect appends its
+-- skip_locked clause (a row another transaction holds is left for the next batch).
+SELECT workflow_id FROM workflows w
+WHERE status IN ('completed', 'failed', 'cancelled', 'diverged')
+  AND (CAST(:status AS TEXT) IS NULL OR status = :status)
+  AND updated_at < :before
+  AND NOT EXISTS (SELECT 1 FROM workflows p
+                  WHERE p.workflow_id = w.parent_id
+                    AND p.status NOT IN ('completed', 'failed', 'cancelled', 'diverged'))
+ORDER BY updated_at, workflow_id
+LIMIT :limit
+
+-- name: prune_journal
+-- Delete the journal rows of one pruned workflow.
+DELETE FROM journal WHERE workflow_id = :workflow_id
+
+-- name: prune_claims
+-- Delete the claims rows of one pruned workflow.
+DELETE FROM claims WHERE workflow_id = :workflow_id
+
+-- name: prune_signals
+-- Delete the signals rows of one pruned workflow.
+DELETE FROM signals WHERE workflow_id = :workflow_id
+
+-- name: prune_events
+-- Delete the events rows of one pruned workflow.
+DELETE FROM events WHERE workflow_id = :workflow_id
+
+-- name: prune_reviews
+-- Delete the reviews rows of one pruned workflow.
+DELETE FROM reviews WHERE workflow_id = :workflow_id
+
+-- name: prune_workflows
+-- The status is checked again: only a finished workflow is ever removed.
+DELETE FROM workflows
+WHERE workflow_id = :workflow_id AND status IN ('completed', 'failed', 'cancelled', 'diverged')

@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from durably import errors, journal
-from durably.storage import base, sqlbase
+from durably.storage import base, bulk
 
 
 @dataclasses.dataclass(slots=True)
@@ -33,7 +33,7 @@ class Fence:
     crash_count: int
 
 
-class SqlStore(sqlbase.SqlBase):
+class SqlStore(bulk.BulkVerbs):
     """The verbs of a Store in SQL; subclasses are dialects."""
 
     # --- workflows -------------------------------------------------------------------
@@ -136,13 +136,17 @@ class SqlStore(sqlbase.SqlBase):
         now: float,
         limit: int,
         queues: Sequence[base.QueueLimits] = (),
+        same_code: Mapping[str, str] | None = None,
     ) -> list[journal.WorkflowInfo]:
         if limit <= 0:
             return []
         self._q("create_runnable")
         self._q("clear_runnable")
+        hashes = same_code or {}
         for name, version in sorted(set(runnable), key=lambda r: (r[0], r[1] or "")):
-            self._q("add_runnable", name=name, version=version or "")
+            self._q(
+                "add_runnable", name=name, version=version or "", source_hash=hashes.get(name, "")
+            )
         picked = self._pick("claimable_unqueued", now=now, limit=limit)
         claimed = [self._take(c, owner, lease_expires_at, now) for c in picked]
         # In name order, so that two claimers of the same queues never wait for each other
@@ -218,6 +222,10 @@ class SqlStore(sqlbase.SqlBase):
         row = self.get_workflow(workflow_id)
         assert row is not None
         return row
+
+    def unclaimed(self, now: float, limit: int) -> list[base.Unclaimed]:
+        rows = self._q("unclaimed", now=now, limit=limit).fetchall()
+        return [base.Unclaimed(str(r[0]), str(r[1]), r[2], r[3], r[4]) for r in rows]
 
     def load_claims(self, workflow_id: str) -> list[journal.Claim]:
         return [journal.Claim(**r) for r in _all(self._q("load_claims", workflow_id=workflow_id))]
@@ -720,6 +728,10 @@ class SqlStore(sqlbase.SqlBase):
             pid_start=info.pid_start,
             started_at=info.started_at,
             heartbeat_at=info.heartbeat_at,
+            serves=json.dumps(
+                {"workflows": [list(w) for w in info.workflows], "queues": list(info.queues)},
+                separators=(",", ":"),
+            ),
         )
 
     def heartbeat(
@@ -753,12 +765,29 @@ class SqlStore(sqlbase.SqlBase):
         return kept
 
     def list_executors(self) -> list[journal.ExecutorInfo]:
-        return [journal.ExecutorInfo(**r) for r in _all(self._q("list_executors"))]
+        out = []
+        for row in _all(self._q("list_executors")):
+            workflows, queues = _serves(row.pop("serves"))
+            out.append(journal.ExecutorInfo(**row, workflows=workflows, queues=queues))
+        return out
 
     def remove_executor(self, executor_id: str, expire_leases: bool) -> None:
         if expire_leases:
             self._q("expire_leases", owner=executor_id)
         self._q("remove_executor", executor_id=executor_id)
+
+
+def _serves(
+    text: str | None,
+) -> tuple[tuple[tuple[str, str | None, str | None], ...], tuple[str, ...]]:
+    """The workflows and queues an executor registered as served (none if unreadable:
+    an executor of an older durably, which did not say)."""
+    try:
+        data = json.loads(text or "{}")
+        workflows = tuple((str(n), v, h) for n, v, h in data.get("workflows", ()))
+        return workflows, tuple(str(q) for q in data.get("queues", ()))
+    except (ValueError, TypeError, AttributeError):
+        return (), ()
 
 
 # --- rows to objects, by column name ----------------------------------------------------

@@ -234,6 +234,11 @@ class SqlBase(base.Store):
                 "durably_migrations table: it is not a durably database; "
                 f"{self._elsewhere}"
             )
+        if not tables and not self.create:
+            raise errors.DatabaseNotFound(
+                f"{self.url} holds no durably database (no tables): check the URL; "
+                "`durably migrate` or an Engine creates the schema"
+            )
         migrations = load_migrations()
         newest = migrations[-1][0]
         if tables:

@@ -12,6 +12,7 @@ file keeps its mode. (Not ``mode``: in SQLite's own URIs that means ro/rw/rwc.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -38,6 +39,9 @@ _ROOM = 1 << 20
 
 #: The permissions of a new database file unless the URL says ``file_mode=``.
 DEFAULT_FILE_MODE = 0o600
+
+#: The most free pages one pruned batch returns to the file system (16 MiB of 4 KiB pages).
+_VACUUM_PAGES = 4096
 
 _FILE_MODE = re.compile(r"(0o?)?([0-7]{3})")
 
@@ -77,6 +81,12 @@ class SqliteStore(sql.SqlStore):
         return self._conn
 
     def open(self) -> None:
+        if not self.create and not os.path.exists(self.path):
+            raise errors.DatabaseNotFound(
+                f"no SQLite database at {os.path.abspath(self.path)!r} (from {self.url}): "
+                "check the path (sqlite:///relative.db, sqlite:////absolute.db); "
+                "`durably migrate` or an Engine creates a new one"
+            )
         try:
             self._create_file()
             self._conn = sqlite3.connect(
@@ -84,6 +94,10 @@ class SqliteStore(sql.SqlStore):
             )
             self._execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
             self._execute(f"PRAGMA synchronous = {self.synchronous}")
+            if self._execute("PRAGMA page_count").fetchone()[0] == 0:
+                # Only a new, empty file can take it: pruned pages can then go back to the
+                # file system (_reclaim_space). See docs/operations.md.
+                self._execute("PRAGMA auto_vacuum = INCREMENTAL")
             # Migrate first: it refuses a foreign database before anything is written,
             # whereas switching to WAL rewrites the file header.
             self.migrate()
@@ -130,6 +144,51 @@ class SqliteStore(sql.SqlStore):
             op.error = None
             return False
         return True
+
+    def _reclaim_space(self) -> None:
+        # Frees at most this many pages per pruned batch, so the write lock stays short; a
+        # file created before auto_vacuum was set frees nothing here (docs/operations.md).
+        # One page per statement: Python's sqlite3 steps this pragma once, freeing one page.
+        (free,) = self._execute("PRAGMA freelist_count").fetchone()
+        for _ in range(min(int(free), _VACUUM_PAGES)):
+            self._execute("PRAGMA incremental_vacuum(1)")
+
+    def backup(self, path: str) -> None:
+        """Copy the database with SQLite's online backup API into the new file ``path``.
+
+        The copy is one read transaction: a consistent snapshot, taken while
+        workers keep committing (WAL readers do not block writers). It is written
+        beside ``path`` and renamed into place once complete and on disk.
+        """
+        partial = f"{path}.partial"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
+        except OSError as exc:
+            raise errors.DurablyError(
+                f"cannot create the backup {path!r}: {exc.strerror} (durably never "
+                "overwrites a file: give a new path)"
+            ) from None
+        os.close(fd)  # claims the name; the copy goes to a partial file first
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
+            target = sqlite3.connect(partial, isolation_level=None)
+            try:
+                self.conn.backup(target)
+            finally:
+                target.close()
+            os.chmod(partial, self.file_mode)
+            with open(partial, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(partial, path)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            if isinstance(exc, sqlite3.Error):
+                raise self._map_error(exc) from exc
+            raise
 
     def close(self) -> None:
         if self._conn is not None:
@@ -209,6 +268,7 @@ class SqliteStore(sql.SqlStore):
         except OSError:
             return None
         return f"its file system has {free} bytes free" if free < _ROOM else None
+
 
 def _file_mode(value: str | None, url: str) -> int:
     """The ``file_mode`` option as permission bits: octal, and the owner can read and write."""

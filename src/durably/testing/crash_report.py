@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
+from rich.text import Text
 
 #: The file a scenario's first process creates just before it dies (DURABLY_CRASH_ONCE).
 CRASH_MARKER = "crashed"
@@ -131,32 +132,38 @@ class CrashReport:
         )
 
     def rich_table(self) -> Table:
-        """The report as a rich Table: one row per scenario, the uninterrupted run first."""
-        table = Table(title=self.summary(), box=None, title_justify="left")
-        for name in ("#", "boundary", "died", "runs", "status"):
-            table.add_column(name, overflow="fold")
-        table.add_column("result", no_wrap=True, overflow="ellipsis", max_width=20)
-        table.add_column("calls by key", overflow="fold")
+        """The report as a rich Table: one row per scenario, the uninterrupted run first.
+
+        Fits 80 columns: the boundary (what ``--only`` takes) and the counts fold,
+        never cut; the result is cut first. User text is never read as markup.
+        """
+        table = Table(title=Text(self.summary()), box=None, title_justify="left", pad_edge=False)
+        table.add_column("#", no_wrap=True)
+        table.add_column("boundary", overflow="fold", ratio=4, min_width=12)
+        table.add_column("died", no_wrap=True)
+        table.add_column("runs", no_wrap=True)
+        table.add_column("status", overflow="fold", ratio=2)
+        table.add_column("result", no_wrap=True, overflow="ellipsis", ratio=2, max_width=20)
+        table.add_column("calls", overflow="fold", ratio=3)
         if self.has_effects:
-            table.add_column("effects by key", overflow="fold")
-        table.add_column("verdict", overflow="fold")
+            table.add_column("effects", overflow="fold", ratio=3)
+        table.add_column("verdict", overflow="fold", ratio=2)
         for i, s in enumerate((self.baseline, *self.scenarios)):
-            verdict = {"ok": "[green]ok[/]", "review": "[magenta]review[/]"}.get(
-                s.verdict, "[red]VIOLATION[/]"
-            )
+            style = {"ok": "green", "review": "magenta"}.get(s.verdict, "red")
+            verdict = Text(s.verdict if s.verdict in ("ok", "review") else "VIOLATION", style)
             if s.note and not s.problems:
-                verdict += f" ({s.note})"
-            row = [
+                verdict.append(f" ({s.note})")
+            row: list[Text | str] = [
                 str(i),
-                "(no crash)" if s.boundary is None else s.boundary.spec,
-                "" if s.boundary is None else ("yes" if s.died else "[red]no[/]"),
+                Text("(no crash)" if s.boundary is None else s.boundary.spec),
+                "" if s.boundary is None else Text(*(("yes",) if s.died else ("no", "red"))),
                 str(len(s.exit_codes)),
-                s.status,
-                _escape(_preview(s.result if s.status == "completed" else s.error, 60)),
-                _counts(s.keys, "calls"),
+                Text(s.status),
+                Text(_preview(s.result if s.status == "completed" else s.error, 60)),
+                Text(_counts(s.keys, "calls")),
             ]
             if self.has_effects:
-                row.append(_counts(s.keys, "effects"))
+                row.append(Text(_counts(s.keys, "effects")))
             row.append(verdict)
             table.add_row(*row)
         return table
@@ -165,9 +172,34 @@ class CrashReport:
         """One line per broken promise: the boundary and what went wrong there."""
         return [f"{s.boundary}: {p}" for s in self.violations for p in s.problems]
 
-    def __rich__(self) -> Group:
-        lines = [f"[red]violation[/red] at {_escape(p)}" for p in self.problems()]
-        return Group(self.rich_table(), *lines)
+    def rich_blocks(self) -> Group:
+        """The report for a narrow terminal: two or three lines per scenario, the
+        boundary whole on the first."""
+        lines: list[Text] = [Text(self.summary())]
+        for i, s in enumerate((self.baseline, *self.scenarios)):
+            style = {"ok": "green", "review": "magenta"}.get(s.verdict, "red")
+            head = Text(f"{i:>2}  ")
+            head.append("(no crash)" if s.boundary is None else s.boundary.spec, "bold")
+            if s.boundary is not None and not s.died:
+                head.append("  (did not die here)", "red")
+            head.append(f"  {s.status}  ")
+            head.append(s.verdict if s.verdict in ("ok", "review") else "VIOLATION", style)
+            if s.note and not s.problems:
+                head.append(f" ({s.note})")
+            lines.append(head)
+            counts = f"runs {len(s.exit_codes)}; calls {_counts(s.keys, 'calls') or '-'}"
+            if self.has_effects:
+                counts += f"; effects {_counts(s.keys, 'effects') or '-'}"
+            lines.append(Text(f"    {counts}"))
+            result = _preview(s.result if s.status == "completed" else s.error, 60)
+            lines.append(Text(f"    result {result}"))
+        return Group(*lines)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        narrow = options.max_width < 120
+        yield self.rich_blocks() if narrow else self.rich_table()
+        for p in self.problems():
+            yield Text.assemble(("violation", "red"), f" at {p}")
 
     def table(self, width: int = 160) -> str:
         """The report as plain text (no colours): the table, then every violation."""
@@ -178,10 +210,6 @@ class CrashReport:
 
     def __str__(self) -> str:
         return self.table()
-
-
-def _escape(text: str) -> str:
-    return text.replace("[", "\\[")
 
 
 def _preview(value: Any, width: int) -> str:

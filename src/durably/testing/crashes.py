@@ -488,6 +488,6 @@ def test_crashes_command(
     except CrashToolError as exc:
         raise click.ClickException(str(exc)) from exc
     console.print(report)
-    console.print(f"scenarios in {report.workdir}", soft_wrap=True)
+    console.print(f"scenarios in {report.workdir}", soft_wrap=True, markup=False)
     if not report.ok:
         sys.exit(1)

@@ -1,0 +1,152 @@
+"""Verbs on whole workflows: export them, import them, prune the finished ones.
+
+A workflow is its row in ``workflows`` and its rows in the side tables that
+name it (:data:`COLUMNS`). The executors and queues tables describe the
+processes and limits of one deployment, not a workflow, and are never moved
+or pruned. The SQL is in ``queries.sql`` (``export_*``, ``import_*``,
+``prune_*``), written once for both dialects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from durably import errors, journal
+from durably.storage import sqlbase
+
+#: Every table holding a workflow's rows, with its columns in the order the export and
+#: import queries list them. ``workflows`` first: the side rows come with their workflow.
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "workflows": (
+        "workflow_id", "name", "version", "source_hash", "status", "input", "output", "error",
+        "owner", "epoch", "lease_expires_at", "crash_count", "wake_at", "parent_id",
+        "created_at", "updated_at", "cancel_requested", "signal_count", "queue", "priority",
+        "deduplication_id", "started_at",
+    ),
+    "journal": (
+        "workflow_id", "seq", "kind", "name", "status", "attempt", "payload", "started_at",
+        "finished_at", "wake_at",
+    ),
+    "claims": ("workflow_id", "epoch", "owner", "claimed_at", "previous_owner", "reason"),
+    "signals": (
+        "workflow_id", "num", "name", "payload", "idempotency_key", "sent_at", "consumed_seq",
+    ),
+    "events": ("workflow_id", "key", "value", "seq", "updated_at"),
+    "reviews": (
+        "workflow_id", "seq", "attempt", "step", "idempotency_key", "intent", "reason",
+        "opened_at", "decision", "outcome", "decided_by", "decided_at",
+    ),
+}  # fmt: skip
+
+#: Tables of the schema that belong to no workflow (see the module docstring).
+NOT_PER_WORKFLOW = frozenset({"executors", "queues", "durably_migrations"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchivedWorkflow:
+    """One workflow's rows, table by table, as column-name dicts (``workflows``: one row).
+
+    ``where`` says where it came from in messages (an archive's file and line).
+    """
+
+    rows: dict[str, list[dict[str, Any]]]
+    where: str = ""
+
+    @property
+    def workflow_id(self) -> str:
+        return str(self.rows["workflows"][0]["workflow_id"])
+
+
+class BulkVerbs(sqlbase.SqlBase):
+    """Export, import and prune, for :class:`~durably.storage.sql.SqlStore`."""
+
+    def export_ids(self, status: str | None, since: float | None) -> list[str]:
+        """The ids an export selects (every workflow when both are None), oldest first."""
+        rows = self._q("export_ids", status=status, since=since).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def export_workflows(self, workflow_ids: Sequence[str]) -> list[ArchivedWorkflow]:
+        """The workflows with every row that names them, and their children's, recursively.
+
+        Read in one transaction, so each is consistent; an id that does not exist
+        raises WorkflowNotFound.
+        """
+        out: list[ArchivedWorkflow] = []
+        seen: set[str] = set()
+        todo = list(workflow_ids)
+        while todo:
+            wid = todo.pop(0)
+            if wid in seen:
+                continue
+            seen.add(wid)
+            rows = {table: self._rows(f"export_{table}", wid) for table in COLUMNS}
+            if not rows["workflows"]:
+                raise errors.WorkflowNotFound(f"no workflow with id {wid!r} in {self.url}")
+            out.append(ArchivedWorkflow(rows))
+            todo.extend(str(r[0]) for r in self._q("export_children", workflow_id=wid))
+        return out
+
+    def _rows(self, query: str, workflow_id: str) -> list[dict[str, Any]]:
+        cursor = self._q(query, workflow_id=workflow_id)
+        names = [d[0] for d in cursor.description]
+        return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+
+    def import_workflows(self, workflows: Sequence[ArchivedWorkflow]) -> list[str]:
+        """Insert the workflows, all or none (one transaction), without owners.
+
+        An id already present refuses the whole import (WorkflowIdConflict); a row
+        the database refuses raises ArchiveError naming where it came from.
+        """
+        for wf in workflows:
+            if self.get_workflow(wf.workflow_id) is not None:
+                raise errors.WorkflowIdConflict(
+                    f"{wf.where}: workflow {wf.workflow_id!r} already exists in {self.url}; "
+                    "nothing was imported (prune or delete it first, or leave it out)"
+                )
+            for table, rows in wf.rows.items():
+                for row in rows:
+                    try:
+                        self._q(f"import_{table}", **row)
+                    except self.driver_errors as exc:
+                        raise errors.ArchiveError(
+                            f"{wf.where}: {table} row of workflow {wf.workflow_id!r} was "
+                            f"refused by {self.url} ({self._translate(exc)}); "
+                            "nothing was imported"
+                        ) from None
+        if workflows:
+            self._wake("work")
+        return [wf.workflow_id for wf in workflows]
+
+    def prune(self, before: float, status: str | None, limit: int) -> list[str]:
+        """Remove up to ``limit`` finished workflows last changed before ``before`` (one
+        transaction: one bounded batch), with every row that names them.
+
+        Never an unfinished workflow (its status is checked again as it is
+        deleted), nor a finished child whose parent is unfinished.
+        """
+        if status is not None and status not in journal.FINISHED_STATUSES:
+            finished = ", ".join(journal.FINISHED_STATUSES)
+            raise errors.DurablyError(
+                f"status {status!r} is not a finished status; only {finished} workflows are pruned"
+            )
+        picked = self._execute(
+            self._queries["prunable"] + self.skip_locked,
+            {"status": status, "before": before, "limit": limit},
+        ).fetchall()
+        pruned = []
+        for (wid,) in picked:
+            if self._q("prune_workflows", workflow_id=wid).rowcount != 1:
+                continue
+            for table in COLUMNS:
+                if table != "workflows":
+                    self._q(f"prune_{table}", workflow_id=wid)
+            pruned.append(str(wid))
+        if pruned:
+            self._reclaim_space()
+        return pruned
+
+    def _reclaim_space(self) -> None:
+        """Give the pages that pruning freed back to the file system, where the dialect can
+        (SQLite's incremental vacuum); PostgreSQL's autovacuum does it by itself."""

@@ -1,0 +1,75 @@
+"""Backups: ``durably backup PATH`` copies a SQLite database while a worker runs; the copy
+restores and finishes what was unfinished. PostgreSQL gets its documented procedure."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import durably
+from tests import children
+from tests import ops_flows as flows
+from tests.test_archive import run_cli
+from tests.test_retention import REPO, statuses, wait_for, worker
+
+
+def test_a_backup_taken_mid_run_restores_and_finishes_the_unfinished(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    runs = [f"s{i}" for i in range(16)]
+    waiters = [f"w{i}" for i in range(3)]
+    with durably.Client(url) as client:
+        for i, wid in enumerate(runs):  # of 2 to 17 steps: they finish one after the other
+            client.start(flows.steps, wid, 2 + i, workflow_id=wid)
+        for wid in waiters:
+            client.start(flows.waiter, wid, workflow_id=wid)
+    backup = tmp_path / "backup.db"
+    with worker(url, tmp_path, tmp_path / "effects", step_seconds=0.15):
+
+        def midway() -> bool:
+            now = statuses(url)
+            done = sum(now[w] == "completed" for w in runs)
+            return done >= 2 and done <= len(runs) - 4
+
+        wait_for(midway, f"some workflows to finish and others to be under way: {statuses(url)}")
+        env = children.child_env()
+        out = subprocess.run(
+            [sys.executable, "-m", "durably.cli", "--database", url, "backup", str(backup)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr
+    conn = sqlite3.connect(backup)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()
+    restored = f"sqlite:///{backup}"
+    at_backup = statuses(restored)
+    unfinished = [w for w in runs if at_backup[w] != "completed"]
+    assert len(unfinished) >= 4 and len(unfinished) <= len(runs) - 2  # taken mid-run
+
+    async def finish() -> None:
+        async with durably.Engine(restored, poll_interval=0.1, lease_seconds=2) as e:
+            for wid in waiters:
+                await e.send_signal(wid, "go", wid)
+            for i, wid in enumerate(runs):
+                assert await e.handle(wid).result(timeout=60) == sum(range(1, 3 + i))
+            for wid in waiters:
+                assert await e.handle(wid).result(timeout=60) == [1, wid, 2]
+
+    asyncio.run(finish())
+
+
+def test_backup_never_overwrites_a_file(sqlite_url: str, tmp_path: Path) -> None:
+    taken = tmp_path / "taken.db"
+    taken.write_text("keep me")
+    result = run_cli(sqlite_url, "backup", str(taken))
+    assert result.exit_code == 1 and "never overwrites" in result.output
+    assert taken.read_text() == "keep me"
+
+
+def test_postgres_backup_gives_the_procedure(postgres_url: str, tmp_path: Path) -> None:
+    result = run_cli(postgres_url, "backup", str(tmp_path / "x.dump"))
+    assert result.exit_code == 1
+    assert "pg_dump --schema=durably" in result.output
+    assert not (tmp_path / "x.dump").exists()

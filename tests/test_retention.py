@@ -1,0 +1,162 @@
+"""Retention: ``durably prune`` and ``Engine(retention=...)`` remove finished workflows only.
+
+Pruning runs against a real worker process on each backend; SQLite gives the space back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import datetime
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import durably
+from durably import errors
+from tests import children
+from tests import ops_flows as flows
+from tests.test_archive import run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def worker(url: str, tmp_path: Path, effects: Path, step_seconds: float = 0.0) -> Iterator[None]:
+    """A real ``durably worker tests.ops_flows`` process, stopped with SIGTERM at the end."""
+    env = children.child_env({flows.EFFECTS: str(effects), "OPS_STEP_SECONDS": str(step_seconds)})
+    argv = [sys.executable, "-m", "durably.cli", "--database", url, "worker", "tests.ops_flows",
+            "--lease", "2", "--poll", "0.1"]  # fmt: skip
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, log.read_text(errors="replace")
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def statuses(url: str) -> dict[str, str]:
+    with durably.Client(url) as client:
+        return {w.workflow_id: w.status for w in client.list_workflows(limit=10_000)}
+
+
+def prune_all(url: str) -> None:
+    result = run_cli(url, "prune", "--finished-before", "2999-01-01")
+    assert result.exit_code == 0, result.output
+
+
+def test_prune_keeps_every_unfinished_workflow_while_a_worker_runs(
+    store_url: str, tmp_path: Path
+) -> None:
+    effects = tmp_path / "effects"
+    runs = [f"s{i}" for i in range(24)]
+    waiters = [f"w{i}" for i in range(6)]
+    parents = [f"p{i}" for i in range(4)]
+    with durably.Client(store_url) as client:
+        for wid in runs:
+            client.start(flows.steps, wid, 4, workflow_id=wid)
+        for wid in waiters:
+            client.start(flows.waiter, wid, workflow_id=wid)
+        for wid in parents:
+            client.start(flows.parent, wid, workflow_id=wid)
+    with worker(store_url, tmp_path, effects, step_seconds=0.01):
+
+        def settled() -> bool:
+            prune_all(store_url)  # with everything finished so far eligible, again and again
+            now = statuses(store_url)
+            # Done when every run has finished and been pruned while the worker runs.
+            return all(now.get(w) == "waiting" for w in waiters + parents) and not any(
+                w in now for w in runs
+            )
+
+        wait_for(settled, "the runs to finish and the waits to park")
+        # A finished child whose parent waits is kept: the parent still joins it by its row.
+        assert {f"{p}-child" for p in parents} <= set(statuses(store_url))
+        with durably.Client(store_url) as client:
+            for wid in waiters + parents:
+                client.send_signal(wid, "go", wid)  # WorkflowNotFound had one been pruned
+        wait_for(lambda: (prune_all(store_url), not statuses(store_url))[1], "all to finish")
+    done = collections.Counter(flows.effects(str(effects)))
+    expected = [f"{w}:{k}" for w in runs for k in range(1, 5)]
+    expected += [f"{w}:{k}" for w in waiters for k in (1, 2)]
+    expected += [f"{p}:1" for p in parents]  # the children's step
+    assert done == collections.Counter(expected)  # every step once: no journal lost mid-run
+
+
+async def test_engine_retention_prunes_what_finished_and_keeps_what_waits(store_url: str) -> None:
+    keep = datetime.timedelta(seconds=0.3)
+    async with durably.Engine(store_url, poll_interval=0.1, retention=keep) as e:
+        assert await (await e.start(flows.steps, "d", 1, workflow_id="d")).result(5) == 1
+        await e.start(flows.waiter, "w", workflow_id="w")
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                await e.get_workflow("d")
+            except errors.WorkflowNotFound:
+                break
+            assert time.monotonic() < deadline, "the finished workflow was never pruned"
+            await asyncio.sleep(0.05)
+        assert not (await e.get_workflow("w")).finished  # running or waiting: kept
+        await e.send_signal("w", "go", 1)
+        assert await e.handle("w").result(timeout=10) == [1, 1, 2]
+
+
+def test_prune_by_status_and_date(store_url: str) -> None:
+    with durably.Client(store_url) as client:
+        client.start(flows.waiter, "a", workflow_id="a")
+    durably.run(flows.steps, "b", 1, workflow_id="b", database=store_url)
+    result = run_cli(store_url, "prune", "--finished-before", "2999-01-01", "--status", "failed")
+    assert result.exit_code == 0 and "pruned 0" in result.output
+    assert "pruned 0" in run_cli(store_url, "prune", "--finished-before", "1d").output
+    result = run_cli(store_url, "prune", "--finished-before", "2999-01-01")
+    assert "pruned 1" in result.output
+    assert set(statuses(store_url)) == {"a"}  # unfinished (waits for a signal): kept
+    bad = run_cli(store_url, "prune", "--finished-before", "last tuesday")
+    assert bad.exit_code == 2 and "is not a date" in bad.output
+
+
+def test_sqlite_gives_the_space_of_pruned_workflows_back(tmp_path: Path) -> None:
+    path = tmp_path / "big.db"
+    url = f"sqlite:///{path}"
+    big = "x" * 20_000
+
+    async def fill() -> None:
+        async with durably.Engine(url, poll_interval=0.1) as e:
+            handles = [await e.start(flows.steps, big, 2, workflow_id=f"b{i}") for i in range(150)]
+            for h in handles:
+                await h.result(timeout=60)
+
+    asyncio.run(fill())
+    pages = sqlite3.connect(path).execute("PRAGMA page_count").fetchone()[0]
+    prune_all(url)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
+    after, free = (
+        conn.execute("PRAGMA page_count").fetchone()[0],
+        conn.execute("PRAGMA freelist_count").fetchone()[0],
+    )
+    conn.close()
+    assert after < pages / 4, (pages, after, free)
+    assert free < 64
