@@ -256,14 +256,11 @@ class SqlStore(bulk.BulkVerbs):
         (see ``_upsert``): intents, parks and pending waits are not progress.
         """
         sql_text = self._queries["fence"] + self.lock_row
-        found = _one(self._execute(sql_text, {"workflow_id": workflow_id, "epoch": epoch}))
+        # Read by position, on every commit: the fence's own two columns, in this order.
+        found = self._execute(sql_text, {"workflow_id": workflow_id, "epoch": epoch}).fetchone()
         if found is not None:
-            return Fence(
-                workflow_id,
-                epoch,
-                bool(found["cancel_requested"]),
-                int(found["crash_count"]),
-            )
+            cancel_requested, crash_count = found
+            return Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count))
         row = _one(self._q("owner_of", workflow_id=workflow_id))
         if row is None:
             raise errors.WorkflowNotFound(f"no workflow {workflow_id!r} in {self.url}")
