@@ -191,7 +191,7 @@ def test_the_demo_prints_a_workdir_with_markup_like_text(tmp_path: Path) -> None
     args = ["demo", "--scripted", "--workdir", str(workdir)]
     result = CliRunner().invoke(cli.main, args, env={"COLUMNS": "300"})
     assert result.exit_code == 0, (result.output, result.exception)
-    assert f"files in {workdir}" in result.output
+    assert f"database: {workdir}" in result.output  # the path as it is, not read as markup
     assert "one refund, as promised." in result.output
 
 

@@ -51,5 +51,6 @@ def test_list_show_workers_and_reviews_print_json(store_url: str) -> None:
 
 
 def test_show_json_of_an_unknown_workflow_fails_with_the_message(sqlite_url: str) -> None:
+    assert CliRunner().invoke(cli.main, ["--database", sqlite_url, "migrate"]).exit_code == 0
     result = CliRunner().invoke(cli.main, ["--database", sqlite_url, "show", "nope", "--json"])
     assert result.exit_code == 1 and "no workflow with id 'nope'" in result.output

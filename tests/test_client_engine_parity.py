@@ -92,7 +92,7 @@ async def test_starting_the_same_id_twice_and_conflicts(both: Any) -> None:
             lambda: client.start(adder, 1, workflow_id=bad_id),  # noqa: B023
             lambda: engine.start(adder, 1, workflow_id=bad_id),  # noqa: B023
         )
-        assert outcome[0] == "ValueError"
+        assert outcome[0] == "InvalidName"  # a ValueError
     with pytest.raises(ValueError):
         client.start("")
     with pytest.raises(durably.WorkflowNotRegistered):

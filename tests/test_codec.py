@@ -560,3 +560,105 @@ def test_durably_error_with_constructor_args_roundtrips() -> None:
 def test_error_record_survives_encode() -> None:
     data = codec.encode_error(KeyError((1, "k")))
     assert codec.decode(codec.encode(data, where="x"), where="x") == data
+
+
+# --- text that is not UTF-8, long ints, control-flow exceptions (issue 15 items 3, 6) ------
+
+LATIN1 = b"caf\xe9.txt".decode("utf-8", "surrogateescape")  # as os.listdir gives it
+
+
+@dataclass
+class Listing:
+    names: tuple[str, ...]
+
+
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        (LATIN1, "result is the string"),
+        ({"files": ["a", "b", "c", LATIN1]}, "result['files'][3] is the string"),
+        ({"files": {"a": 1, LATIN1: 2}}, "result['files'] has the key"),
+        ({"k": (1, LATIN1)}, "result['k'][1] is the string"),
+        ({"k": Listing(("a", LATIN1))}, "result['k'].names[1] is the string"),
+        ({"k": {1: LATIN1}}, "result['k'][1] is the string"),
+        ({"k": {LATIN1}}, "result['k']{"),
+        ([pathlib.PurePosixPath("/tmp") / LATIN1], "result[0] is the string"),
+        (["\ud83d\ude00"], "result[0] is the string"),  # a pair of surrogates is not UTF-8 either
+    ],
+    ids=["str", "list", "key", "tuple", "dataclass", "pairs", "set", "path", "pair"],
+)
+def test_text_that_is_not_utf8_is_refused_with_its_path(value: object, path: str) -> None:
+    with pytest.raises(errors.EncodeError) as info:
+        codec.encode(value, where="step 'list' result")
+    msg = str(info.value)
+    assert path in msg, msg
+    assert "not valid UTF-8" in msg and "lone surrogate" in msg, msg
+    msg.encode("utf-8")  # the message itself can be stored
+
+
+def test_valid_non_ascii_text_still_roundtrips_on_the_fast_path() -> None:
+    value = {"name": "café ☕ 😀", "ключ": ["ü"]}
+    text = codec.encode(value, where="x")
+    assert text == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    assert codec.decode(text, where="x") == value
+
+
+@pytest.mark.parametrize(
+    "n",
+    [10**5000, -(10**5000) + 7, 2**14001, 3**9000],
+    ids=["1e5000", "-1e5000", "2^14001", "3^9000"],
+)
+def test_ints_beyond_the_digit_limit_roundtrip(n: int) -> None:
+    for value in (n, {"n": [n]}, (n,)):
+        assert codec.decode(codec.encode(value, where="x"), where="x") == value
+
+
+def test_a_stored_int_beyond_the_digit_limit_is_a_decode_error() -> None:
+    with pytest.raises(errors.DecodeError) as info:
+        codec.decode('{"n": [' + "7" * 5000 + "]}", where="step 's' result")
+    assert "step 's' result" in str(info.value)
+    assert "too long" in str(info.value)
+
+
+def test_an_error_message_with_a_lone_surrogate_is_recorded_escaped() -> None:
+    data = codec.encode_error(_raised(ValueError(f"cannot open {LATIN1}")))
+    text = codec.encode(data, where="step error")
+    text.encode("utf-8")
+    back = codec.decode(text, where="step error")
+    assert isinstance(back, dict)
+    assert back["message"] == "cannot open caf\\udce9.txt"
+    assert "caf\\udce9.txt" in back["traceback"]
+    exc = codec.decode_error(back)
+    assert type(exc) is ValueError
+    assert str(exc) == "cannot open caf\\udce9.txt"
+
+
+@pytest.mark.parametrize(
+    "exc_type",
+    [
+        "builtins.SystemExit",
+        "builtins.KeyboardInterrupt",
+        "builtins.GeneratorExit",
+        "asyncio.exceptions.CancelledError",
+        "durably.runtime.Suspended",
+        "durably.runtime.Abandoned",
+        "durably.errors.FencedError",
+        "durably.codec._Fail",
+    ],
+)
+def test_control_flow_exceptions_are_not_rebuilt_from_storage(exc_type: str) -> None:
+    import asyncio  # noqa: F401  (loaded, so only the rule can refuse it)
+
+    import durably.runtime  # noqa: F401
+
+    data: dict[str, object] = {"type": exc_type, "message": "stop", "args": ["stop"]}
+    exc = codec.decode_error(data)
+    assert isinstance(exc, errors.StepError)
+    assert exc.type_name == exc_type
+    assert exc.message == "stop"
+
+
+def test_public_durably_errors_are_still_rebuilt() -> None:
+    data = codec.encode_error(errors.InvalidName("bad name"))
+    exc = codec.decode_error(data)
+    assert type(exc) is errors.InvalidName

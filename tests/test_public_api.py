@@ -44,6 +44,7 @@ FROZEN = [
     "ExecutorInfo",
     "FencedError",
     "Found",
+    "InvalidName",
     "MaxTurnsExceeded",
     "NonDeterminismError",
     "NotADurablyDatabase",

@@ -6,6 +6,11 @@ tagged object ``{"__durably__": "<tag>", ...}`` so it comes back with the same t
 tuple, set, frozenset, dicts with non-str keys (or a ``"__durably__"`` key), bytes,
 datetime, date, time, timedelta, Decimal, UUID, pathlib paths, Enum members,
 dataclass instances and pydantic v2 models. Timezones are kept as fixed UTC offsets.
+Ints too long for Python's int-to-text limit are tagged and written in hex.
+
+Text must be valid UTF-8, which both databases require: a string holding a lone
+surrogate (what ``os.listdir`` returns for a file name that is not UTF-8) raises
+EncodeError naming its path in the value, so it is refused before a commit.
 
 There is no pickle, and nothing read from storage is imported or executed by name.
 A class recorded in the journal (``"module:qualname"`` for values, ``"module.QualName"``
@@ -54,6 +59,9 @@ _SUPPORTED = (
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 40
 _TIMEDELTA = ("days", "seconds", "microseconds")
+# Ints longer than this are stored as hex ("int" tag): Python refuses to convert ints of
+# more than 4,300 decimal digits (sys.get_int_max_str_digits()), and 14,000 bits stay below.
+_BIG_INT_BITS = 14_000
 _CLASS_PATHS: dict[type, str] = {}
 _T = TypeVar("_T")
 
@@ -82,10 +90,18 @@ def encode(value: object, *, where: str) -> str:
     try:
         if _plain(value):
             try:
-                return _ENCODER.encode(value)
+                text = _ENCODER.encode(value)
             except (_Fail, ValueError):
                 pass  # walk the value again below, which finds the path to the culprit
-        return _ENCODER.encode(_to_json(value))
+            else:
+                # ensure_ascii=False writes lone surrogates as they are, and no database
+                # can store them: check the text once here, walk the value only if it fails
+                if text.isascii() or _is_utf8(text):
+                    return text
+        text = _ENCODER.encode(_to_json(value))  # the walk checks every string on its way
+        if text.isascii() or _is_utf8(text):
+            return text
+        raise _Fail("holds text that is not valid UTF-8 (a lone surrogate) somewhere")
     except _Fail as e:
         last = where.rsplit(" ", 1)[-1]
         root = last if last.isidentifier() else "value"
@@ -127,8 +143,13 @@ def _to_json(v: object) -> object:
     """The JSON tree (plain dicts, lists and scalars) that stands for ``v``."""
     t = type(v)
     if t in _LEAF:
-        if isinstance(v, float) and not math.isfinite(v):
+        if t is str:
+            if not v.isascii():  # type: ignore[attr-defined]
+                _check_text(v)  # type: ignore[arg-type]
+        elif t is float and not math.isfinite(v):  # type: ignore[arg-type]
             raise _Fail(f"is the float {v!r}; JSON has no NaN or infinity")
+        elif t is int and v.bit_length() > _BIG_INT_BITS:  # type: ignore[attr-defined]
+            return {_MARK: "int", "hex": hex(v)}  # type: ignore[arg-type]
         return v
     convert = _CONVERTERS.get(t)
     if convert is not None:
@@ -151,6 +172,28 @@ def _to_json(v: object) -> object:
     return {_MARK: tag, "class": path, "fields": {n: _child(x, n, ".") for n, x in fields.items()}}
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_text(s: str, what: str = "is the string") -> str:
+    """``s`` if UTF-8 can hold it; else _Fail naming the lone surrogate and where it is."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _Fail(
+            f"{what} {_REPR.repr(s)}, which is not valid UTF-8: it holds the lone surrogate "
+            f"{s[e.start]!r} at index {e.start} (bytes decoded with errors='surrogateescape', "
+            "as os.listdir does for names that are not UTF-8?); decode the bytes with "
+            "errors='replace', or store them as bytes"
+        ) from None
+    return s
+
+
 def _read_fields(v: Any) -> dict[str, object]:
     """Attribute values of a dataclass instance or pydantic model, by name."""
     if dataclasses.is_dataclass(v):
@@ -170,6 +213,9 @@ def _child(value: object, key: object, style: str = "[]") -> object:
 
 def _dict(d: dict[Any, Any]) -> object:
     if _MARK not in d and _STR.issuperset(map(type, d)):
+        for k in d:
+            if not k.isascii():
+                _check_text(k, "has the key")
         return {k: _child(x, k) for k, x in d.items()}
     return _dict_pairs(d)
 
@@ -249,7 +295,7 @@ _CONVERTERS: dict[type, Callable[[Any], object]] = {
     Decimal: lambda v: {_MARK: "decimal", "value": str(v)},
     uuid.UUID: lambda v: {_MARK: "uuid", "hex": v.hex},
     **{
-        c: lambda v: {_MARK: "path", "kind": type(v).__name__, "path": str(v)}
+        c: lambda v: {_MARK: "path", "kind": type(v).__name__, "path": _check_text(str(v))}
         for c in _PATH_TYPES.values()
     },
 }
@@ -276,6 +322,8 @@ def decode(text: str, *, where: str) -> object:
         raise errors.DecodeError(f"cannot decode {where}: {e}") from e.__cause__
     except json.JSONDecodeError as e:
         raise errors.DecodeError(f"cannot decode {where}: corrupt JSON ({e})") from None
+    except ValueError as e:  # json's int(): more digits than sys.get_int_max_str_digits()
+        raise errors.DecodeError(f"cannot decode {where}: an integer is too long ({e})") from None
     except RecursionError:
         raise errors.DecodeError(f"cannot decode {where}: nested too deeply") from None
 
@@ -358,6 +406,7 @@ def _bad_constant(name: str) -> object:
 
 _REBUILDERS: dict[str, Callable[[dict[str, Any]], object]] = {
     "tuple": lambda d: tuple(_get(d, "items", list)),
+    "int": lambda d: int(_get(d, "hex", str), 16),
     "set": lambda d: set(_get(d, "items", list)),
     "frozenset": lambda d: frozenset(_get(d, "items", list)),
     "dict": lambda d: dict(_get(d, "items", list)),
@@ -388,13 +437,13 @@ def encode_error(exc: BaseException) -> dict[str, object]:
     Never raises: parts that cannot be captured become None or placeholder text.
     """
     t = type(exc)
-    name = f"{t.__module__}.{t.__qualname__}"
+    name = _storable(f"{t.__module__}.{t.__qualname__}")
     try:
-        message = str(exc)
+        message = _storable(str(exc))
     except Exception:
         message = f"<unprintable {name}>"
     try:
-        tb = "".join(traceback.format_exception(exc))
+        tb = _storable("".join(traceback.format_exception(exc)))
     except Exception:
         tb = ""
     args: object
@@ -403,6 +452,13 @@ def encode_error(exc: BaseException) -> dict[str, object]:
     except Exception:
         args = None
     return {"type": name, "message": message, "args": args, "traceback": tb}
+
+
+def _storable(text: str) -> str:
+    """``text`` with what UTF-8 cannot hold (lone surrogates) as backslash escapes."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _constructor_args(exc: BaseException) -> tuple[object, ...]:
@@ -451,13 +507,26 @@ def decode_error(data: dict[str, object]) -> BaseException:
     return errors.StepError(type_name, message, tb)
 
 
-def _exception_class(type_name: str) -> type[BaseException] | None:
-    """The exception class named ``module.QualName``, from loaded modules only."""
+def _exception_class(type_name: str) -> type[Exception] | None:
+    """The exception class named ``module.QualName``, from loaded modules only.
+
+    Only an ``Exception`` subclass that is not one of durably's own control-flow
+    signals is rebuilt: raising a stored SystemExit, KeyboardInterrupt,
+    CancelledError, a private class of durably's or a FencedError into workflow
+    code would steer the engine, not report a step's failure.
+    """
     parts = type_name.split(".")
     for i in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:i])
         if module_name in sys.modules:
-            cls = _lookup(module_name, ".".join(parts[i:]))
-            if isinstance(cls, type) and issubclass(cls, BaseException):
-                return cls
+            qualname = ".".join(parts[i:])
+            cls = _lookup(module_name, qualname)
+            if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                continue
+            if issubclass(cls, errors.FencedError):
+                return None
+            ours = module_name == "durably" or module_name.startswith("durably.")
+            if ours and any(part.startswith("_") for part in qualname.split(".")):
+                return None
+            return cls
     return None

@@ -36,6 +36,7 @@ from durably import (
     runtime,
     serving,
     step_runner,
+    validate,
     waits,
     watchdog,
     workflows,
@@ -95,6 +96,8 @@ class WorkflowHandle:
         """
         engine = self.engine
         loop = asyncio.get_running_loop()
+        if timeout is not None:
+            timeout = validate.number(timeout, "result(timeout)")
         deadline = None if timeout is None else loop.time() + timeout
         for delay in operations.delays(0.01, 1.5, 1.0):
             mark = engine._changes.mark()
@@ -162,12 +165,11 @@ class Engine:
         strict_code: bool = False,
         retention: datetime.timedelta | None = None,
     ) -> None:
-        if lease_seconds <= 0 or poll_interval <= 0:
-            raise ValueError("lease_seconds and poll_interval must be > 0")
-        self.lease_seconds = lease_seconds
-        self.max_recoveries = max_recoveries
-        self.poll_interval = poll_interval
-        self.hold_seconds = hold_seconds
+        self.lease_seconds = validate.number(lease_seconds, "lease_seconds", above=True)
+        self.max_recoveries = validate.count(max_recoveries, "max_recoveries", low=0)
+        self.poll_interval = validate.number(poll_interval, "poll_interval", above=True)
+        self.hold_seconds = validate.number(hold_seconds, "hold_seconds")
+        validate.count(step_threads, "step_threads")
         self.inline_commits = inline_commits
         self.clock = clock
         self.queues = tuple(queues)
@@ -278,6 +280,7 @@ class Engine:
         (a step that swallows CancelledError), or a thread that does not stop,
         is left behind after ``STOP_GRACE`` more and named in an error log.
         """
+        drain_timeout = validate.number(drain_timeout, "drain_timeout")
         if self._services is None:
             self._store.stop()
             self._step_threads.shutdown(wait=False)
@@ -364,6 +367,7 @@ class Engine:
         """
         services = self._require_open()
         if isinstance(wf, str):
+            validate.name(wf, "workflow name")
             workflows.definition_of(wf)  # WorkflowNotRegistered, naming what is known
         new, definition = operations.new_workflow(wf, args, kwargs, workflow_id)
         owner = None if definition is None else self.executor_id

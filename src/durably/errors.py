@@ -105,6 +105,14 @@ class DecodeError(DurablyError, ValueError):
     """A stored payload is corrupt or names a type that is not allowed."""
 
 
+class InvalidName(DurablyError, ValueError):
+    """A name or id cannot be stored: not a string, a NUL character, or not UTF-8.
+
+    Raised at the call that was given it (a step, signal, event or queue name,
+    a workflow id or name, an idempotency key), before anything is committed.
+    """
+
+
 # --- workflows and registry -------------------------------------------------
 
 

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, TypeVar
 
-from durably import codec, errors, journal, step_runner, workflows
+from durably import codec, errors, journal, step_runner, validate, workflows
 from durably.storage import base, dispatch
 
 T = TypeVar("T")
@@ -79,7 +79,8 @@ def new_workflow(
     definition: workflows.WorkflowDefinition | None = None
     if isinstance(wf, str) and workflows.registered(wf) is None:
         if not wf.strip():
-            raise ValueError("a workflow name must be a non-empty string")
+            raise errors.InvalidName("a workflow name must be a non-empty string")
+        validate.name(wf, "workflow name")
         name, version, source_hash = wf, None, None
     else:
         definition = workflows.definition_of(wf)
@@ -88,6 +89,11 @@ def new_workflow(
     wid = workflows.new_workflow_id(workflow_id)
     payload = codec.encode({"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input")
     return base.NewWorkflow(wid, name, payload, version, source_hash), definition
+
+
+def _workflow_id(workflow_id: object) -> None:
+    """Refuse an id no workflow can have (a NUL, a lone surrogate) before the store sees it."""
+    validate.name(workflow_id, "workflow id")
 
 
 class Operations:
@@ -100,6 +106,7 @@ class Operations:
     # --- reading ----------------------------------------------------------------------
 
     def get_workflow(self, workflow_id: str) -> Plan[journal.WorkflowInfo]:
+        _workflow_id(workflow_id)
         info: journal.WorkflowInfo | None = yield Call(self.store.get_workflow, (workflow_id,))
         if info is None:
             raise not_found(workflow_id, self.store.url)
@@ -110,6 +117,8 @@ class Operations:
     ) -> Plan[list[journal.WorkflowInfo]]:
         if status is not None:
             status = journal.Status(status).value  # ValueError names the valid ones
+        if name is not None:
+            validate.name(name, "workflow name")
         rows: list[journal.WorkflowInfo] = yield Call(
             self.store.list_workflows, (status, name, limit)
         )
@@ -133,10 +142,12 @@ class Operations:
         return entries
 
     def claims(self, workflow_id: str) -> Plan[list[journal.Claim]]:
+        _workflow_id(workflow_id)
         claims: list[journal.Claim] = yield Call(self.store.load_claims, (workflow_id,))
         return claims
 
     def signals(self, workflow_id: str) -> Plan[list[dict[str, Any]]]:
+        _workflow_id(workflow_id)
         signals: list[dict[str, Any]] = yield Call(self.store.list_signals, (workflow_id,))
         return signals
 
@@ -145,11 +156,16 @@ class Operations:
         return executors
 
     def reviews(self, workflow_id: str | None) -> Plan[list[journal.Review]]:
+        if workflow_id is not None:
+            _workflow_id(workflow_id)
         reviews: list[journal.Review] = yield Call(self.store.reviews, (workflow_id,))
         return reviews
 
     def get_event(self, workflow_id: str, key: str, timeout: float | None) -> Plan[Any]:
-        deadline = time.monotonic() + (timeout or 0.0)
+        _workflow_id(workflow_id)
+        validate.name(key, "event key")
+        wait = 0.0 if timeout is None else validate.number(timeout, "get_event(timeout)")
+        deadline = time.monotonic() + wait
         for delay in delays(0.01, 2.0, 0.25):
             value: str | None = yield Call(self.store.get_event, (workflow_id, key))
             if value is not None:
@@ -178,16 +194,22 @@ class Operations:
     def send_signal(
         self, workflow_id: str, name: str, payload: Any, idempotency_key: str | None
     ) -> Plan[bool]:
+        _workflow_id(workflow_id)
+        validate.name(name, "signal name")
+        if idempotency_key is not None:
+            validate.name(idempotency_key, "idempotency_key")
         data = codec.encode(payload, where=f"signal {name!r} payload")
         args = (workflow_id, name, data, idempotency_key, self.clock())
         sent: bool = yield Call(self.store.send_signal, args, True)
         return sent
 
     def cancel(self, workflow_id: str) -> Plan[list[str]]:
+        _workflow_id(workflow_id)
         asked: list[str] = yield Call(self.store.request_cancel, (workflow_id, self.clock()), True)
         return asked
 
     def resume(self, workflow_id: str) -> Plan[journal.WorkflowInfo]:
+        _workflow_id(workflow_id)
         info: journal.WorkflowInfo = yield Call(
             self.store.reopen, (workflow_id, self.clock()), True
         )
@@ -195,13 +217,17 @@ class Operations:
 
     def fork(self, workflow_id: str, from_seq: int, new_id: str | None) -> Plan[str]:
         """Copy the workflow under ``new_id`` (default: a fresh ``<id>-fork-<hex>``); the id."""
+        _workflow_id(workflow_id)
         fork_id = new_id or f"{workflow_id}-fork-{uuid.uuid4().hex[:8]}"
+        _workflow_id(fork_id)
         yield Call(self.store.fork, (workflow_id, from_seq, fork_id, self.clock()), True)
         return fork_id
 
     def resolve(
         self, workflow_id: str, seq: int, result: Any, retry: bool, fail: str | None, by: str
     ) -> Plan[journal.Review]:
+        _workflow_id(workflow_id)
+        validate.name(by, "by")
         decision, outcome = step_runner.review_decision(result, retry, fail, by)
         args = (workflow_id, seq, decision, outcome, by, self.clock())
         review: journal.Review = yield Call(self.store.resolve, args, True)

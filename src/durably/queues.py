@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from durably import errors, operations
+from durably import errors, operations, validate
 from durably.storage import base
 
 if TYPE_CHECKING:
@@ -61,21 +61,22 @@ class Queue:
     ) -> None:
         if not isinstance(name, str) or not name:
             raise errors.DefinitionError("a queue needs a non-empty name")
+        validate.name(name, "queue name")
+        bad = errors.DefinitionError
         for label, value in (
             ("concurrency", concurrency),
             ("worker_concurrency", worker_concurrency),
         ):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise errors.DefinitionError(
-                    f"queue {name!r}: {label} must be a positive int or None, not {value!r}"
-                )
+            if value is not None:
+                validate.count(value, f"queue {name!r}: {label}", error=bad)
         if rate_limit is not None:
-            limit, per = rate_limit
-            if not isinstance(limit, int) or limit < 1 or not per > 0:
-                raise errors.DefinitionError(
-                    f"queue {name!r}: rate_limit is (limit >= 1, per_seconds > 0), "
-                    f"not {rate_limit!r}"
-                )
+            if not isinstance(rate_limit, tuple) or len(rate_limit) != 2:
+                raise bad(f"queue {name!r}: rate_limit is (limit, per_seconds), not {rate_limit!r}")
+            validate.count(rate_limit[0], f"queue {name!r}: rate_limit limit", error=bad)
+            per = f"queue {name!r}: rate_limit per_seconds"
+            validate.number(rate_limit[1], per, above=True, error=bad)
+        low, high = validate.BIGINT
+        validate.count(priority, f"queue {name!r}: priority", low=low, high=high, error=bad)
         self.name = name
         self.concurrency = concurrency
         self.worker_concurrency = worker_concurrency
@@ -161,6 +162,11 @@ class Queue:
         priority: int | None,
         deduplication_id: str | None,
     ) -> base.NewWorkflow:
+        if priority is not None:
+            low, high = validate.BIGINT
+            validate.count(priority, "priority", low=low, high=high)
+        if deduplication_id is not None:
+            validate.name(deduplication_id, "deduplication_id")
         new, _ = operations.new_workflow(wf, args, kwargs, workflow_id)
         return dataclasses.replace(
             new,

@@ -78,6 +78,8 @@ async def _run(
             with telemetry.step_span(run.workflow_id, seq, step.name, attempt) as span:
                 result = await invoke(run, step, args, kwargs, ctx)
                 telemetry.record_result(span, step.name, result)
+            # a result that cannot be stored fails this attempt like any error of the step
+            payload = codec.encode(result, where=f"{where} result")
         except Exception as exc:
             finished = run.services.clock()
             delay = step.retry.delay_after(attempt, exc) if step.retry else None
@@ -94,12 +96,6 @@ async def _run(
             continue
         finished = run.services.clock()
         faults.reached("after_call", step.name)
-        try:
-            payload = codec.encode(result, where=f"{where} result")
-        except errors.EncodeError as exc:
-            failed = _entry(run, seq, step, _S.FAILED, attempt, error_json(exc), started, finished)
-            await _commit_failure(run, failed, exc, where)
-            raise
         receipt = _entry(run, seq, step, _S.COMPLETED, attempt, payload, started, finished)
         await _commit_receipt(run, receipt, where)
         faults.reached("after_receipt", step.name)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from durably import context, errors
+from durably import context, errors, validate
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -45,14 +46,12 @@ class Retry:
     delay_from: Callable[[BaseException], float | None] | None = None
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise errors.DefinitionError(f"Retry(max_attempts={self.max_attempts}): must be >= 1")
-        if self.initial < 0 or self.max_delay < 0:
-            raise errors.DefinitionError("Retry delays must be >= 0")
-        if self.backoff < 1:
-            raise errors.DefinitionError(f"Retry(backoff={self.backoff}): must be >= 1")
-        if not 0 <= self.jitter <= 1:
-            raise errors.DefinitionError(f"Retry(jitter={self.jitter}): must be within [0, 1]")
+        bad = errors.DefinitionError
+        validate.count(self.max_attempts, "Retry(max_attempts)", error=bad)
+        validate.number(self.initial, "Retry(initial)", error=bad)
+        validate.number(self.backoff, "Retry(backoff)", low=1.0, error=bad)
+        validate.number(self.max_delay, "Retry(max_delay)", error=bad)
+        validate.number(self.jitter, "Retry(jitter)", high=1.0, error=bad)
 
     def delay_after(self, attempt: int, exc: BaseException) -> float | None:
         """Seconds to wait before the next attempt, or None when there is none."""
@@ -61,7 +60,7 @@ class Retry:
         if not isinstance(exc, self.retry_on) or isinstance(exc, self.dont_retry_on):
             return None
         asked = self.delay_from(exc) if self.delay_from is not None else None
-        if asked is not None:
+        if asked is not None and not math.isnan(asked):  # NaN: use the usual back-off
             return min(max(0.0, asked), self.max_delay)
         base = min(self.initial * self.backoff ** (attempt - 1), self.max_delay)
         spread = base * self.jitter
@@ -167,8 +166,10 @@ def define(fn: Callable[..., Any], options: Options) -> StepDefinition:
         raise errors.DefinitionError(
             f"retry= takes a durably.Retry, got {type(options.retry).__name__}"
         )
-    if options.timeout is not None and options.timeout <= 0:
-        raise errors.DefinitionError(f"timeout={options.timeout}: must be > 0 seconds")
+    if options.timeout is not None:
+        validate.number(options.timeout, "timeout", above=True, error=errors.DefinitionError)
+    if options.name is not None:
+        validate.name(options.name, "step name")
     if options.reconcile is not None and not callable(options.reconcile):
         raise errors.DefinitionError("reconcile= takes a function (key, *args) -> Found | NotFound")
     if options.reconcile is not None and options.at_most_once:
@@ -258,6 +259,8 @@ def run_step(
     or gather it.
     """
     if isinstance(fn, StepFunction):  # a decorated step keeps its options; name= may rename it
+        if name is not None:
+            validate.name(name, "step name")
         definition = dataclasses.replace(fn.definition, name=name or fn.definition.name)
     else:
         definition = define(fn, Options(name, retry, timeout, reconcile, at_most_once))

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from durably import codec, context, errors, journal, workflows
+from durably import codec, context, errors, journal, validate, workflows
 from durably.storage import base
 
 if TYPE_CHECKING:
@@ -27,17 +27,15 @@ _STARTED = journal.EntryStatus.STARTED
 _COMPLETED = journal.EntryStatus.COMPLETED
 
 
-def _seconds(duration: float | datetime.timedelta) -> float:
+def _seconds(duration: float | datetime.timedelta, what: str) -> float:
     seconds = duration.total_seconds() if isinstance(duration, datetime.timedelta) else duration
-    if seconds < 0:
-        raise ValueError(f"cannot wait a negative time ({seconds}s)")
-    return float(seconds)
+    return validate.number(seconds, what)
 
 
 def sleep(duration: float | datetime.timedelta) -> Coroutine[Any, Any, None]:
     """Wait ``duration`` (seconds or a timedelta) durably: a restart waits only what is left."""
     run = context.require_run("sleep")
-    seconds = _seconds(duration)
+    seconds = _seconds(duration, "sleep(duration)")
     return _sleep(run, run.take_seq(), lambda now: now + seconds)
 
 
@@ -77,7 +75,8 @@ def wait_for_signal(
     wait, in the order sent. While it waits the workflow holds nothing.
     """
     run = context.require_run("wait_for_signal")
-    seconds = None if timeout is None else _seconds(timeout)
+    validate.name(name, "signal name")
+    seconds = None if timeout is None else _seconds(timeout, "wait_for_signal(timeout)")
     return _wait_for_signal(run, run.take_seq(), name, seconds)
 
 
@@ -101,6 +100,7 @@ def set_event(key: str, value: Any) -> None:
     It is committed with the workflow's next durable call or its end.
     """
     run = context.require_run("set_event")
+    validate.name(key, "event key")
     seq = run.take_seq()
     if run.lookup(seq, journal.Kind.EVENT, key) is not None:
         return

@@ -18,7 +18,7 @@ import uuid as _uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from durably import context, errors, journal, runtime
+from durably import context, errors, journal, runtime, validate
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -112,6 +112,10 @@ def workflow(
     With ``version``, recovery resumes it only on code that declares the same
     version; without, any code may resume it and the replay check guards it.
     """
+    if name is not None:
+        validate.name(name, "workflow name")
+    if version is not None:
+        validate.name(version, "workflow version")
     if fn is not None:
         return _register(fn, name, version)
     return lambda f: _register(f, name, version)
@@ -122,8 +126,8 @@ def new_workflow_id(workflow_id: str | None) -> str:
     if workflow_id is None:
         return _uuid.uuid4().hex
     if not isinstance(workflow_id, str) or not workflow_id.strip():
-        raise ValueError(f"workflow_id must be a non-empty string, got {workflow_id!r}")
-    return workflow_id
+        raise errors.InvalidName(f"workflow_id must be a non-empty string, got {workflow_id!r}")
+    return validate.name(workflow_id, "workflow id")
 
 
 def check_arguments(

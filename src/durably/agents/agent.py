@@ -23,7 +23,7 @@ import json
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
-from durably import errors, steps
+from durably import errors, steps, validate
 from durably.agents import approvals, completions, exceptions, schema, usage
 from durably.agents import tools as agent_tools
 
@@ -85,8 +85,7 @@ class Agent:
         idempotency_header: str | None = completions.IDEMPOTENCY_HEADER,
         name: str = "agent",
     ) -> None:
-        if max_turns < 1:
-            raise errors.DefinitionError(f"max_turns={max_turns}: must be >= 1")
+        validate.count(max_turns, "max_turns", error=errors.DefinitionError)
         completions.warn_if_client_retries(client)
         self.client = client
         self.model = model

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
-from durably import context, errors, steps
+from durably import context, errors, steps, validate
 from durably.agents import exceptions, usage
 
 STEP_NAME = usage.MODEL_STEP_PREFIX + "chat.completions"
@@ -51,8 +51,7 @@ class ModelRetry(steps.Retry):
 
     def __post_init__(self) -> None:
         steps.Retry.__post_init__(self)
-        if self.max_retry_after < 0:
-            raise errors.DefinitionError(f"max_retry_after={self.max_retry_after}: must be >= 0")
+        validate.number(self.max_retry_after, "max_retry_after", error=errors.DefinitionError)
 
     def delay_after(self, attempt: int, exc: BaseException) -> float | None:
         """Seconds before the next attempt, or None when ``exc`` is final."""

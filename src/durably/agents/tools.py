@@ -24,7 +24,7 @@ import re
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from durably import context, errors, steps
+from durably import context, errors, steps, validate
 from durably.agents import approvals, exceptions, schema
 
 P = ParamSpec("P")
@@ -170,9 +170,9 @@ def error_text(message: str) -> str:
 def _seconds(value: float | datetime.timedelta | None) -> float | None:
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
-    if value is not None and value < 0:
-        raise errors.DefinitionError(f"approval_timeout={value}: must be >= 0")
-    return value
+    if value is None:
+        return None
+    return validate.number(value, "approval_timeout", error=errors.DefinitionError)
 
 
 @overload
