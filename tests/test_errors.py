@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import durably
 from durably import errors, storage
-from durably.storage import create_store
+from durably.storage import base, create_store
 
 
 @durably.workflow
@@ -66,3 +68,34 @@ def test_resuming_a_workflow_that_did_not_fail_is_not_resumable(store_url: str) 
         with pytest.raises(errors.NotResumable, match="only a failed, cancelled or diverged"):
             client.resume("ended")
         assert client.get_workflow("ended").status == "pending"
+
+
+def _verb(store: base.Store, fn: Any, *args: Any) -> Any:
+    op = base.Op(fn, args, write=True)
+    store.run_batch([op])
+    if op.error is not None:
+        raise op.error
+    return op.result
+
+
+def test_pruning_an_unfinished_status_is_not_a_finished_status(store_url: str) -> None:
+    store = create_store(store_url)
+    store.open()
+    try:
+        with pytest.raises(errors.NotAFinishedStatus, match="'running' is not a finished"):
+            _verb(store, store.prune, 1e12, "running", 10)
+    finally:
+        store.close()
+
+
+def test_a_backup_onto_an_existing_file_is_a_backup_error(sqlite_url: str, tmp_path: Path) -> None:
+    taken = tmp_path / "taken.db"
+    taken.write_text("mine")
+    store = create_store(sqlite_url)
+    store.open()
+    try:
+        with pytest.raises(errors.BackupError, match="never overwrites a file"):
+            store.backup(str(taken))
+    finally:
+        store.close()
+    assert taken.read_text() == "mine"

@@ -174,6 +174,14 @@ class BackendNotInstalled(DurablyError):
     """The database URL needs a driver that is not installed (psycopg for PostgreSQL)."""
 
 
+class NotAFinishedStatus(DurablyError):
+    """Only finished workflows are pruned; the status asked for is not a final one."""
+
+
+class BackupError(DurablyError):
+    """The backup file cannot be created (durably never overwrites a file)."""
+
+
 class StoreError(DurablyError):
     """The database could not do what was asked."""
 

@@ -164,7 +164,7 @@ class SqliteStore(sql.SqlStore):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
         except OSError as exc:
-            raise errors.DurablyError(
+            raise errors.BackupError(
                 f"cannot create the backup {path!r}: {exc.strerror} (durably never "
                 "overwrites a file: give a new path)"
             ) from None
