@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,3 +100,16 @@ def test_a_backup_onto_an_existing_file_is_a_backup_error(sqlite_url: str, tmp_p
     finally:
         store.close()
     assert taken.read_text() == "mine"
+
+
+def test_no_bare_durably_error_is_raised() -> None:
+    """Each condition has its class: the base class itself is never raised."""
+    src = Path(errors.__file__).parent
+    bare = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                name = ast.unparse(node.exc.func)
+                if name in ("DurablyError", "errors.DurablyError", "durably.DurablyError"):
+                    bare.append(f"{path.relative_to(src)}:{node.lineno}")
+    assert bare == []
