@@ -68,9 +68,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import click
-from rich.console import Console
-
 from durably.testing import crash_child, crash_report
 from durably.testing.crash_report import (
     CRASH_MARKER,
@@ -94,7 +91,6 @@ __all__ = [
     "Scenario",
     "crash_points",
     "run_in_child",
-    "test_crashes_command",
 ]
 
 SCENARIO_ENV = "DURABLY_SCENARIO_DIR"
@@ -431,63 +427,3 @@ def _count_keys(path: Path, offset: int) -> dict[str, int]:
         if isinstance(key, str) and key:
             counts[key] += 1
     return dict(counts)
-
-
-# --- the command -------------------------------------------------------------------------
-
-
-@click.command("test-crashes")
-@click.argument("target")
-@click.argument("args_json", default="[]")
-@click.option(
-    "--effects-log",
-    default=None,
-    help="JSONL log your service writes, one line per request with an idempotency_key "
-    "(relative: inside each scenario's DURABLY_SCENARIO_DIR).",
-)
-@click.option(
-    "--workdir", type=click.Path(file_okay=False), default=None, help="Keep scenarios here."
-)
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds per process.")
-@click.option(
-    "--only",
-    multiple=True,
-    help="Only boundaries matching this shell pattern, e.g. '*:issue_refund@*' (repeatable).",
-)
-def test_crashes_command(
-    target: str,
-    args_json: str,
-    effects_log: str | None,
-    workdir: str | None,
-    timeout: float,
-    only: tuple[str, ...],
-) -> None:
-    """Kill MODULE:WORKFLOW at every commit boundary, recover it, and check its side effects.
-
-    ARGS_JSON is a list of arguments or an object of keywords. Exits 1 when any
-    boundary broke a step's declared policy.
-    """
-    if ":" not in target:
-        raise click.UsageError("TARGET must be MODULE:WORKFLOW")
-    from durably.cli import parse_args_json  # the CLI registers this command: import late
-
-    args, kwargs = parse_args_json(args_json)
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    console = Console(highlight=False)
-    try:
-        report = crash_points(
-            target,
-            args,
-            kwargs,
-            workdir=workdir,
-            effects=effects_log,
-            timeout=timeout,
-            only=list(only) or None,
-        )
-    except CrashToolError as exc:
-        raise click.ClickException(str(exc)) from exc
-    console.print(report)
-    console.print(f"scenarios in {report.workdir}", soft_wrap=True, markup=False)
-    if not report.ok:
-        sys.exit(1)
