@@ -225,7 +225,7 @@ def plan_reopen(workflow_id: str, status: str, history: Sequence[journal.Entry])
     cancelled or diverged workflow can be resumed.
     """
     if status not in _REOPENABLE:
-        raise errors.DurablyError(
+        raise errors.NotResumable(
             f"workflow {workflow_id!r} is {status}; only a failed, cancelled or "
             "diverged workflow can be resumed"
         )
@@ -237,7 +237,7 @@ def plan_reopen(workflow_id: str, status: str, history: Sequence[journal.Entry])
             if e.seq > min(cancels) and e.kind == journal.Kind.STEP and e.status == _S.COMPLETED
         ]
         if after:
-            raise errors.DurablyError(
+            raise errors.NotResumable(
                 f"workflow {workflow_id!r} ran {len(after)} step(s) after its cancellation "
                 f"(cleanup or compensations, e.g. {after[0].name!r} at seq {after[0].seq}); "
                 "resuming would forget them: fork it instead"

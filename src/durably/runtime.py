@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from durably import codec, errors, journal, replay, runstate
+from durably import codec, errors, faults, journal, replay, runstate
 from durably.storage import dispatch
 
 if TYPE_CHECKING:
@@ -275,6 +275,8 @@ class Run:
             self._replayer.record(entry)
         if isinstance(result, journal.Entry):
             self._replayer.record(result)
+        if verb == "append_entries":  # a commit: durable now (durably test-crashes counts)
+            faults.committed(self.workflow_id, batch)
         return result
 
     async def commit(self, *entries: journal.Entry) -> None:
@@ -638,9 +640,7 @@ _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUI
 
 _COMPLETED = journal.EntryStatus.COMPLETED
 
-_FINAL = frozenset(
-    {journal.EntryStatus.COMPLETED, journal.EntryStatus.FAILED, journal.EntryStatus.TIMED_OUT}
-)
+_FINAL = journal.FINAL_ENTRY_STATUSES
 
 
 def _loop_is_quiet() -> bool:
