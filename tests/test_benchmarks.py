@@ -5,17 +5,17 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-from tests import pgcluster
+from tests import children, pgcluster
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_quick_benchmark_prints_every_row_beside_its_baseline(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--dir", str(tmp_path)],
+        children.python("-m", "benchmarks", "--quick", "--dir", str(tmp_path)),
+        env=children.child_env(),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -50,7 +50,8 @@ def test_quick_benchmark_prints_every_row_beside_its_baseline(tmp_path: Path) ->
 
 def test_an_unknown_row_name_is_refused_naming_the_rows() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--rows", "no-such-row"],
+        children.python("-m", "benchmarks", "--quick", "--rows", "no-such-row"),
+        env=children.child_env(),
         cwd=REPO,
         capture_output=True,
         text=True,

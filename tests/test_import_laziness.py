@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+
+from tests import children
 
 HEAVY = ("openai", "rich", "pydantic_ai", "agents", "starlette", "anthropic")
 
@@ -17,7 +18,8 @@ def _modules_after(code: str) -> list[str]:
     """The top-level and durably module names loaded by ``code`` in a new interpreter."""
     script = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", script],
+        children.python("-X", "importtime", "-c", script),
+        env=children.child_env(),
         capture_output=True,
         text=True,
         timeout=120,
