@@ -40,9 +40,12 @@ def test_events_push_a_new_version_when_the_workflow_changes(store_url: str) -> 
             assert r.headers["content-type"].startswith("text/event-stream")
             versions = _versions(r)
             first = next(versions)
-            assert first == httpx.get(
-                base + "/api/poll", params={"workflow_id": "w"}, headers=BEARER
-            ).json()["version"]
+            assert (
+                first
+                == httpx.get(
+                    base + "/api/poll", params={"workflow_id": "w"}, headers=BEARER
+                ).json()["version"]
+            )
             sent = time.monotonic()
             client.send_signal("w", "go", {"n": 1})
             second = next(versions)  # blocks until the server pushes (read timeout 30 s)
