@@ -36,6 +36,7 @@ from durably import (
     runtime,
     serving,
     step_runner,
+    telemetry,
     validate,
     waits,
     watchdog,
@@ -802,7 +803,8 @@ class Engine:
         self._runs[wid] = live
         self._leases.track(live)
         try:
-            await driver.drive(live, info, definition, history, self.max_recoveries)
+            with telemetry.workflow_span(live, definition.name, len(history), info.crash_count):
+                await driver.drive(live, info, definition, history, self.max_recoveries)
         finally:
             if self._runs.get(wid) is live:
                 del self._runs[wid]

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
-from durably import context, errors, steps, validate
+from durably import context, errors, steps, telemetry, validate
 from durably.agents import budget, events, exceptions, messages_api, usage
 
 STEP_NAME = usage.MODEL_STEP_PREFIX + "chat.completions"
@@ -204,6 +204,7 @@ def model_step(
     stream is consumed inside the step and journaled as one completion.
     """
     anthropic = messages_api.is_anthropic(client)
+    system = "anthropic" if anthropic else "openai"  # gen_ai.system of its spans
     create = _create_of(client)
 
     def request(call: Call) -> JSON:
@@ -228,14 +229,17 @@ def model_step(
 
         async def call_async(call: Call) -> JSON:
             params = request(call)
-            response = await create(**params)
-            if params.get("stream"):
-                async with response as stream:
-                    result = assemble([_seen(call, _dump(chunk)) async for chunk in stream])
-            else:
-                result = _dump(response)
-            call.live = True
-            return _noted(messages_api.turn(result) if anthropic else result)
+            with telemetry.model_span(system, call.model) as span:
+                response = await create(**params)
+                if params.get("stream"):
+                    async with response as stream:
+                        result = assemble([_seen(call, _dump(chunk)) async for chunk in stream])
+                else:
+                    result = _dump(response)
+                call.live = True
+                answer = messages_api.turn(result) if anthropic else result
+                telemetry.record_result(span, name, answer)
+            return _noted(answer)
 
         return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(
             call_async
@@ -243,14 +247,17 @@ def model_step(
 
     def call_sync(call: Call) -> JSON:
         params = request(call)
-        response = create(**params)
-        if params.get("stream"):
-            with response as stream:
-                result = assemble([_seen(call, _dump(chunk)) for chunk in stream])
-        else:
-            result = _dump(response)
-        call.live = True
-        return _noted(messages_api.turn(result) if anthropic else result)
+        with telemetry.model_span(system, call.model) as span:
+            response = create(**params)
+            if params.get("stream"):
+                with response as stream:
+                    result = assemble([_seen(call, _dump(chunk)) for chunk in stream])
+            else:
+                result = _dump(response)
+            call.live = True
+            answer = messages_api.turn(result) if anthropic else result
+            telemetry.record_result(span, name, answer)
+        return _noted(answer)
 
     return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(call_sync)
 
