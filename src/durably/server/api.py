@@ -309,6 +309,7 @@ async def history(request: Request, ctx: Context) -> Any:
         "/api/approvals",
         "Tool calls waiting for a person's approval, with their exact arguments",
         query=(Param("workflow_id", "string", "Only this workflow's"),),
+        errors=(404,),
     )
 )
 async def approvals(request: Request, ctx: Context) -> Any:

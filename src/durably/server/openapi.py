@@ -83,7 +83,14 @@ def _operation(spec: api.Spec, operation_id: str) -> dict[str, Any]:
             "content": {spec.media: {"schema": ok_schema}},
         }
     }
-    codes = sorted({401, *spec.errors, *((403,) if spec.method != "GET" else ())})
+    codes = sorted(
+        {
+            401,
+            *spec.errors,
+            *((403,) if spec.method != "GET" else ()),
+            *((422,) if spec.body is not None else ()),  # a body that is not a JSON object
+        }
+    )
     for code in codes:
         responses[str(code)] = {
             "description": _REASONS[code],
