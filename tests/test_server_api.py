@@ -617,3 +617,24 @@ def test_no_input_makes_a_route_answer_5xx(
         assert r.is_success and r.text.startswith("retry:"), r.text
     else:
         assert "error" in r.json() or r.is_success
+
+
+def test_pages_show_values_readably_and_mark_bookkeeping_rows(sqlite_url: str) -> None:
+    """A newcomer reads times, not codec tags; engine bookkeeping rows are marked quiet."""
+    client = durably.Client(sqlite_url)
+    client.start("srv-refund", "A1", 12_000, workflow_id="r")
+    with harness.engine_thread(sqlite_url):
+        harness.until(lambda: client.list_approvals("r"), "the refund approval")
+    with make(sqlite_url) as c:
+        c.post("/login", data={"token": harness.SECRET})
+        page = c.get("/workflows/r").text
+        timeline = c.get("/api/workflows/r/history", headers=BEARER).json()["timeline"]
+        listing = c.get("/").text
+    now_row = next(r for r in timeline if r["kind"] == "now")
+    assert "__durably__" not in now_row["preview"] and now_row["preview"].startswith("20")
+    assert now_row["quiet"] is True
+    assert next(r for r in timeline if r["kind"] == "signal")["quiet"] is False
+    assert "__durably__" not in page
+    assert 'class="st-completed quiet"' in page
+    assert re.search(r"asked \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page), "a readable time"
+    assert "<th>queue</th>" not in listing  # no workflow has a queue: no empty column
