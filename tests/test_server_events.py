@@ -73,3 +73,43 @@ def test_events_are_refused_without_a_token_and_for_an_unknown_workflow(sqlite_u
         assert r.status_code == 422 and "seconds" in r.json()["error"]["message"]
         r = httpx.get(base + "/api/events", params={"seconds": "0"}, headers=BEARER, timeout=10)
         assert r.status_code == 200 and r.text.count("event: version") == 1
+
+
+def test_serve_stops_promptly_on_sigint_with_an_event_stream_open(sqlite_url: str) -> None:
+    """An open dashboard (its event stream) does not hold ``durably serve`` up on Ctrl-C."""
+    import signal
+    import sys
+    import threading
+
+    port = harness.free_port()
+    args = [sys.executable, "-m", "durably.cli", "--database", sqlite_url, "serve"]
+    with harness.process(
+        [*args, "--port", str(port)], {"DURABLY_API_TOKEN": harness.TOKEN}
+    ) as proc:
+        base = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(base + "/openapi.json", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        harness.until(up, "durably serve to answer", 30)
+        opened = threading.Event()
+
+        def listen() -> None:
+            try:
+                with httpx.stream("GET", base + "/api/events", headers=BEARER, timeout=60) as r:
+                    for _ in r.iter_lines():
+                        opened.set()
+            except httpx.HTTPError:
+                pass  # the server went away: what this test wants
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        assert opened.wait(20), "the event stream did not open"
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        proc.wait(30)
+        assert time.monotonic() - sent < 10, "serve waited for the open stream to end"
+        listener.join(10)
