@@ -164,6 +164,8 @@ def _row(value: Any, table: str, where: str) -> dict[str, Any]:
     columns = bulk.COLUMNS[table]
     if not isinstance(value, dict):
         raise errors.ArchiveError(f"{where}: a {table} row is not an object")
+    later = bulk.LATER_COLUMNS.get(table, frozenset())
+    value = {**{c: None for c in later if c not in value}, **value}
     if set(value) != set(columns):
         extra = sorted(set(value) - set(columns))
         missing = sorted(set(columns) - set(value))

@@ -250,6 +250,11 @@ def print_receipts(
             _status(info.status),
             f"  started {_when(info.created_at)}",
             *([f"  queue {info.queue}"] if info.queue else []),
+            *(
+                [f"  forked from {info.forked_from} at seq {info.forked_from_seq}"]
+                if info.forked_from
+                else []
+            ),
         ),
         soft_wrap=True,
     )

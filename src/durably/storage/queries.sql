@@ -21,13 +21,13 @@ WHERE queue = :queue AND deduplication_id = :deduplication_id
 -- name: get_workflow
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority
+       cancel_requested, queue, priority, forked_from, forked_from_seq
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: list_workflows
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority
+       cancel_requested, queue, priority, forked_from, forked_from_seq
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -39,7 +39,7 @@ LIMIT :limit
 -- a page after another starts past the (created_at, workflow_id) of the other's last row.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority
+       cancel_requested, queue, priority, forked_from, forked_from_seq
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -339,6 +339,20 @@ INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, sta
 SELECT :new_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
 FROM journal WHERE workflow_id = :workflow_id AND seq <= :seq
 
+-- name: copy_events
+-- A fork's events: of each key, the value its prefix (seq <= :seq) published last.
+INSERT INTO events (workflow_id, key, value, seq, updated_at)
+SELECT :new_id, j.name, j.payload, j.seq, :now
+FROM journal j
+WHERE j.workflow_id = :workflow_id AND j.kind = 'event' AND j.payload IS NOT NULL
+  AND j.seq = (SELECT MAX(k.seq) FROM journal k
+               WHERE k.workflow_id = j.workflow_id AND k.kind = 'event' AND k.name = j.name
+                 AND k.payload IS NOT NULL AND k.seq <= :seq)
+
+-- name: mark_fork
+UPDATE workflows SET forked_from = :workflow_id, forked_from_seq = :seq
+WHERE workflow_id = :new_id
+
 -- name: open_review
 INSERT INTO reviews (workflow_id, seq, attempt, step, idempotency_key, intent, reason, opened_at)
 VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason, :now)
@@ -387,7 +401,8 @@ SELECT workflow_id FROM workflows WHERE parent_id = :workflow_id ORDER BY create
 -- name: export_workflows
 SELECT workflow_id, name, version, source_hash, status, input, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, signal_count, queue, priority, deduplication_id, started_at
+       cancel_requested, signal_count, queue, priority, deduplication_id, started_at,
+       forked_from, forked_from_seq
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: export_journal
@@ -417,11 +432,11 @@ FROM reviews WHERE workflow_id = :workflow_id ORDER BY seq, attempt
 INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, output, error,
                        owner, epoch, lease_expires_at, crash_count, wake_at, parent_id,
                        created_at, updated_at, cancel_requested, signal_count, queue, priority,
-                       deduplication_id, started_at)
+                       deduplication_id, started_at, forked_from, forked_from_seq)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :error,
         NULL, :epoch, NULL, :crash_count, :wake_at, :parent_id,
         :created_at, :updated_at, :cancel_requested, :signal_count, :queue, :priority,
-        :deduplication_id, :started_at)
+        :deduplication_id, :started_at, :forked_from, :forked_from_seq)
 
 -- name: import_journal
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,

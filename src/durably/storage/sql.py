@@ -602,8 +602,10 @@ class SqlStore(bulk.BulkVerbs):
         if not created:
             raise errors.WorkflowIdConflict(f"workflow id {new_id!r} is already taken")
         self._q("copy_entries", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
+        self._q("copy_events", new_id=new_id, workflow_id=workflow_id, seq=from_seq, now=now)
+        self._q("mark_fork", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
         self._wake("work")
-        return forked
+        return dataclasses.replace(forked, forked_from=workflow_id, forked_from_seq=from_seq)
 
     def open_review(
         self,
