@@ -544,7 +544,7 @@ _IN_PLACE = (
 
 @main.command(
     help=f"""Run a failed, cancelled or diverged workflow again from where it
-stopped.
+stopped, or a pending one waiting on its queue now (it leaves the queue).
 
 {_IN_PLACE}"""
 )

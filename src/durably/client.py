@@ -128,7 +128,11 @@ class Client:
         return self._run(self._ops.cancel(workflow_id))
 
     def resume(self, workflow_id: str) -> None:
-        """Make a failed, cancelled or diverged workflow run again from where it stopped."""
+        """Make a failed, cancelled or diverged workflow run again from where it stopped.
+
+        A pending workflow waiting on its queue leaves the queue: any worker with
+        its code starts it now, whatever the queue's limits.
+        """
         self._run(self._ops.resume(workflow_id))
 
     def fork(self, workflow_id: str, from_seq: int, new_id: str | None = None) -> str:

@@ -477,7 +477,11 @@ class Engine:
         return asked
 
     async def resume(self, workflow_id: str) -> WorkflowHandle:
-        """Run a failed, cancelled or diverged workflow again from where it stopped."""
+        """Run a failed, cancelled or diverged workflow again from where it stopped.
+
+        A pending workflow waiting on its queue leaves the queue and starts now,
+        whatever the queue's limits (as DBOS's resume of an enqueued workflow).
+        """
         await self._run(self._ops.resume(workflow_id))
         self._kick_recovery()
         return WorkflowHandle(self, workflow_id)

@@ -358,7 +358,10 @@ class Store(abc.ABC):
         """Make a failed, cancelled or diverged workflow pending again (``resume``).
 
         A cancelled one continues from where the cancellation reached it; a
-        failed one gives the step that failed it one more attempt.
+        failed one gives the step that failed it one more attempt. A pending one
+        waiting on its queue leaves the queue, to be claimed now by any executor
+        with its code, whatever the queue's limits (as DBOS does). Decided under
+        the workflow's row lock.
         """
 
     @abc.abstractmethod

@@ -326,6 +326,12 @@ SET status = 'pending', owner = NULL, lease_expires_at = NULL, output = NULL, er
     crash_count = 0, cancel_requested = 0, wake_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id
 
+-- name: dequeue
+-- Resume of a workflow still waiting on its queue: it leaves the queue, so any executor
+-- running its code claims it now, whatever the queue's limits.
+UPDATE workflows SET queue = NULL, updated_at = :now
+WHERE workflow_id = :workflow_id AND status = 'pending' AND queue IS NOT NULL
+
 -- name: delete_entries_from
 DELETE FROM journal WHERE workflow_id = :workflow_id AND seq >= :seq
 

@@ -548,17 +548,23 @@ class SqlStore(bulk.BulkVerbs):
         return cancelled
 
     def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:
-        info = self.get_workflow(workflow_id)
+        info = self._lock_workflow(workflow_id)
         if info is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        if info.status == journal.Status.PENDING:  # not started yet: start it now
+            if self._q("dequeue", workflow_id=workflow_id, now=now).rowcount:
+                self._wake("work")
+            started = self.get_workflow(workflow_id)
+            assert started is not None
+            return started
         if info.status not in (
             journal.Status.FAILED,
             journal.Status.CANCELLED,
             journal.Status.DIVERGED,
         ):
             raise errors.DurablyError(
-                f"workflow {workflow_id!r} is {info.status}; only a failed, cancelled or "
-                "diverged workflow can be resumed"
+                f"workflow {workflow_id!r} is {info.status}; only a pending, failed, cancelled "
+                "or diverged workflow can be resumed"
             )
         history = self.load_history(workflow_id)
         cancels = [e.seq for e in history if e.kind == journal.Kind.CANCEL]
