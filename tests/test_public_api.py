@@ -86,6 +86,7 @@ FROZEN = [
     "uuid4",
     "wait_for_signal",
     "workflow",
+    "workflow_id",
 ]
 
 

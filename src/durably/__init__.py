@@ -12,7 +12,7 @@ from durably.agents import (
     tool,
 )
 from durably.client import Client
-from durably.context import idempotency_key, step_info
+from durably.context import idempotency_key, step_info, workflow_id
 from durably.engine import Engine, WorkflowHandle, run
 from durably.errors import (
     AlreadyResolved,
@@ -126,4 +126,5 @@ __all__ = [
     "uuid4",
     "wait_for_signal",
     "workflow",
+    "workflow_id",
 ]

@@ -10,7 +10,7 @@ call is the Engine's too, written once in :mod:`durably.operations`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from durably import journal, operations, step_runner
@@ -118,6 +118,16 @@ class Client:
         as ``Engine.send_signal`` does.
         """
         return self._run(self._ops.send_signal(workflow_id, name, payload, idempotency_key))
+
+    def send_signals(self, signals: Sequence[tuple[Any, ...]]) -> list[bool]:
+        """Send several signals in one transaction: all are kept, or none is.
+
+        Each is ``(workflow_id, name)``, ``(workflow_id, name, payload)`` or
+        ``(workflow_id, name, payload, idempotency_key)``; the answer says, for
+        each, whether it was kept (False: its key was used before). An unknown
+        or finished workflow refuses the whole batch.
+        """
+        return self._run(self._ops.send_signals(signals))
 
     def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
         """The value the workflow published under ``key``, waiting up to ``timeout`` for it."""

@@ -458,6 +458,18 @@ class Engine:
             self._on_wakeup(base.Wakeup("signal", workflow_id, name))
         return sent
 
+    async def send_signals(self, signals: Sequence[tuple[Any, ...]]) -> list[bool]:
+        """Send several signals in one transaction: all are kept, or none is.
+
+        Each is ``(workflow_id, name[, payload[, idempotency_key]])``; the answer
+        says, for each, whether it was kept (False: its key was used before).
+        """
+        sent = await self._run(self._ops.send_signals(signals))
+        for given, kept in zip(signals, sent, strict=True):
+            if kept:
+                self._on_wakeup(base.Wakeup("signal", given[0], given[1]))
+        return sent
+
     async def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
         """The value the workflow published under ``key``, waiting up to ``timeout`` for it.
 

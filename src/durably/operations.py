@@ -203,6 +203,27 @@ class Operations:
         sent: bool = yield Call(self.store.send_signal, args, True)
         return sent
 
+    def send_signals(self, signals: Any) -> Plan[list[bool]]:
+        """Several signals in one transaction: each ``(workflow_id, name[, payload[,
+        idempotency_key]])``; all are kept or none (an unknown or finished workflow)."""
+        batch: list[tuple[str, str, str, str | None]] = []
+        for i, given in enumerate(signals):
+            where = f"send_signals: signals[{i}]"
+            if not isinstance(given, tuple | list) or not 2 <= len(given) <= 4:
+                raise ValueError(
+                    f"{where} is {given!r}; each signal is (workflow_id, name[, payload[, "
+                    "idempotency_key]])"
+                )
+            workflow_id, name, payload, key = (*given, None, None)[:4]
+            validate.name(workflow_id, f"{where} workflow id")
+            validate.name(name, f"{where} signal name")
+            if key is not None:
+                validate.name(key, f"{where} idempotency_key")
+            data = codec.encode(payload, where=f"{where} payload")
+            batch.append((workflow_id, name, data, key))
+        sent: list[bool] = yield Call(self.store.send_signals, (batch, self.clock()), True)
+        return sent
+
     def cancel(self, workflow_id: str) -> Plan[list[str]]:
         _workflow_id(workflow_id)
         asked: list[str] = yield Call(self.store.request_cancel, (workflow_id, self.clock()), True)

@@ -321,6 +321,21 @@ class Store(abc.ABC):
     ) -> bool:
         """Keep a signal for the workflow and wake it if it waits; False for a repeated key."""
 
+    def send_signals(
+        self, signals: Sequence[tuple[str, str, str, str | None]], now: float
+    ) -> list[bool]:
+        """Keep several ``(workflow_id, name, payload, idempotency_key)`` signals, all or
+        none (one verb: one savepoint); each as ``send_signal``, in the order given.
+
+        Rows are locked in workflow id order (a stable sort: signals of one workflow
+        keep their order), so two batches never wait for each other in a cycle.
+        """
+        order = sorted(range(len(signals)), key=lambda i: signals[i][0])
+        sent = [False] * len(signals)
+        for i in order:
+            sent[i] = self.send_signal(*signals[i], now)
+        return sent
+
     @abc.abstractmethod
     def get_event(self, workflow_id: str, key: str) -> str | None:
         """The value the workflow last published under ``key``, or None."""
