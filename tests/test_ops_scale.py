@@ -107,9 +107,7 @@ async def test_send_signals_commits_all_or_none(store_url: str) -> None:
     async with engine(store_url) as e:
         a = await e.start(listener, 2, workflow_id="la")
         b = await e.start(listener, 1, workflow_id="lb")
-        sent = await e.send_signals(
-            [("la", "go", 1), ("lb", "go", "b"), ("la", "go", 2, "key-2")]
-        )
+        sent = await e.send_signals([("la", "go", 1), ("lb", "go", "b"), ("la", "go", 2, "key-2")])
         assert sent == [True, True, True]
         assert await a.result(timeout=10) == [1, 2]
         assert await b.result(timeout=10) == ["b"]
