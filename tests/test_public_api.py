@@ -67,6 +67,7 @@ FROZEN = [
     "WorkflowHandle",
     "WorkflowIdConflict",
     "WorkflowInfo",
+    "WorkflowNotFinished",
     "WorkflowNotFound",
     "WorkflowNotRegistered",
     "compensate",

@@ -41,6 +41,7 @@ from durably.errors import (
     WorkflowFailed,
     WorkflowFinished,
     WorkflowIdConflict,
+    WorkflowNotFinished,
     WorkflowNotFound,
     WorkflowNotRegistered,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "WorkflowHandle",
     "WorkflowIdConflict",
     "WorkflowInfo",
+    "WorkflowNotFinished",
     "WorkflowNotFound",
     "WorkflowNotRegistered",
     "compensate",

@@ -22,7 +22,7 @@ import datetime
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durably import (
@@ -416,10 +416,42 @@ class Engine:
         return await self._run(self._ops.get_workflow(workflow_id))
 
     async def list_workflows(
-        self, status: str | None = None, name: str | None = None, limit: int = 100
+        self,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        *,
+        ids: Iterable[str] | None = None,
+        id_prefix: str | None = None,
+        parent_id: str | None = None,
+        queue: str | None = None,
+        created_after: float | datetime.datetime | None = None,
+        created_before: float | datetime.datetime | None = None,
+        offset: int = 0,
+        order: str = "desc",
+        after: str | tuple[float, str] | None = None,
     ) -> list[journal.WorkflowInfo]:
-        """Workflows, newest first, optionally filtered by status and workflow name."""
-        return await self._run(self._ops.list_workflows(status, name, limit))
+        """Workflows, newest first (``order="asc"``: oldest first), filtered.
+
+        Every filter given must hold: ``status``, workflow ``name``, ``ids`` (a
+        list), ``id_prefix`` (a plain prefix), ``parent_id`` (its children),
+        ``queue``, ``created_after`` (inclusive) and ``created_before``
+        (exclusive), as datetimes or epoch seconds. Page with ``limit`` and
+        ``offset``, or with ``after``: the id of the last row of the previous
+        page (a cursor that never repeats or skips a row).
+        """
+        filters = dict(
+            ids=ids,
+            id_prefix=id_prefix,
+            parent_id=parent_id,
+            queue=queue,
+            created_after=created_after,
+            created_before=created_before,
+            offset=offset,
+            order=order,
+            after=after,
+        )
+        return await self._run(self._ops.list_workflows(status, name, limit, **filters))
 
     async def history(self, workflow_id: str) -> list[journal.Entry]:
         """The workflow's journal, in seq order."""
@@ -497,6 +529,35 @@ class Engine:
         await self._run(self._ops.resume(workflow_id))
         self._kick_recovery()
         return WorkflowHandle(self, workflow_id)
+
+    async def cancel_workflows(self, **filters: Any) -> list[str]:
+        """Cancel every workflow the filters select (those of ``list_workflows`` but the
+        paging ones; at least one), in one transaction; the ids asked to stop."""
+        asked = await self._run(self._ops.cancel_many(filters))
+        for wid in asked:
+            self._on_wakeup(base.Wakeup("cancel", wid))
+        return asked
+
+    async def resume_workflows(self, **filters: Any) -> list[str]:
+        """Resume every workflow the filters select (at least one), all or none; the ids.
+
+        Each must be resumable: filter by ``status`` (``failed``, ``cancelled``...).
+        """
+        resumed = await self._run(self._ops.resume_many(filters))
+        self._kick_recovery()
+        return resumed
+
+    async def delete(self, *workflow_ids: str, force: bool = False) -> list[str]:
+        """Remove workflows with their children, journals and every row naming them.
+
+        All or none; the ids removed. An unfinished one raises WorkflowNotFinished
+        (cancel it first) unless ``force``: its owner, if running, is fenced out.
+        """
+        return await self._run(self._ops.delete(workflow_ids, force))
+
+    async def delete_workflows(self, *, force: bool = False, **filters: Any) -> list[str]:
+        """``delete`` every workflow the filters select (at least one), all or none."""
+        return await self._run(self._ops.delete_many(filters, force))
 
     async def fork(
         self, workflow_id: str, from_seq: int, workflow_id_new: str | None = None

@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
 from durably import codec, errors, journal, step_runner, validate, workflows
@@ -113,16 +114,73 @@ class Operations:
         return info
 
     def list_workflows(
-        self, status: str | None, name: str | None, limit: int
+        self, status: str | None, name: str | None, limit: int, **filters: Any
     ) -> Plan[list[journal.WorkflowInfo]]:
+        """One page of workflows: ``status``, ``name`` and the filters of
+        :func:`workflow_query` (ids, id prefix, parent, queue, time, offset, order, after)."""
+        query = yield from self.workflow_query(status=status, name=name, limit=limit, **filters)
+        rows: list[journal.WorkflowInfo] = yield from self.search_workflows(query)
+        return rows
+
+    def workflow_query(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        ids: Iterable[str] | None = None,
+        id_prefix: str | None = None,
+        parent_id: str | None = None,
+        queue: str | None = None,
+        created_after: float | datetime.datetime | None = None,
+        created_before: float | datetime.datetime | None = None,
+        offset: int = 0,
+        order: str = "desc",
+        after: str | tuple[float, str] | None = None,
+    ) -> Plan[base.WorkflowQuery]:
+        """The store query for these filters, each checked; ``after`` may be the id of
+        the last row of the previous page (read here for its creation time)."""
         if status is not None:
             status = journal.Status(status).value  # ValueError names the valid ones
-        if name is not None:
-            validate.name(name, "workflow name")
-        rows: list[journal.WorkflowInfo] = yield Call(
-            self.store.list_workflows, (status, name, limit)
+        for value, what in (
+            (name, "workflow name"),
+            (id_prefix, "id_prefix"),
+            (parent_id, "parent_id"),
+            (queue, "queue"),
+        ):
+            if value is not None:
+                validate.name(value, what)
+        chosen: tuple[str, ...] | None = None
+        if ids is not None:
+            if isinstance(ids, str):
+                raise ValueError(f"ids must be a list of workflow ids, not the string {ids!r}")
+            chosen = tuple(ids)
+            for wid in chosen:
+                _workflow_id(wid)
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be a whole number of rows, 0 or more, not {offset!r}")
+        cursor: tuple[float, str] | None = None
+        if isinstance(after, str):
+            last = yield from self.get_workflow(after)
+            cursor = (last.created_at, last.workflow_id)
+        elif after is not None:
+            cursor = (validate.number(after[0], "after[0]", low=float("-inf")), str(after[1]))
+        return base.WorkflowQuery(
+            status=status,
+            name=name,
+            queue=queue,
+            created_after=_epoch(created_after, "created_after"),
+            created_before=_epoch(created_before, "created_before"),
+            after=cursor,
+            limit=limit,
+            ids=chosen,
+            id_prefix=id_prefix,
+            parent_id=parent_id,
+            offset=offset,
+            order=order,
         )
-        return rows
 
     def search_workflows(self, query: base.WorkflowQuery) -> Plan[list[journal.WorkflowInfo]]:
         if query.status is not None:
@@ -131,6 +189,28 @@ class Operations:
             raise ValueError(f"limit must be at least 1, not {query.limit}")
         rows: list[journal.WorkflowInfo] = yield Call(self.store.search_workflows, (query,))
         return rows
+
+    def select_ids(self, filters: dict[str, Any]) -> Plan[list[str]]:
+        """Every id the filters select (paged through, oldest first), for a bulk call.
+
+        At least one filter: a bulk call on every workflow is refused, never guessed.
+        """
+        given = {k: v for k, v in filters.items() if v is not None}
+        if not given:
+            raise ValueError(
+                "a bulk call needs at least one filter (status, name, queue, parent_id, "
+                "id_prefix, ids, created_after, created_before)"
+            )
+        query = yield from self.workflow_query(**given, order="asc", limit=BULK_PAGE)
+        found: list[str] = []
+        while True:
+            page = yield from self.search_workflows(query)
+            found.extend(w.workflow_id for w in page)
+            if len(page) < BULK_PAGE:
+                return found
+            query = dataclasses.replace(
+                query, after=(page[-1].created_at, page[-1].workflow_id), offset=0
+            )
 
     def count_by_status(self) -> Plan[dict[str, int]]:
         counts: dict[str, int] = yield Call(self.store.count_by_status, ())
@@ -229,6 +309,42 @@ class Operations:
         asked: list[str] = yield Call(self.store.request_cancel, (workflow_id, self.clock()), True)
         return asked
 
+    def cancel_many(self, filters: dict[str, Any]) -> Plan[list[str]]:
+        """Ask every workflow the filters select (and their children) to stop, in one
+        transaction; the ids asked (those already finished are left as they are)."""
+        chosen = yield from self.select_ids(filters)
+        asked: list[list[str]] = yield Call(
+            _each, (self.store.request_cancel, chosen, self.clock()), True
+        )
+        return list(dict.fromkeys(wid for ids in asked for wid in ids))
+
+    def resume_many(self, filters: dict[str, Any]) -> Plan[list[str]]:
+        """Resume every workflow the filters select, all or none (one transaction); the ids.
+
+        Each must be resumable (pending on a queue, failed, cancelled or diverged):
+        filter by status to select only those.
+        """
+        chosen = yield from self.select_ids(filters)
+        yield Call(_each, (self.store.reopen, chosen, self.clock()), True)
+        return chosen
+
+    def delete(self, workflow_ids: Iterable[str], force: bool) -> Plan[list[str]]:
+        """Remove the workflows with their children and every row naming them (all or
+        none); without ``force`` only finished ones."""
+        chosen = list(workflow_ids)
+        for wid in chosen:
+            _workflow_id(wid)
+        deleted: list[str] = yield Call(self.store.delete_workflows, (chosen, bool(force)), True)
+        return deleted
+
+    def delete_many(self, filters: dict[str, Any], force: bool) -> Plan[list[str]]:
+        """Delete every workflow the filters select, as :meth:`delete` (all or none)."""
+        chosen = yield from self.select_ids(filters)
+        if not chosen:
+            return []
+        deleted: list[str] = yield from self.delete(chosen, force)
+        return deleted
+
     def resume(self, workflow_id: str) -> Plan[journal.WorkflowInfo]:
         _workflow_id(workflow_id)
         info: journal.WorkflowInfo = yield Call(
@@ -253,6 +369,24 @@ class Operations:
         args = (workflow_id, seq, decision, outcome, by, self.clock())
         review: journal.Review = yield Call(self.store.resolve, args, True)
         return review
+
+
+#: How many rows a bulk call's selection reads at a time.
+BULK_PAGE = 500
+
+
+def _each(verb: Callable[..., T], workflow_ids: list[str], now: float) -> list[T]:
+    """Run a store verb on each workflow inside one verb (one savepoint: all or none)."""
+    return [verb(wid, now) for wid in workflow_ids]
+
+
+def _epoch(when: float | datetime.datetime | None, what: str) -> float | None:
+    """Epoch seconds from a number or a datetime (a naive one is local time)."""
+    if when is None:
+        return None
+    if isinstance(when, datetime.datetime):
+        return when.timestamp()
+    return validate.number(when, what, low=float("-inf"))
 
 
 # --- running a plan -----------------------------------------------------------------------

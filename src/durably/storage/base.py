@@ -34,9 +34,14 @@ class Op:
 class WorkflowQuery:
     """Which workflows :meth:`Store.search_workflows` returns: every filter given must hold.
 
-    ``created_after`` is inclusive, ``created_before`` exclusive (epoch seconds).
-    ``after`` is the ``(created_at, workflow_id)`` of the last row of the previous
-    page: the order is newest first, then by id, so a page never repeats a row.
+    ``ids`` keeps only those ids (an empty tuple: none), ``id_prefix`` the ids
+    that start with it (a plain prefix, no wildcards), ``parent_id`` the
+    children of that workflow. ``created_after`` is inclusive,
+    ``created_before`` exclusive (epoch seconds). ``order`` is ``desc``
+    (newest first, the default) or ``asc`` (oldest first), then by id either
+    way. ``after`` is the ``(created_at, workflow_id)`` of the last row of the
+    previous page (a cursor: a page never repeats a row); ``offset`` skips
+    that many rows first.
     """
 
     status: str | None = None
@@ -46,6 +51,11 @@ class WorkflowQuery:
     created_before: float | None = None
     after: tuple[float, str] | None = None
     limit: int = 100
+    ids: tuple[str, ...] | None = None
+    id_prefix: str | None = None
+    parent_id: str | None = None
+    offset: int = 0
+    order: str = "desc"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -180,7 +190,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def search_workflows(self, query: WorkflowQuery) -> list[journal.WorkflowInfo]:
-        """One page of workflows, newest first, matching ``query`` (one read)."""
+        """One page of workflows matching ``query``, in its order (one read)."""
 
     @abc.abstractmethod
     def count_by_status(self) -> dict[str, int]:
@@ -475,6 +485,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def import_workflows(self, workflows: Sequence[Any]) -> list[str]:
         """Insert exported workflows, all or none, without owners; an existing id refuses."""
+
+    @abc.abstractmethod
+    def delete_workflows(self, workflow_ids: Sequence[str], force: bool) -> list[str]:
+        """Remove the workflows, their children (recursively) and every row naming them,
+        all or none (one verb); the ids removed.
+
+        Without ``force`` an unfinished one (or a child whose unfinished parent
+        would wait for it) refuses the whole call with WorkflowNotFinished; an
+        unknown id raises WorkflowNotFound. With ``force`` an owner still running
+        one is fenced out at its next write.
+        """
 
     @abc.abstractmethod
     def prune(self, before: float, status: str | None, limit: int) -> list[str]:

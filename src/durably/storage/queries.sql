@@ -35,8 +35,9 @@ ORDER BY created_at DESC, workflow_id
 LIMIT :limit
 
 -- name: search_workflows
--- One page of workflows, newest first, filtered by status, name, queue and creation time;
--- a page after another starts past the (created_at, workflow_id) of the other's last row.
+-- One page of workflows, newest first, filtered by status, name, queue, parent, id (or
+-- its prefix) and creation time; a page after another starts past the
+-- (created_at, workflow_id) of the other's last row.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, queue, priority, forked_from, forked_from_seq
@@ -44,13 +45,38 @@ FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
   AND (CAST(:queue AS TEXT) IS NULL OR queue = :queue)
+  AND (CAST(:parent_id AS TEXT) IS NULL OR parent_id = :parent_id)
+  AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = :workflow_id)
+  AND (CAST(:id_prefix AS TEXT) IS NULL
+       OR SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix)
   AND (CAST(:created_after AS DOUBLE PRECISION) IS NULL OR created_at >= :created_after)
   AND (CAST(:created_before AS DOUBLE PRECISION) IS NULL OR created_at < :created_before)
   AND (CAST(:after_created AS DOUBLE PRECISION) IS NULL
        OR created_at < :after_created
        OR (created_at = :after_created AND workflow_id > :after_id))
 ORDER BY created_at DESC, workflow_id
-LIMIT :limit
+LIMIT :limit OFFSET :offset
+
+-- name: search_workflows_oldest_first
+-- As search_workflows, oldest first: the cursor moves the other way.
+SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
+       cancel_requested, queue, priority, forked_from, forked_from_seq
+FROM workflows
+WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+  AND (CAST(:name AS TEXT) IS NULL OR name = :name)
+  AND (CAST(:queue AS TEXT) IS NULL OR queue = :queue)
+  AND (CAST(:parent_id AS TEXT) IS NULL OR parent_id = :parent_id)
+  AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = :workflow_id)
+  AND (CAST(:id_prefix AS TEXT) IS NULL
+       OR SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix)
+  AND (CAST(:created_after AS DOUBLE PRECISION) IS NULL OR created_at >= :created_after)
+  AND (CAST(:created_before AS DOUBLE PRECISION) IS NULL OR created_at < :created_before)
+  AND (CAST(:after_created AS DOUBLE PRECISION) IS NULL
+       OR created_at > :after_created
+       OR (created_at = :after_created AND workflow_id > :after_id))
+ORDER BY created_at, workflow_id
+LIMIT :limit OFFSET :offset
 
 -- name: count_by_status
 -- How many workflows are in each status (statuses with none are absent).
@@ -496,6 +522,12 @@ DELETE FROM events WHERE workflow_id = :workflow_id
 
 -- name: prune_reviews
 DELETE FROM reviews WHERE workflow_id = :workflow_id
+
+-- name: delete_workflow
+-- delete_workflows: without :force only a finished workflow (checked again as it goes).
+DELETE FROM workflows
+WHERE workflow_id = :workflow_id
+  AND (:force = 1 OR status IN ('completed', 'failed', 'cancelled', 'diverged'))
 
 -- name: prune_workflows
 -- The status is checked again: only a finished workflow is ever removed.

@@ -95,18 +95,33 @@ class SqlStore(bulk.BulkVerbs):
 
     def search_workflows(self, query: base.WorkflowQuery) -> list[journal.WorkflowInfo]:
         after_created, after_id = query.after if query.after is not None else (None, None)
-        rows = self._q(
-            "search_workflows",
-            status=query.status,
-            name=query.name,
-            queue=query.queue,
-            created_after=query.created_after,
-            created_before=query.created_before,
-            after_created=after_created,
-            after_id=after_id,
-            limit=query.limit,
-        ).fetchall()
-        return [_workflow(r) for r in rows]
+        params = {
+            "status": query.status,
+            "name": query.name,
+            "queue": query.queue,
+            "parent_id": query.parent_id,
+            "id_prefix": query.id_prefix,
+            "created_after": query.created_after,
+            "created_before": query.created_before,
+            "after_created": after_created,
+            "after_id": after_id,
+            "workflow_id": None,
+            "limit": query.limit,
+            "offset": query.offset,
+        }
+        sql_name = "search_workflows_oldest_first" if query.order == "asc" else "search_workflows"
+        if query.ids is None:
+            return [_workflow(r) for r in self._q(sql_name, **params).fetchall()]
+        # Given ids: one primary-key read each (a list parameter is not portable SQL), then
+        # ordered and paged here; there are at most as many rows as ids.
+        rows = [
+            _workflow(r)
+            for wid in dict.fromkeys(query.ids)
+            for r in self._q(sql_name, **{**params, "workflow_id": wid, "offset": 0}).fetchall()
+        ]
+        rows.sort(key=lambda w: w.workflow_id)
+        rows.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
+        return rows[query.offset : query.offset + query.limit]
 
     def count_by_status(self) -> dict[str, int]:
         return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
