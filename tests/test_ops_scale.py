@@ -4,6 +4,7 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -123,3 +124,52 @@ async def test_send_signals_commits_all_or_none(store_url: str) -> None:
         assert [s["payload"] for s in client.signals("lc")] == ['"c"']
         with pytest.raises(ValueError, match=r"signals\[0\]"):
             client.send_signals([("lc",)])  # type: ignore[list-item]
+
+
+# --- max_recoveries per workflow ----------------------------------------------------------
+
+
+class Vanish(BaseException):
+    """Not an Exception: ends the workflow's task with no recorded outcome (a crash)."""
+
+
+@durably.workflow(name="ops.fragile", max_recoveries=1)
+async def fragile() -> None:
+    SEEN.append("fragile")
+    raise Vanish("gone")
+
+
+@durably.workflow(name="ops.sturdy")
+async def sturdy() -> None:
+    SEEN.append("sturdy")
+    raise Vanish("gone")
+
+
+async def test_max_recoveries_per_workflow_from_decorator_and_start(store_url: str) -> None:
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda loop, ctx: None)  # the vanished tasks' reports
+    async with engine(store_url, lease_seconds=1.0, max_recoveries=5) as e:
+        by_decorator = await e.start(fragile, workflow_id="fr")
+        with pytest.raises(durably.WorkflowFailed, match="crashed its executor 2 times"):
+            await by_decorator.result(timeout=60)
+        by_start = await e.start(sturdy, workflow_id="st", max_recoveries=0)
+        with pytest.raises(durably.WorkflowFailed, match="crashed its executor 1 times"):
+            await by_start.result(timeout=60)
+        over_decorator = await e.start(fragile, workflow_id="fr0", max_recoveries=0)
+        with pytest.raises(durably.WorkflowFailed, match="crashed its executor 1 times"):
+            await over_decorator.result(timeout=60)
+        assert (await e.get_workflow("st")).max_recoveries == 0
+        assert (await e.get_workflow("fr")).max_recoveries == 1
+    assert SEEN == ["fragile", "fragile", "sturdy", "fragile"]
+    with durably.Client(store_url) as client:
+        wid = client.start("ops.sturdy", workflow_id="by-name", max_recoveries=2)
+        assert client.get_workflow(wid).max_recoveries == 2
+        with pytest.raises(ValueError, match="max_recoveries"):
+            client.start("ops.sturdy", max_recoveries=-1)
+
+
+def test_max_recoveries_in_the_decorator_is_checked() -> None:
+    with pytest.raises(durably.DefinitionError, match="max_recoveries"):
+
+        @durably.workflow(name="ops.bad", max_recoveries=-2)
+        async def bad() -> None: ...

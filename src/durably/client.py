@@ -129,14 +129,22 @@ class Client:
 
     # --- starting -------------------------------------------------------------------
 
-    def start(self, wf: Any, *args: Any, workflow_id: str | None = None, **kwargs: Any) -> str:
+    def start(
+        self,
+        wf: Any,
+        *args: Any,
+        workflow_id: str | None = None,
+        max_recoveries: int | None = None,
+        **kwargs: Any,
+    ) -> str:
         """Commit a pending workflow for a worker to run; return its id.
 
         ``wf`` is a decorated workflow or a workflow name, which need not be
         registered in this process (a service that does not import the
         workflow code). Idempotent on ``workflow_id`` like ``Engine.start``.
+        ``max_recoveries`` overrides the workflow's and the engine's limit.
         """
-        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id)
+        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries)
         self._run(self._ops.start(new))
         return new.workflow_id
 

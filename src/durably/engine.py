@@ -352,7 +352,12 @@ class Engine:
     # --- starting and reading workflows -------------------------------------------
 
     async def start(
-        self, wf: Any, *args: Any, workflow_id: str | None = None, **kwargs: Any
+        self,
+        wf: Any,
+        *args: Any,
+        workflow_id: str | None = None,
+        max_recoveries: int | None = None,
+        **kwargs: Any,
     ) -> WorkflowHandle:
         """Start a workflow; return once its id and input are committed.
 
@@ -361,13 +366,14 @@ class Engine:
         once; ``Client.start`` commits names for workers that have the code).
         It starts running here at once. Starting an id that exists returns the
         existing workflow and runs nothing; a different workflow under that id
-        raises WorkflowIdConflict.
+        raises WorkflowIdConflict. ``max_recoveries``, recorded with the workflow,
+        overrides the decorator's and this engine's limit on crashes in a row.
         """
         services = self._require_open()
         if isinstance(wf, str):
             validate.name(wf, "workflow name")
             workflows.definition_of(wf)  # WorkflowNotRegistered, naming what is known
-        new, definition = operations.new_workflow(wf, args, kwargs, workflow_id)
+        new, definition = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries)
         owner = None if definition is None else self.executor_id
         info, created = await self._run(self._ops.start(new, owner, self.lease_seconds))
         if created and definition is not None:
@@ -879,7 +885,12 @@ class Engine:
         self._runs[wid] = live
         self._leases.track(live)
         try:
-            await driver.drive(live, info, definition, history, self.max_recoveries)
+            limit = next(
+                n
+                for n in (info.max_recoveries, definition.max_recoveries, self.max_recoveries)
+                if n is not None
+            )
+            await driver.drive(live, info, definition, history, limit)
         finally:
             if self._runs.get(wid) is live:
                 del self._runs[wid]

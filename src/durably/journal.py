@@ -116,6 +116,7 @@ class WorkflowInfo:
     priority: int = 0  # within its queue, higher is claimed first
     forked_from: str | None = None  # the workflow this one is a fork of, if it is one
     forked_from_seq: int | None = None  # the last seq of the prefix the fork copied
+    max_recoveries: int | None = None  # crashes in a row it may survive; None: the engine's
 
     @property
     def finished(self) -> bool:

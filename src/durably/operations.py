@@ -70,13 +70,20 @@ def check_name(found: journal.WorkflowInfo, name: str) -> None:
 
 
 def new_workflow(
-    wf: Any, args: tuple[Any, ...], kwargs: dict[str, Any], workflow_id: str | None
+    wf: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    workflow_id: str | None,
+    max_recoveries: int | None = None,
 ) -> tuple[base.NewWorkflow, workflows.WorkflowDefinition | None]:
     """What ``start`` commits, and the definition behind it if this process has one.
 
     ``wf`` is a decorated workflow or a workflow name; a name registered in no
     module of this process is committed as it is, for a worker that has it.
+    ``max_recoveries`` (else the decorator's) is recorded with the workflow.
     """
+    if max_recoveries is not None:
+        validate.count(max_recoveries, "max_recoveries", low=0)
     definition: workflows.WorkflowDefinition | None = None
     if isinstance(wf, str) and workflows.registered(wf) is None:
         if not wf.strip():
@@ -89,7 +96,10 @@ def new_workflow(
         workflows.check_arguments(definition, args, kwargs)
     wid = workflows.new_workflow_id(workflow_id)
     payload = codec.encode({"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input")
-    return base.NewWorkflow(wid, name, payload, version, source_hash), definition
+    if max_recoveries is None and definition is not None:
+        max_recoveries = definition.max_recoveries
+    new = base.NewWorkflow(wid, name, payload, version, source_hash, max_recoveries=max_recoveries)
+    return new, definition
 
 
 def _workflow_id(workflow_id: object) -> None:

@@ -71,6 +71,7 @@ class NewWorkflow:
     queue: str | None = None
     priority: int = 0
     deduplication_id: str | None = None
+    max_recoveries: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

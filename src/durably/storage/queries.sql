@@ -7,10 +7,10 @@
 -- Without a conflict target: a taken id and a taken (queue, deduplication_id) both do nothing.
 INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, owner, epoch,
                        lease_expires_at, crash_count, parent_id, created_at, updated_at,
-                       queue, priority, deduplication_id, started_at)
+                       queue, priority, deduplication_id, started_at, max_recoveries)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :owner, :epoch,
         :lease_expires_at, 0, :parent_id, :now, :now,
-        :queue, :priority, :deduplication_id, :started_at)
+        :queue, :priority, :deduplication_id, :started_at, :max_recoveries)
 ON CONFLICT DO NOTHING
 
 -- name: deduplicated
@@ -21,13 +21,13 @@ WHERE queue = :queue AND deduplication_id = :deduplication_id
 -- name: get_workflow
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: list_workflows
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -40,7 +40,7 @@ LIMIT :limit
 -- (created_at, workflow_id) of the other's last row.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -61,7 +61,7 @@ LIMIT :limit OFFSET :offset
 -- As search_workflows, oldest first: the cursor moves the other way.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -434,7 +434,7 @@ SELECT workflow_id FROM workflows WHERE parent_id = :workflow_id ORDER BY create
 SELECT workflow_id, name, version, source_hash, status, input, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, signal_count, queue, priority, deduplication_id, started_at,
-       forked_from, forked_from_seq
+       forked_from, forked_from_seq, max_recoveries
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: export_journal
@@ -464,11 +464,12 @@ FROM reviews WHERE workflow_id = :workflow_id ORDER BY seq, attempt
 INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, output, error,
                        owner, epoch, lease_expires_at, crash_count, wake_at, parent_id,
                        created_at, updated_at, cancel_requested, signal_count, queue, priority,
-                       deduplication_id, started_at, forked_from, forked_from_seq)
+                       deduplication_id, started_at, forked_from, forked_from_seq,
+                       max_recoveries)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :error,
         NULL, :epoch, NULL, :crash_count, :wake_at, :parent_id,
         :created_at, :updated_at, :cancel_requested, :signal_count, :queue, :priority,
-        :deduplication_id, :started_at, :forked_from, :forked_from_seq)
+        :deduplication_id, :started_at, :forked_from, :forked_from_seq, :max_recoveries)
 
 -- name: import_journal
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,

@@ -50,6 +50,7 @@ class SqlStore(bulk.BulkVerbs):
             priority=new.priority,
             deduplication_id=new.deduplication_id,
             started_at=now if owner else None,
+            max_recoveries=new.max_recoveries,
         )
         created = cursor.rowcount == 1
         if created and owner:
@@ -618,7 +619,14 @@ class SqlStore(bulk.BulkVerbs):
         info = self.get_workflow(workflow_id)
         if info is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
-        new = base.NewWorkflow(new_id, info.name, info.input, info.version, info.source_hash)
+        new = base.NewWorkflow(
+            new_id,
+            info.name,
+            info.input,
+            info.version,
+            info.source_hash,
+            max_recoveries=info.max_recoveries,
+        )
         forked, created = self.create_workflow(new, None, None, now)
         if not created:
             raise errors.WorkflowIdConflict(f"workflow id {new_id!r} is already taken")
