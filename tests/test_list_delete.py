@@ -266,3 +266,65 @@ def test_cli_cancel_resume_and_delete_by_filter(store_url: str) -> None:
     out = run_cli(store_url, "resume", "--status", "pending", "--no-wait", "--queue", "q1")
     assert out.exit_code == 0, out.output
     assert out.output.split() == ["a-2"]
+
+
+GATE: dict[str, Any] = {}
+
+
+@durably.step
+async def gated(text: str) -> str:
+    RAN.append(text)
+    await GATE["open"].wait()
+    return text
+
+
+@durably.workflow(name="ld.busy")
+async def busy() -> str:
+    first = await gated("first")
+    return await note(first + " then")
+
+
+async def test_force_delete_of_a_running_workflow_fences_its_run_out(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    GATE["open"] = asyncio.Event()
+    async with engine(store_url) as e:
+        try:
+            await e.start(busy, workflow_id="busy")
+            deadline = time.monotonic() + 10
+            while RAN != ["first"]:
+                assert time.monotonic() < deadline, "the step never started"
+                await asyncio.sleep(0.02)
+            with durably.Client(store_url) as client:
+                with pytest.raises(durably.WorkflowNotFinished, match="running"):
+                    client.delete("busy")
+                assert client.delete("busy", force=True) == ["busy"]
+        finally:
+            GATE["open"].set()
+        deadline = time.monotonic() + 10
+        while "busy" in e._tasks:  # the run ends: its next write finds no workflow
+            assert time.monotonic() < deadline, "the run of a deleted workflow went on"
+            await asyncio.sleep(0.02)
+        assert await e.list_workflows() == []
+    assert RAN == ["first"]  # nothing ran after the delete
+
+
+@durably.workflow(name="ld.starter")
+async def starter() -> Any:
+    kid = await durably.start_child(item, "kid", workflow_id="s-kid")
+    got = await durably.wait_for_signal("go")
+    return [got, await kid.result()]
+
+
+async def test_a_child_of_an_unfinished_parent_is_not_deleted_alone(store_url: str) -> None:
+    async with engine(store_url) as e:
+        await e.start(starter, workflow_id="s")
+        await parked(e, "s")  # after it started its child
+        assert await e.handle("s-kid").result(timeout=10) == "kid"
+        with pytest.raises(durably.WorkflowNotFinished, match="child of 's'"):
+            await e.delete("s-kid")
+        assert await e.history("s-kid")  # still there, journal and all
+        await e.send_signal("s", "go", 1)
+        assert await e.handle("s").result(timeout=10) == [1, "kid"]
+        assert await e.delete("s-kid") == ["s-kid"]  # its parent has finished
+        assert ids(await e.list_workflows()) == ["s"]
