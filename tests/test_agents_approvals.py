@@ -290,3 +290,30 @@ async def test_cancelling_an_agent_that_waits_for_approval(sqlite_url: str, effe
         assert await handle.status() == "cancelled"
         assert len(s.server.requests) == 1
     assert [e["kind"] for e in tools.effects(effects)] == ["lookup"]
+
+
+def test_the_command_line_says_what_was_decided_and_with_which_arguments(
+    tmp_path: Path,
+) -> None:
+    """``durably reject`` says "rejected"; ``approve --args`` echoes the arguments that run."""
+    db, effects = tmp_path / "agent.db", tmp_path / "effects.jsonl"
+    script = by_turn([REFUND, text("Done.")])
+    with FakeModelServer(script) as server:
+        env = harness.child_env(server.url, effects)
+        assert harness.runner(db, "cli-r", "refund A1", env, "--until", "waiting")
+        rejected = _decide_cli(db, "reject", "cli-r", "--by", "bob", "--reason", "no")
+        assert rejected.returncode == 0, rejected.stderr
+        assert rejected.stdout.startswith("rejected refund("), rejected.stdout
+        assert "rejectd" not in rejected.stdout
+
+        assert harness.runner(db, "cli-a", "refund A1", env, "--until", "waiting")
+        changed = '{"order_id": "A1", "cents": 1000}'
+        approved = _decide_cli(db, "approve", "cli-a", "--by", "alice", "--args", changed)
+        assert approved.returncode == 0, approved.stderr
+        said = approved.stdout
+        assert said.startswith("approved refund(order_id='A1', cents=1000)"), said
+        assert "50000" not in said.split(" in cli-a")[0]
+        assert "requested refund(order_id='A1', cents=50000)" in said, said
+        done = harness.runner(db, "cli-a", "refund A1", env)
+    assert done["status"] == "completed", done
+    assert [(e["order_id"], e["cents"]) for e in tools.effects(effects)] == [("A1", 1000)]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from durably import Client
+from click.testing import CliRunner
+
+from durably import Client, cli
 from durably.testing.models import FakeModelServer, by_turn, call, read_log, text, tool_calls
 from tests.agentkit import harness, tools
 
@@ -51,7 +53,8 @@ def test_kill_after_the_third_tool_call_asks_no_completed_turn_again(tmp_path: P
     )
     assert result["billed"]["calls"] == 2
     assert result["billed"]["prompt_tokens"] == sum(u["prompt_tokens"] for u in served[3:])
-    assert result["summary"].startswith("recovery replayed 3 model calls")
+    assert result["summary"].startswith("replayed 3 model calls")
+    assert "interrupted" not in result["summary"]
     # the message list of the last request was rebuilt from the journal, not re-asked
     last = requests[-1]["body"]["messages"]
     assert [m["role"] for m in last] == ["system", "user"] + ["assistant", "tool"] * 4
@@ -98,3 +101,34 @@ def test_parallel_tool_calls_replay_in_the_recorded_order(tmp_path: Path) -> Non
     assert steps[0].seq < steps[1].seq < steps[2].seq
     finished = {e.name: e.finished_at or 0.0 for e in steps}
     assert finished["tool:work:w_a"] < finished["tool:work:w_c"]  # a finished first this time
+
+
+def test_a_turn_answered_but_not_journaled_is_counted_as_asked_twice(tmp_path: Path) -> None:
+    """SIGKILL after the server answered turn 2, before its receipt: it is asked again.
+
+    The fake server's log is the truth: 6 requests for 5 turns. ``durably show``
+    and ``usage.summary()`` must count the lost answer and say "billed at least",
+    never "each billed once".
+    """
+    db, effects, log = tmp_path / "agent.db", tmp_path / "effects.jsonl", tmp_path / "model.jsonl"
+    with FakeModelServer(by_turn(_lookups(4)), log_path=log) as server:
+        crash = {"DURABLY_CRASH_AT": "after_call:llm:chat.completions@2"}
+        env = harness.child_env(server.url, effects, crash)
+        assert harness.runner(db, "lost-1", "Where are my orders?", env) is None
+        assert [r["turn"] for r in read_log(log)] == [0, 1]
+        env = harness.child_env(server.url, effects)
+        done = harness.runner(db, "lost-1", "Where are my orders?", env)
+
+    assert done["status"] == "completed", done
+    requests = read_log(log)
+    assert [r["turn"] for r in requests] == [0, 1, 1, 2, 3, 4]
+    summary = done["result"]["summary"]
+    assert "1 earlier model request retried" in summary, summary
+    assert "billed at least" in summary, summary
+    shown = CliRunner().invoke(cli.main, ["-d", f"sqlite:///{db}", "show", "lost-1"])
+    assert shown.exit_code == 0, shown.output
+    text_shown = " ".join(shown.output.split())
+    assert "each billed once" not in text_shown
+    assert "5 model calls" in text_shown
+    assert f"{len(requests)} requests sent" in text_shown, text_shown
+    assert "billed at least" in text_shown, text_shown

@@ -147,8 +147,8 @@ async def test_usage_is_split_into_billed_and_replayed_and_priced(
     assert replayed["cost"] == pytest.approx(2 * per_call)
     assert (billed["calls"], billed["prompt_tokens"], billed["completion_tokens"]) == (1, 10, 5)
     assert result["summary"] == (
-        "recovery replayed 2 model calls (2,200,000 tokens, $3.60) instead of paying for them "
-        "again; billed 1 model call (15 tokens, $0.0001)"
+        "replayed 2 model calls (2,200,000 tokens, $3.60) from the journal instead of paying "
+        "for them again; billed 1 model call (15 tokens, $0.0001)"
     )
 
 

@@ -143,7 +143,7 @@ def test_agent_demo_parks_is_approved_killed_and_recovered_without_paying_twice(
     # the recovery replayed three model calls and paid for two
     result = json.loads(info.output or "{}")
     assert (result["replayed"]["calls"], result["billed"]["calls"]) == (3, 2)
-    assert result["usage"].startswith("recovery replayed 3 model calls")
+    assert result["usage"].startswith("replayed 3 model calls")
     served = [r["usage"] for r in requests]
     assert result["replayed"]["prompt_tokens"] == sum(u["prompt_tokens"] for u in served[:3])
     assert result["usage"] in " ".join(proc.stdout.split())  # wrapped at 80 columns

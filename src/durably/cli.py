@@ -728,6 +728,7 @@ main.add_command(agents_cli.reject_cmd)
 for _command in admin.COMMANDS:  # export, import, prune, backup (docs/operations.md)
     main.add_command(_command)
 main.add_command(selection.delete_cmd)
+main.add_command(agents_cli.budget_cmd)
 
 
 @main.command()

@@ -39,7 +39,7 @@ from pathlib import Path, PosixPath, PurePath, PurePosixPath, PureWindowsPath, W
 from types import ModuleType
 from typing import Any, TypeVar
 
-from durably import errors
+from durably import errors, errorstate
 
 __all__ = ["decode", "decode_error", "encode", "encode_error"]
 
@@ -451,7 +451,11 @@ def encode_error(exc: BaseException) -> dict[str, object]:
         args = _to_json(list(_constructor_args(exc)))
     except Exception:
         args = None
-    return {"type": name, "message": message, "args": args, "traceback": tb}
+    record: dict[str, object] = {"type": name, "message": message, "args": args, "traceback": tb}
+    state = errorstate.capture(exc, _to_json)
+    if state is not None:
+        record["state"] = state
+    return record
 
 
 def _storable(text: str) -> str:
@@ -476,8 +480,10 @@ def _constructor_args(exc: BaseException) -> tuple[object, ...]:
 def decode_error(data: dict[str, object]) -> BaseException:
     """The exception ``encode_error`` recorded, rebuilt when its class is already loaded.
 
-    Falls back to StepError (type name, message, traceback) when the class is not in
-    ``sys.modules``, is not an exception, or cannot be built from the recorded args.
+    Its recorded attributes are set back (see :mod:`durably.errorstate`), so a
+    provider's error keeps its status, code and body. Falls back to StepError
+    (type name, message, traceback) when the class is not in ``sys.modules``, is
+    not an exception, or cannot be built.
     """
     type_name = data.get("type")
     type_name = type_name if isinstance(type_name, str) else "<unknown>"
@@ -495,16 +501,18 @@ def decode_error(data: dict[str, object]) -> BaseException:
         except Exception:
             pass
         attempts.append((message,))
-        for args in attempts:
-            try:
-                exc = cls(*args)
-            except Exception:
-                continue
-            if isinstance(exc, cls):
-                if tb:
-                    exc.add_note(f"[durably] recorded traceback:\n{tb.rstrip()}")
-                return exc
+        attrs = errorstate.restore(data.get("state"), _from_json_tree)
+        exc = errorstate.rebuild(cls, attempts, attrs)
+        if exc is not None:
+            if tb:
+                exc.add_note(f"[durably] recorded traceback:\n{tb.rstrip()}")
+            return exc
     return errors.StepError(type_name, message, tb)
+
+
+def _from_json_tree(tree: object) -> object:
+    """The values a JSON tree written by ``_to_json`` stands for (tags undone)."""
+    return _TAGGED_DECODER.decode(_ENCODER.encode(tree))
 
 
 def _exception_class(type_name: str) -> type[Exception] | None:

@@ -263,3 +263,11 @@ class MaxTurnsExceeded(DurablyError):
 
 class ModelResponseError(DurablyError):
     """The model's response cannot be used (no choices, or no message)."""
+
+
+class OutputValidationError(DurablyError):
+    """The model's final answers did not fit the agent's ``output_type`` within its retries."""
+
+
+class BudgetExceeded(DurablyError):
+    """A run's model budget (``max_cost=`` / ``max_tokens=``) was reached and not raised."""

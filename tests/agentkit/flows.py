@@ -13,6 +13,7 @@ import dataclasses
 import os
 from typing import Any
 
+import anthropic
 import openai
 
 import durably
@@ -31,7 +32,69 @@ agent = agents.Agent(
     instructions="You are a support agent.",
     tools=[lookup_order, refund, work],
     max_turns=50,
+    max_tokens=int(os.environ[harness.MAX_TOKENS_ENV])
+    if harness.MAX_TOKENS_ENV in os.environ
+    else None,
 )
+
+
+anthropic_client = anthropic.AsyncAnthropic(
+    base_url=os.environ.get(harness.MODEL_URL_ENV, "http://127.0.0.1:9/v1").removesuffix("/v1"),
+    api_key="test",
+    max_retries=0,
+)
+anthropic_agent = agents.Agent(
+    client=anthropic_client,
+    model="claude-sonnet-4-6",
+    instructions="You are a support agent.",
+    tools=[lookup_order, refund, work],
+    max_turns=50,
+    name="claude-agent",
+)
+
+
+@durably.workflow(name="agentkit-support-anthropic")
+async def support_anthropic(question: str) -> dict[str, Any]:
+    """The same support agent over Anthropic's Messages API."""
+    result = await anthropic_agent.run(question)
+    return {
+        "output": result.output,
+        "turns": result.turns,
+        "billed": dataclasses.asdict(result.usage.billed),
+        "replayed": dataclasses.asdict(result.usage.replayed),
+        "summary": result.usage.summary(),
+        "tool_messages": [m for m in result.messages if m["role"] == "tool"],
+    }
+
+
+researcher = agents.Agent(
+    client=client,
+    model="gpt-4.1-mini",
+    instructions="You research orders.",
+    tools=[lookup_order],
+    name="researcher",
+)
+team_lead = agents.Agent(
+    client=client,
+    model="gpt-4.1-mini",
+    instructions="You lead the support team.",
+    tools=[agents.as_tool(researcher, description="Ask the researcher about orders.")],
+    name="team-lead",
+)
+
+
+@durably.workflow(name="agentkit-support-team")
+async def support_team(question: str) -> dict[str, Any]:
+    """A lead agent that asks a researcher sub-agent (a durable child workflow)."""
+    result = await team_lead.run(question)
+    return {
+        "output": result.output,
+        "turns": result.turns,
+        "billed": dataclasses.asdict(result.usage.billed),
+        "replayed": dataclasses.asdict(result.usage.replayed),
+        "summary": result.usage.summary(),
+        "tool_messages": [m for m in result.messages if m["role"] == "tool"],
+    }
 
 
 @durably.workflow(name="agentkit-support")

@@ -24,7 +24,11 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
     engine = durably.Engine(f"sqlite:///{ns.db}", hold_seconds=0.05, poll_interval=0.1)
     try:
         async with engine:
-            handle = await engine.start(flows.support, ns.input, workflow_id=ns.id)
+            flow = {
+                "anthropic": flows.support_anthropic,
+                "team": flows.support_team,
+            }.get(ns.flow, flows.support)
+            handle = await engine.start(flow, ns.input, workflow_id=ns.id)
             if ns.until:
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + ns.timeout
@@ -40,6 +44,7 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
             return {"status": "completed", "result": result}
     finally:
         await flows.client.close()
+        await flows.anthropic_client.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id", required=True)
     parser.add_argument("--input", default="help")
     parser.add_argument("--until", default=None)
+    parser.add_argument("--flow", default="openai", choices=["openai", "anthropic", "team"])
     parser.add_argument("--timeout", type=float, default=30.0)
     ns = parser.parse_args(argv)
     out = asyncio.run(run(ns))

@@ -24,7 +24,17 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from durably import errors, steps, validate
-from durably.agents import approvals, completions, exceptions, schema, usage
+from durably.agents import (
+    approvals,
+    budget,
+    completions,
+    events,
+    exceptions,
+    messages_api,
+    output,
+    schema,
+    usage,
+)
 from durably.agents import tools as agent_tools
 
 JSON = dict[str, Any]
@@ -35,7 +45,7 @@ _SYSTEM = ("system", "developer")
 class AgentResult:
     """What ``agent.run`` returns: the final text, the conversation, usage and turn count."""
 
-    output: str
+    output: Any  # the text, or the validated value of the agent's output_type
     messages: list[JSON]
     usage: usage.Usage
     turns: int
@@ -60,13 +70,22 @@ class Agent:
     """A model with instructions and tools, run durably by ``await agent.run(input)``.
 
     ``client`` is an ``openai.AsyncOpenAI`` or ``openai.OpenAI`` (any
-    OpenAI-compatible ``base_url``) created with ``max_retries=0``.
+    OpenAI-compatible ``base_url``), or an ``anthropic.AsyncAnthropic`` /
+    ``Anthropic`` (the Messages API, natively), created with ``max_retries=0``.
     ``max_turns`` bounds the model calls of one run; ``price_table`` prices
     usage (default: the EXAMPLE ``DEFAULT_PRICES``); ``model_settings`` are
     passed to every ``create`` call (temperature, tool_choice, ...); ``retry``
     and ``timeout`` are the model step's (default :class:`ModelRetry`);
     ``stream=True`` streams each turn inside its step and journals the
-    assembled completion.
+    assembled completion. ``output_type`` (a pydantic model or any type
+    pydantic validates) makes the final answer a validated value: the model is
+    asked for JSON fitting its schema and, when an answer does not fit, told
+    why and asked again at most ``output_retries`` times (see
+    :mod:`durably.agents.output`). ``strict=True`` sends the tools' schemas
+    strict where every parameter is required. ``max_cost`` (dollars, by
+    ``price_table``) and ``max_tokens`` bound the model calls of the workflow
+    run, counted from the journal: when reached the run parks for a person
+    (see :mod:`durably.agents.budget`).
     """
 
     def __init__(
@@ -84,9 +103,20 @@ class Agent:
         stream: bool = False,
         idempotency_header: str | None = completions.IDEMPOTENCY_HEADER,
         name: str = "agent",
+        output_type: Any = None,
+        output_retries: int = 2,
+        strict: bool = False,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         validate.count(max_turns, "max_turns", error=errors.DefinitionError)
+        validate.count(output_retries, "output_retries", low=0, error=errors.DefinitionError)
         completions.warn_if_client_retries(client)
+        if stream and messages_api.is_anthropic(client):
+            raise errors.DefinitionError(
+                "Agent(stream=True) streams chat completions only; an Anthropic client's turns "
+                "are made whole (leave stream unset)"
+            )
         self.client = client
         self.model = model
         self.instructions = instructions
@@ -101,7 +131,10 @@ class Agent:
             if made.name in self.tools:
                 raise errors.DefinitionError(f"agent {name!r} has two tools named {made.name!r}")
             self.tools[made.name] = made
-        self._definitions = [t.definition() for t in self.tools.values()]
+        self._definitions = [t.definition(strict=strict) for t in self.tools.values()]
+        self.output = None if output_type is None else output.Output(output_type)
+        self.output_retries = output_retries
+        self.limits = budget.Limits(max_cost, max_tokens)
         self._step = completions.model_step(
             client,
             retry=completions.ModelRetry() if retry is None else retry,
@@ -125,33 +158,96 @@ class Agent:
         return messages
 
     async def run(
-        self, input: str | Sequence[Mapping[str, Any]], *, max_turns: int | None = None
+        self,
+        input: str | Sequence[Mapping[str, Any]],
+        *,
+        max_turns: int | None = None,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
+        on_event: events.EventCallback | None = None,
     ) -> AgentResult:
         """Run the conversation to the model's final answer (inside a workflow, durably).
 
         ``input`` is the user's message, or a list of chat messages to start
         from. Raises MaxTurnsExceeded after ``max_turns`` model calls.
+        ``max_cost`` / ``max_tokens`` replace the agent's budget for this run.
+        ``on_event`` gets text deltas and tool start/end events, live only (see
+        :mod:`durably.agents.events`).
         """
+        limits = self.limits
+        if max_cost is not None or max_tokens is not None:
+            limits = budget.Limits(
+                limits.max_cost if max_cost is None else max_cost,
+                limits.max_tokens if max_tokens is None else max_tokens,
+            )
         messages = self.initial_messages(input)
         meter = usage.Meter()
+        token = usage.agent_meter.set(meter)  # sub-agents' usage rolls up into it
+        try:
+            return await self._loop(messages, meter, limits, max_turns, on_event)
+        finally:
+            usage.agent_meter.reset(token)
+
+    async def _loop(
+        self,
+        messages: list[JSON],
+        meter: usage.Meter,
+        limits: budget.Limits,
+        max_turns: int | None,
+        on_event: events.EventCallback | None,
+    ) -> AgentResult:
         limit = self.max_turns if max_turns is None else max_turns
         calls_made = 0
+        corrections = 0
+        turn = 0
+
+        def on_text(piece: str, replayed: bool) -> None:
+            events.emit(on_event, events.AgentEvent("text", piece, replayed=replayed, turn=turn))
+
         for turn in range(1, limit + 1):
             params: JSON = {"model": self.model, "messages": list(messages), **self.model_settings}
             if self._definitions:
                 params["tools"] = self._definitions
+            if self.output is not None:
+                params.setdefault("response_format", self.output.response_format())
             if self.stream:
                 params["stream"] = True
-            response = await completions.call_model(self._step, params, self.price_table, meter)
+            replayed_before = meter.replayed.calls
+            response = await completions.call_model(
+                self._step,
+                params,
+                self.price_table,
+                meter,
+                limits=limits,
+                on_text=on_text if on_event is not None else None,
+            )
+            replayed = meter.replayed.calls > replayed_before
             message = assistant_message(completions.first_message(response))
             messages.append(message)
             calls = message.get("tool_calls") or []
             if not calls:
-                output = message.get("content") or ""
-                return AgentResult(output, messages, meter.usage(), turn, calls_made)
+                if self.output is None:
+                    text = message.get("content") or ""
+                    return AgentResult(text, messages, meter.usage(), turn, calls_made)
+                try:
+                    value = self.output.validate(message.get("content"))
+                except ValueError as exc:
+                    corrections += 1
+                    if corrections > self.output_retries:
+                        raise self.output.exhausted(corrections, str(exc)) from None
+                    messages.append(self.output.correction(str(exc)))
+                    continue
+                value = await steps.run_step(_accepted, value, name=f"output:{self.name}")
+                return AgentResult(value, messages, meter.usage(), turn, calls_made)
             calls_made += len(calls)
+            names = {str(c.get("id") or ""): _tool_event(c, replayed, turn) for c in calls}
+            for started in names.values():
+                events.emit(on_event, started)
             for call_id, content in await self.run_tools(calls):
                 messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
+                started = names[call_id]
+                ended = dataclasses.replace(started, kind="tool_end", result=content)
+                events.emit(on_event, ended)
         raise exceptions.MaxTurnsExceeded(
             f"agent {self.name!r} made {limit} model calls without a final answer"
         )
@@ -222,6 +318,28 @@ class Agent:
                 return False
         p.running = p.tool.call_for_model(p.call_id, kwargs)
         return True
+
+
+def _tool_event(call: Mapping[str, Any], replayed: bool, turn: int) -> events.AgentEvent:
+    """The ``tool_start`` event of one tool call of the model."""
+    function = call.get("function") or {}
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except ValueError:
+        arguments = None
+    return events.AgentEvent(
+        "tool_start",
+        tool=str(function.get("name") or ""),
+        call_id=str(call.get("id") or ""),
+        arguments=arguments if isinstance(arguments, dict) else None,
+        replayed=replayed,
+        turn=turn,
+    )
+
+
+def _accepted(value: Any) -> Any:
+    """The step that journals a validated final answer (replay returns the recorded one)."""
+    return value
 
 
 #: What stops the run itself rather than failing one tool call: raised at once.

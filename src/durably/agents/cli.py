@@ -1,4 +1,4 @@
-"""Command-line approvals: ``approvals``, ``approve``, ``reject``.
+"""Command-line approvals (``approvals``, ``approve``, ``reject``) and budgets (``budget``).
 
 The commands take the database URL as click's context object and are mounted
 in the ``durably`` command line (``durably approvals``, ``durably approve ID``,
@@ -16,7 +16,7 @@ import click
 
 from durably import client as client_module
 from durably import errors
-from durably.agents import decisions, exceptions
+from durably.agents import budget, decisions, exceptions
 
 
 def _client(database: str) -> client_module.Client:
@@ -61,7 +61,16 @@ def _decide(action: str, database: str, workflow_id: str, **kw: Any) -> None:
     except (exceptions.ApprovalError, errors.DurablyError) as exc:
         _fail(exc)
         return
-    click.echo(f"{action}d {decided.describe()} in {workflow_id}")
+    done = {"approve": "approved", "reject": "rejected"}[action]
+    override = kw.get("override_args")
+    if override is not None:
+        ran = dataclasses.replace(decided, arguments=dict(override))
+        click.echo(
+            f"{done} {ran.describe()} in {workflow_id} "
+            f"(with changed arguments; the model requested {decided.describe()})"
+        )
+        return
+    click.echo(f"{done} {decided.describe()} in {workflow_id}")
 
 
 @click.command("approve")
@@ -120,3 +129,42 @@ def reject_cmd(
         tool_call_id=tool_call_id,
         expect=expect,
     )
+
+
+@click.command("budget")
+@click.argument("workflow_id")
+@click.option("--by", required=True, help="Who decides (journaled).")
+@click.option("--max-cost", type=float, default=None, help="New limit in dollars.")
+@click.option("--max-tokens", type=int, default=None, help="New limit in tokens.")
+@click.option("--stop", is_flag=True, help="End the run instead (BudgetExceeded).")
+@click.pass_obj
+def budget_cmd(
+    database: str,
+    workflow_id: str,
+    by: str,
+    max_cost: float | None,
+    max_tokens: int | None,
+    stop: bool,
+) -> None:
+    """Raise the model budget of WORKFLOW_ID, parked at its limit, or stop it."""
+    try:
+        with _client(database) as client:
+            budget.set_budget(
+                client, workflow_id, by=by, max_cost=max_cost, max_tokens=max_tokens, stop=stop
+            )
+    except (
+        ValueError,
+        errors.DefinitionError,
+        errors.WorkflowNotFound,
+        errors.WorkflowFinished,
+    ) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    if stop:
+        click.echo(f"stopping {workflow_id} at its model budget")
+        return
+    limits = [
+        f"max_cost=${max_cost}" if max_cost is not None else "",
+        f"max_tokens={max_tokens:,}" if max_tokens is not None else "",
+    ]
+    click.echo(f"budget of {workflow_id} raised: {', '.join(x for x in limits if x)}")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from durably import context, errors, steps, validate
-from durably.agents import exceptions, usage
+from durably.agents import budget, events, exceptions, messages_api, usage
 
 STEP_NAME = usage.MODEL_STEP_PREFIX + "chat.completions"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -72,8 +72,11 @@ def is_transient(exc: BaseException) -> bool:
         return status in _RETRY_STATUSES or status >= 500
     if isinstance(exc, errors.StepTimeout | ConnectionError | TimeoutError):
         return True
-    openai = sys.modules.get("openai")
-    return openai is not None and isinstance(exc, openai.APIConnectionError)
+    for provider in ("openai", "anthropic"):
+        module = sys.modules.get(provider)
+        if module is not None and isinstance(exc, module.APIConnectionError):
+            return True
+    return False
 
 
 def retry_after(exc: BaseException, now: Callable[[], float] = time.time) -> float | None:
@@ -122,20 +125,68 @@ def warn_if_client_retries(client: Any) -> None:
 
 
 def is_async_client(client: Any) -> bool:
-    """True for ``AsyncOpenAI``-style clients (their ``create`` is a coroutine function)."""
-    create = client.chat.completions.create
-    return inspect.iscoroutinefunction(inspect.unwrap(create))
+    """True for ``AsyncOpenAI`` / ``AsyncAnthropic``-style clients (``create`` is a coroutine)."""
+    return inspect.iscoroutinefunction(inspect.unwrap(_create_of(client)))
+
+
+def _create_of(client: Any) -> Any:
+    if messages_api.is_anthropic(client):
+        return client.messages.create
+    return client.chat.completions.create
 
 
 # --- the step ------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(init=False, eq=False)
 class Call:
-    """One model call in flight: set ``live`` when its step body ran in this process."""
+    """One model call in flight: ``live`` is set when its step body ran in this process.
 
-    params: JSON
-    live: bool = False
+    The model step commits an intent before each request, so a request cut off
+    by a crash leaves a trace and the next attempt's number counts it; an
+    answer that took more than one attempt is journaled with that number
+    (:data:`ATTEMPT_KEY`), so usage and budgets count the earlier requests the
+    same way live and on replay. Only ``model`` is a dataclass field, so the
+    intent records the model's name and never the conversation. ``limits`` and
+    ``prices`` are the caller's budget (checked before a repeated request).
+    """
+
+    model: str
+
+    def __init__(
+        self,
+        params: JSON,
+        limits: budget.Limits | None = None,
+        prices: Mapping[str, usage.Price] | None = None,
+    ) -> None:
+        self.model = str(params.get("model") or "")
+        self.params: JSON = params
+        self.native = False  # params already in the provider's own shape (llm() on Anthropic)
+        self.on_delta: Callable[[str], None] | None = None  # streamed text, live only
+        self.live = False
+        self.limits = limits
+        self.prices: Mapping[str, usage.Price] = usage.DEFAULT_PRICES if prices is None else prices
+
+
+#: Where a model step's result notes the attempts it took, when more than one.
+ATTEMPT_KEY = "_durably_attempt"
+
+
+def lost_answer(key: str, *_: Any) -> Any:
+    """The model step's ``reconcile``: an interrupted request is asked again with its key.
+
+    A provider keeps no record we could look up, so the answer is always
+    NotFound. The step's intent exists so the attempt is counted.
+    """
+    return steps.NotFound
+
+
+def _noted(result: JSON) -> JSON:
+    """The step's result, with the attempt number when earlier requests were made."""
+    step = context.current_step.get()
+    if step is None or step.attempt <= 1:
+        return result
+    return {**result, ATTEMPT_KEY: step.attempt}
 
 
 def model_step(
@@ -152,11 +203,17 @@ def model_step(
     where a call is known to be billed. With ``stream=True`` in the params the
     stream is consumed inside the step and journaled as one completion.
     """
-    create = client.chat.completions.create
+    anthropic = messages_api.is_anthropic(client)
+    create = _create_of(client)
 
     def request(call: Call) -> JSON:
+        step = context.current_step.get()
+        attempt = step.attempt if step is not None else 1
+        budget.refuse_if_reached(call.limits, call.params, attempt, call.prices)
         params = dict(call.params)
-        if params.get("stream"):
+        if anthropic:
+            params = params if call.native else messages_api.request(params)
+        elif params.get("stream"):
             options = dict(params.get("stream_options") or {})
             options.setdefault("include_usage", True)
             params["stream_options"] = options
@@ -174,26 +231,37 @@ def model_step(
             response = await create(**params)
             if params.get("stream"):
                 async with response as stream:
-                    result = assemble([_dump(chunk) async for chunk in stream])
+                    result = assemble([_seen(call, _dump(chunk)) async for chunk in stream])
             else:
                 result = _dump(response)
             call.live = True
-            return result
+            return _noted(messages_api.turn(result) if anthropic else result)
 
-        return steps.step(name=name, retry=retry, timeout=timeout)(call_async)
+        return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(
+            call_async
+        )
 
     def call_sync(call: Call) -> JSON:
         params = request(call)
         response = create(**params)
         if params.get("stream"):
             with response as stream:
-                result = assemble([_dump(chunk) for chunk in stream])
+                result = assemble([_seen(call, _dump(chunk)) for chunk in stream])
         else:
             result = _dump(response)
         call.live = True
-        return result
+        return _noted(messages_api.turn(result) if anthropic else result)
 
-    return steps.step(name=name, retry=retry, timeout=timeout)(call_sync)
+    return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(call_sync)
+
+
+def _seen(call: Call, chunk: JSON) -> JSON:
+    """Pass a streamed chunk's text to the caller (live), and keep the chunk."""
+    if call.on_delta is not None:
+        piece = events.delta_text(chunk)
+        if piece:
+            call.on_delta(piece)
+    return chunk
 
 
 def _dump(response: Any) -> JSON:
@@ -248,26 +316,84 @@ def call_model(
     params: JSON,
     prices: Mapping[str, usage.Price],
     *meters: usage.Meter,
+    limits: budget.Limits | None = None,
+    native: bool = False,
+    on_text: Callable[[str, bool], None] | None = None,
 ) -> Coroutine[Any, Any, JSON]:
     """Take the model call's seq now (program order) and return the awaitable that makes it.
 
     When it returns, the call is counted as billed (its body ran here) or
     replayed (its response came from the journal) in ``meters`` and in the
-    current workflow run's tally.
+    current workflow run's tally. With ``limits`` the run's budget is checked
+    first (see :mod:`durably.agents.budget`): the seq is then taken once the
+    budget allows the call, and a call the step refused is made again at a new
+    seq after a person raised the budget. ``native`` says ``params`` are
+    already in the provider's own shape (``llm()`` on an Anthropic client).
+    ``on_text(text, replayed)`` gets a streamed turn's text as it arrives, or
+    the turn's whole text once it ends (``replayed`` when from the journal).
     """
-    call = Call(params)
+
+    if context.current_run.get() is not None and context.current_step.get() is not None:
+        raise errors.NotInWorkflow(
+            "a durable model call was made inside a step (a tool or @durably.step): it "
+            "cannot be journaled there, and would be asked again on every retry or recovery "
+            "of that step. Make the call from the workflow's own code, or call the client "
+            "itself inside the step if asking again is what you want."
+        )
+
+    def new_call(with_limits: budget.Limits | None) -> Call:
+        call = Call(params, with_limits, prices)
+        call.native = native
+        if on_text is not None and params.get("stream"):
+            call.on_delta = lambda piece: on_text(piece, False)
+        return call
+
+    if limits is None or not limits.set or context.current_run.get() is None:
+        return _made(step, new_call(None), prices, meters, on_text)
+
+    async def budgeted() -> JSON:
+        while True:
+            await budget.ensure(limits)
+            try:
+                return await _made(step, new_call(limits), prices, meters, on_text)
+            except errors.BudgetExceeded as exc:  # refused before asking again: park
+                meter = usage.run_meter()
+                budget.count_refused(exc, (*meters, meter))
+                await budget.park(limits, str(exc), meter.charged if meter else usage.Tokens())
+
+    return budgeted()
+
+
+def _made(
+    step: steps.StepFunction[[Call], JSON],
+    call: Call,
+    prices: Mapping[str, usage.Price],
+    meters: Iterable[usage.Meter],
+    on_text: Callable[[str, bool], None] | None = None,
+) -> Coroutine[Any, Any, JSON]:
     pending = step(call)
     run_meter = usage.run_meter()
 
     async def finish() -> JSON:
         response = await pending
+        attempts = response.pop(ATTEMPT_KEY, 1) if isinstance(response, dict) else 1
+        earlier = max(0, int(attempts) - 1) if isinstance(attempts, int) else 0
         tokens = usage.tokens_of(response, prices)
         for meter in (*meters, run_meter):
             if meter is not None:
-                meter.add(tokens, live=call.live)
+                meter.add(tokens, live=call.live, interrupted=earlier)
+        if on_text is not None and not (call.live and call.on_delta is not None):
+            said = _text_of(response)
+            if said:
+                on_text(said, not call.live)
         return response
 
     return finish()
+
+
+def _text_of(response: Mapping[str, Any]) -> str:
+    choices = response.get("choices") or [{}]
+    return str((choices[0].get("message") or {}).get("content") or "")
 
 
 def first_message(response: Mapping[str, Any]) -> JSON:

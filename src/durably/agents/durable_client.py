@@ -1,5 +1,8 @@
 """``durably.llm(client)``: the client's own API, where every ``create()`` is a durable step.
 
+An OpenAI client gets ``llm.chat.completions.create``; an Anthropic client
+``llm.messages.create`` (returning ``anthropic.types.Message``).
+
 For hand-written agent loops. ``await llm.chat.completions.create(model=...,
 messages=...)`` takes a seq in program order like any step call, journals the
 response (never the request) and returns a ``ChatCompletion``; on replay the
@@ -15,11 +18,12 @@ assembled completion.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from durably import steps
-from durably.agents import completions, usage
+from durably.agents import budget, completions, messages_api, usage
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletion
@@ -45,7 +49,7 @@ class DurableCompletions:
                 "inside the step and journals the assembled completion."
             )
         owner = self._owner
-        pending = completions.call_model(owner.step, params, owner.price_table)
+        pending = completions.call_model(owner.step, params, owner.price_table, limits=owner.limits)
         return _as_completion(pending)
 
 
@@ -53,6 +57,38 @@ async def _as_completion(pending: Coroutine[Any, Any, completions.JSON]) -> Chat
     from openai.types.chat import ChatCompletion
 
     return ChatCompletion.model_validate(await pending)
+
+
+class DurableMessages:
+    """``llm.messages`` of an Anthropic client: ``create()`` as a durable step."""
+
+    def __init__(self, owner: DurableLLM) -> None:
+        self._owner = owner
+
+    def create(self, **params: Any) -> Coroutine[Any, Any, Any]:
+        """Make (or replay) one Messages API call; await the ``anthropic.types.Message``.
+
+        Takes the client's own keyword arguments. The journal keeps the
+        provider-neutral turn (see :mod:`durably.agents.messages_api`): text and
+        tool_use blocks, the stop reason, usage with cache reads and writes.
+        """
+        if params.get("stream"):
+            raise ValueError(
+                "durably.llm(...).messages.create(stream=True) is not supported: the journal "
+                "holds whole responses, so a replay cannot be a stream. Call it without "
+                "stream=True."
+            )
+        owner = self._owner
+        pending = completions.call_model(
+            owner.step, params, owner.price_table, limits=owner.limits, native=True
+        )
+        return _as_message(pending)
+
+
+async def _as_message(pending: Coroutine[Any, Any, completions.JSON]) -> Any:
+    # imported by name: anthropic is an optional extra (and may be absent where mypy runs)
+    message_class: Any = importlib.import_module("anthropic.types").Message
+    return message_class.model_validate(messages_api.message(await pending))
 
 
 class DurableChat:
@@ -69,7 +105,9 @@ class DurableLLM:
     ``Retry-After``, other 4xx final); ``timeout`` bounds one attempt in
     seconds; ``price_table`` prices usage (see :mod:`durably.agents.usage`);
     ``idempotency_header`` names the header that carries the step's key on every
-    attempt (None to send none).
+    attempt (None to send none); ``max_cost`` / ``max_tokens`` bound the model
+    calls of each workflow run that uses it, counted from the journal: when
+    reached the run parks for a person (see :mod:`durably.agents.budget`).
     """
 
     def __init__(
@@ -80,7 +118,10 @@ class DurableLLM:
         timeout: float | None = None,
         price_table: Mapping[str, usage.Price] | None = None,
         idempotency_header: str | None = completions.IDEMPOTENCY_HEADER,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
+        self.limits = budget.Limits(max_cost, max_tokens)
         completions.warn_if_client_retries(client)
         self.client = client
         self.price_table = usage.DEFAULT_PRICES if price_table is None else price_table
@@ -90,7 +131,10 @@ class DurableLLM:
             timeout=timeout,
             idempotency_header=idempotency_header,
         )
-        self.chat = DurableChat(self)
+        if messages_api.is_anthropic(client):
+            self.messages = DurableMessages(self)
+        else:
+            self.chat = DurableChat(self)
 
     def __repr__(self) -> str:
         return f"<durably.llm {type(self.client).__name__}>"
@@ -103,6 +147,8 @@ def llm(
     timeout: float | None = None,
     price_table: Mapping[str, usage.Price] | None = None,
     idempotency_header: str | None = completions.IDEMPOTENCY_HEADER,
+    max_cost: float | None = None,
+    max_tokens: int | None = None,
 ) -> DurableLLM:
     """Wrap an ``OpenAI`` or ``AsyncOpenAI`` client (created with ``max_retries=0``).
 
@@ -115,4 +161,6 @@ def llm(
         timeout=timeout,
         price_table=price_table,
         idempotency_header=idempotency_header,
+        max_cost=max_cost,
+        max_tokens=max_tokens,
     )

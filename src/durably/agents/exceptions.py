@@ -13,8 +13,10 @@ from durably.errors import (
     ApprovalNotPending,
     ApprovalRejected,
     ApprovalStale,
+    BudgetExceeded,
     MaxTurnsExceeded,
     ModelResponseError,
+    OutputValidationError,
     ToolError,
 )
 
@@ -24,9 +26,11 @@ __all__ = [
     "ApprovalNotPending",
     "ApprovalRejected",
     "ApprovalStale",
+    "BudgetExceeded",
     "ClientRetriesWarning",
     "MaxTurnsExceeded",
     "ModelResponseError",
+    "OutputValidationError",
     "ToolError",
     "rejection_text",
 ]

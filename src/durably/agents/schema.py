@@ -129,11 +129,23 @@ class Signature:
             raise InvalidArguments(f"arguments must be a JSON object, got {arguments!r}")
         return self._validate(arguments)
 
-    def definition(self) -> JSON:
-        """The entry for the ``tools`` list of a chat completions request."""
+    def definition(self, *, strict: bool = False) -> JSON:
+        """The entry for the ``tools`` list of a chat completions request.
+
+        ``strict=True`` closes the parameters' objects and marks the function
+        strict (the provider then guarantees arguments that fit), when every
+        parameter is required; a tool with optional parameters stays as it is.
+        """
         function: JSON = {"name": self.name, "parameters": self.parameters}
         if self.description:
             function["description"] = self.description
+        if strict:
+            from durably.agents import output
+
+            closed = output.strict_schema(self.parameters)
+            if closed is not None:
+                function["parameters"] = closed
+                function["strict"] = True
         return {"type": "function", "function": function}
 
 

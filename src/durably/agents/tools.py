@@ -86,9 +86,9 @@ class Tool(Generic[P, R]):
         """The JSON schema of the tool's arguments."""
         return self.signature.parameters
 
-    def definition(self) -> dict[str, Any]:
-        """The tool as an entry of a chat completions ``tools`` list."""
-        return self.signature.definition()
+    def definition(self, *, strict: bool = False) -> dict[str, Any]:
+        """The tool as an entry of a chat completions ``tools`` list (strict: see Signature)."""
+        return self.signature.definition(strict=strict)
 
     def __repr__(self) -> str:
         return f"<durably tool {self.name!r}>"

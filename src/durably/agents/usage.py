@@ -13,6 +13,7 @@ for real accounting.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,28 +26,39 @@ MODEL_STEP_PREFIX = "llm:"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Price:
-    """US dollars per million tokens: prompt, completion, and cached prompt tokens.
+    """US dollars per million tokens: prompt, completion, cached and cache-written prompt tokens.
 
-    ``cached_input`` defaults to ``input`` (no discount) when not given.
+    ``cached_input`` (tokens read from the prompt cache) and ``cache_write``
+    (tokens written to it, Anthropic's cache creation) default to ``input``.
     """
 
     input: float
     output: float
     cached_input: float | None = None
+    cache_write: float | None = None
 
-    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> float:
-        """Dollars for one call: cached prompt tokens at the cached rate, the rest at ``input``."""
+    def cost(
+        self,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int,
+        cache_write_tokens: int = 0,
+    ) -> float:
+        """Dollars for one call: cache reads and writes at their rates, the rest at ``input``."""
         cached = min(cached_tokens, prompt_tokens)
+        written = min(cache_write_tokens, prompt_tokens - cached)
         cached_rate = self.input if self.cached_input is None else self.cached_input
+        write_rate = self.input if self.cache_write is None else self.cache_write
         total = (
-            (prompt_tokens - cached) * self.input
+            (prompt_tokens - cached - written) * self.input
             + cached * cached_rate
+            + written * write_rate
             + completion_tokens * self.output
         )
         return total / 1_000_000
 
 
-#: EXAMPLE prices (USD per 1M tokens, as listed by OpenAI in 2025). They go stale;
+#: EXAMPLE prices (USD per 1M tokens, as listed by OpenAI and Anthropic in 2025). They go stale;
 #: pass your own ``price_table`` for numbers you can bill against.
 DEFAULT_PRICES: Mapping[str, Price] = {
     "gpt-4.1": Price(input=2.00, output=8.00, cached_input=0.50),
@@ -54,6 +66,9 @@ DEFAULT_PRICES: Mapping[str, Price] = {
     "gpt-4.1-nano": Price(input=0.10, output=0.40, cached_input=0.025),
     "gpt-4o": Price(input=2.50, output=10.00, cached_input=1.25),
     "gpt-4o-mini": Price(input=0.15, output=0.60, cached_input=0.075),
+    "claude-opus-4": Price(input=15.00, output=75.00, cached_input=1.50, cache_write=18.75),
+    "claude-sonnet-4": Price(input=3.00, output=15.00, cached_input=0.30, cache_write=3.75),
+    "claude-haiku-4": Price(input=1.00, output=5.00, cached_input=0.10, cache_write=1.25),
 }
 
 
@@ -78,6 +93,7 @@ class Tokens:
     cached_tokens: int = 0
     cost: float = 0.0
     unpriced_calls: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -88,6 +104,10 @@ class Tokens:
     def tokens(self) -> int:
         """Same as ``total_tokens``."""
         return self.total_tokens
+
+    def times(self, n: int) -> Tokens:
+        """These counts ``n`` times over (a call asked ``n`` times)."""
+        return Tokens(*(getattr(self, f.name) * n for f in dataclasses.fields(Tokens)))
 
     def __add__(self, other: Tokens) -> Tokens:
         return Tokens(
@@ -108,10 +128,17 @@ def _money(cost: float) -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Usage:
-    """Model usage of a run: ``billed`` (called live now) and ``replayed`` (from the journal)."""
+    """Model usage of a run: ``billed`` (called live now) and ``replayed`` (from the journal).
+
+    ``interrupted`` counts the earlier requests of these calls: retried after a
+    failure, or cut off by a crash after they may have reached the provider
+    (their answers lost). Their cost is unknown; with any, ``billed`` is a
+    lower bound.
+    """
 
     billed: Tokens = Tokens()
     replayed: Tokens = Tokens()
+    interrupted: int = 0
 
     @property
     def total(self) -> Tokens:
@@ -119,15 +146,25 @@ class Usage:
         return self.billed + self.replayed
 
     def summary(self) -> str:
-        """One line for people, e.g. ``recovery replayed 5 model calls (12,345 tokens,
-        $0.04) instead of paying for them again; billed 2 model calls (...)``."""
-        billed = f"billed {self.billed.describe()}"
-        if not self.replayed.calls:
-            return billed
-        return (
-            f"recovery replayed {self.replayed.describe()} instead of paying for them again; "
-            f"{billed}"
-        )
+        """One line for people, e.g. ``replayed 5 model calls (12,345 tokens, $0.04) from
+        the journal instead of paying for them again; billed 2 model calls (...)``.
+
+        Replayed calls are those served from the journal when the workflow re-ran,
+        after a crash or after it parked; neither is paid again.
+        """
+        line = f"billed {self.billed.describe()}"
+        if self.replayed.calls:
+            line = (
+                f"replayed {self.replayed.describe()} from the journal instead of paying for "
+                f"them again; {line}"
+            )
+        if self.interrupted:
+            n = self.interrupted
+            line += (
+                f"; {n} earlier model request{'s' if n != 1 else ''} retried after a failure "
+                f"or a crash may have been billed too: billed at least {_money(self.billed.cost)}"
+            )
+        return line
 
 
 def call_tokens(response: Mapping[str, Any]) -> tuple[int, int, int]:
@@ -144,9 +181,11 @@ def call_tokens(response: Mapping[str, Any]) -> tuple[int, int, int]:
 def tokens_of(response: Mapping[str, Any], prices: Mapping[str, Price]) -> Tokens:
     """The Tokens of one call, priced by the model the response names."""
     prompt, completion, cached = call_tokens(response)
+    details = (response.get("usage") or {}).get("prompt_tokens_details") or {}
+    written = int(details.get("cache_write_tokens") or 0)
     price = price_for(str(response.get("model") or ""), prices)
-    cost = price.cost(prompt, completion, cached) if price else 0.0
-    return Tokens(1, prompt, completion, cached, cost, 0 if price else 1)
+    cost = price.cost(prompt, completion, cached, written) if price else 0.0
+    return Tokens(1, prompt, completion, cached, cost, 0 if price else 1, written)
 
 
 class Meter:
@@ -155,20 +194,41 @@ class Meter:
     def __init__(self) -> None:
         self.billed = Tokens()
         self.replayed = Tokens()
+        self.interrupted = 0
+        self.charged = Tokens()  # every answered call once per request made for it
+        self.largest = Tokens()  # the most expensive single call so far
 
-    def add(self, tokens: Tokens, *, live: bool) -> None:
-        """Count one model call."""
+    def add(self, tokens: Tokens, *, live: bool, interrupted: int = 0) -> None:
+        """Count one model call (and the ``interrupted`` requests made for it before).
+
+        ``charged`` prices each earlier request like the answered one: what a
+        budget counts, since a lost answer's own tokens are unknown.
+        """
         if live:
             self.billed += tokens
         else:
             self.replayed += tokens
+        self.interrupted += interrupted
+        self.charged += tokens.times(1 + interrupted)
+        if (tokens.cost, tokens.total_tokens) > (self.largest.cost, self.largest.total_tokens):
+            self.largest = tokens
+
+    def add_lost(self, tokens: Tokens, requests: int) -> None:
+        """Count ``requests`` whose answers were lost, estimated as ``tokens`` (budgets only)."""
+        self.interrupted += requests
+        self.charged += tokens
 
     def usage(self) -> Usage:
         """The tally so far."""
-        return Usage(self.billed, self.replayed)
+        return Usage(self.billed, self.replayed, self.interrupted)
 
 
 _run_meters: weakref.WeakKeyDictionary[Any, Meter] = weakref.WeakKeyDictionary()
+
+#: The meter of the agent run now executing, for what rolls up into it (sub-agents).
+agent_meter: contextvars.ContextVar[Meter | None] = contextvars.ContextVar(
+    "durably_agent_meter", default=None
+)
 
 
 def run_meter() -> Meter | None:
@@ -216,6 +276,24 @@ def usage_from_history(
     return total
 
 
+def requests_sent(entries: Iterable[journal.Entry]) -> int:
+    """How many requests the journal's model-call steps sent, as far as it knows.
+
+    A model step commits an intent before every attempt, so a completed entry's
+    ``attempt`` counts the attempts started for it: the answered one, those that
+    failed and were retried, and those cut off by a crash (their answers lost).
+    """
+    sent = 0
+    for e in entries:
+        if e.kind == journal.Kind.STEP and e.name.startswith(MODEL_STEP_PREFIX):
+            sent += e.attempt
+            refused = e.status == journal.EntryStatus.FAILED and "BudgetExceeded" in (
+                e.payload or ""
+            )
+            sent -= 1 if refused else 0  # its last attempt stopped before the request
+    return sent
+
+
 def recovery_summary(
     entries: Sequence[journal.Entry],
     recovered_at: Sequence[float],
@@ -225,13 +303,25 @@ def recovery_summary(
 
     ``recovered_at`` are the times executors took the workflow over from a dead
     owner; the model calls finished before the last of them were served from
-    the journal on recovery instead of being paid for again. None without model calls.
+    the journal on recovery instead of being paid for again. When more requests
+    were sent than answers journaled (a retry, or an answer lost to a crash)
+    the cost is a lower bound, and the line says "billed at least".
+    None without model calls.
     """
     calls = [e for e in entries if e.name.startswith(MODEL_STEP_PREFIX)]
     total = usage_from_history(calls, prices)
     if not total.calls:
         return None
-    line = f"model usage: {total.describe()}, each billed once"
+    sent = requests_sent(calls)
+    line = f"model usage: {total.describe()}"
+    if sent > total.calls:
+        extra = sent - total.calls
+        line += (
+            f"; {sent} requests sent ({extra} retried after a failure or a crash that may "
+            f"have been billed too): billed at least {_money(total.cost)}"
+        )
+    else:
+        line += ", each requested once"
     if recovered_at:
         last = max(recovered_at)
         before = [e for e in calls if (e.finished_at or e.started_at or 0.0) < last]

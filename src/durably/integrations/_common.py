@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from durably import context, errors
+from durably import context, errors, steps
 from durably.agents import usage
 
 JSON = dict[str, Any]
@@ -50,13 +50,24 @@ def usage_record(prompt: int, completion: int, cached: int) -> JSON:
 
 @dataclasses.dataclass(slots=True)
 class Turn:
-    """One model request in flight; ``live`` is set when its step body ran in this process."""
+    """One model request in flight; ``live`` is set when its step body ran in this process.
+
+    ``lost_answer`` is the model step's ``reconcile``: the step then commits an
+    intent before each request, so a request cut off by a crash is counted
+    (``interrupted``) and asked again, and usage says "billed at least".
+    """
 
     live: bool = False
+    interrupted: int = 0
+
+    def lost_answer(self, key: str, *args: Any) -> Any:
+        """An interrupted request: count it; the provider cannot be asked, so NotFound."""
+        self.interrupted += 1
+        return steps.NotFound
 
 
 def count_turn(record: Mapping[str, Any], turn: Turn, prices: Mapping[str, usage.Price]) -> None:
     """Add one journaled turn to the current run's meter, as billed or replayed."""
     meter = usage.run_meter()
     if meter is not None:
-        meter.add(usage.tokens_of(record, prices), live=turn.live)
+        meter.add(usage.tokens_of(record, prices), live=turn.live, interrupted=turn.interrupted)

@@ -170,7 +170,9 @@ class DurableModel(Model):
             turn.live = True
             return response_record(response, self.model_name)
 
-        record: JSON = await steps.run_step(model_step, name=MODEL_STEP, retry=self.retry)
+        record: JSON = await steps.run_step(
+            model_step, name=MODEL_STEP, retry=self.retry, reconcile=turn.lost_answer
+        )
         _common.count_turn(record, turn, self.price_table)
         return response_from(record, f"step {MODEL_STEP!r}")
 

@@ -109,7 +109,9 @@ class DurableModel(WrapperModel):
         self.price_table = usage.DEFAULT_PRICES if price_table is None else price_table
 
     async def _journaled(self, turn: _common.Turn, body: Any) -> ModelResponse:
-        record: JSON = await steps.run_step(body, name=MODEL_STEP, retry=self.retry)
+        record: JSON = await steps.run_step(
+            body, name=MODEL_STEP, retry=self.retry, reconcile=turn.lost_answer
+        )
         _common.count_turn(record, turn, self.price_table)
         return response_from(record, f"step {MODEL_STEP!r}")
 

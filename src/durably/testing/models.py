@@ -2,7 +2,9 @@
 
 For tests of agents with the real ``openai`` client (``base_url=server.url``).
 It serves ``POST /v1/chat/completions``, ``POST /v1/responses`` (the OpenAI
-Responses API, not streamed) and ``GET /v1/models`` from a *script*: a list of
+Responses API, not streamed), ``POST /v1/messages`` (Anthropic's Messages API,
+not streamed; point the client at :attr:`FakeModelServer.anthropic_url`) and
+``GET /v1/models`` from a *script*: a list of
 replies consumed in order, or a function of the request body, so replies can
 depend on the conversation. :func:`by_turn` picks the reply by the number of
 model turns the request carries (assistant messages; for the Responses API,
@@ -74,7 +76,8 @@ class ToolCall:
 class Reply:
     """One scripted answer: an assistant message (text and/or tool calls), or a failure.
 
-    ``usage`` is ``{"prompt_tokens", "completion_tokens", "cached_tokens"}``; left
+    ``usage`` is ``{"prompt_tokens", "completion_tokens", "cached_tokens"}`` (and
+    ``cache_write_tokens`` for the Messages API's cache writes); left
     out, it is computed from the request and reply sizes (the same request gets
     the same usage). A ``status`` other than 200 answers an OpenAI-style error
     with ``error`` as its message and ``headers`` (e.g. ``Retry-After``).
@@ -233,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length > 0 else b""
         endpoint = self.path.split("?")[0].rstrip("/")
-        if endpoint not in ("/v1/chat/completions", "/chat/completions", *_RESPONSES):
+        if endpoint not in ("/v1/chat/completions", "/chat/completions", *_RESPONSES, *_MESSAGES):
             self._json(404, _error_body("no such endpoint", 404))
             return
         try:
@@ -243,8 +246,8 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             self._json(400, _error_body("the body is not a JSON object", 400))
             return
-        if endpoint in _RESPONSES and body.get("stream"):
-            self._json(400, _error_body("the fake server does not stream responses", 400))
+        if endpoint in (*_RESPONSES, *_MESSAGES) and body.get("stream"):
+            self._json(400, _error_body("the fake server does not stream this API", 400))
             return
         reply, answer = app._answer(body, self.headers.get("Idempotency-Key"), self.path)
         if reply.delay > 0:
@@ -280,6 +283,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 _RESPONSES = ("/v1/responses", "/responses")
+_MESSAGES = ("/v1/messages", "/messages")  # Anthropic's Messages API
 
 
 def _error_body(message: str, status: int) -> JSON:
@@ -353,6 +357,11 @@ class FakeModelServer(loopback.LoopbackService):
         """The ``base_url`` for an OpenAI client, e.g. ``http://127.0.0.1:54321/v1``."""
         return f"http://127.0.0.1:{self.bound_port}/v1"
 
+    @property
+    def anthropic_url(self) -> str:
+        """The ``base_url`` for an Anthropic client (it adds ``/v1/messages`` itself)."""
+        return f"http://127.0.0.1:{self.bound_port}"
+
     # --- scripting and inspection ------------------------------------------------------
 
     def fail_next(self, *failures: Reply) -> None:
@@ -378,9 +387,14 @@ class FakeModelServer(loopback.LoopbackService):
             n = len(self._requests) + 1
             reply = self._pick(body)
             ok = reply.status == 200
-            responses = path.split("?")[0].rstrip("/") in _RESPONSES
-            if ok:
+            endpoint = path.split("?")[0].rstrip("/")
+            responses, messages = endpoint in _RESPONSES, endpoint in _MESSAGES
+            if ok and messages:
+                answer = self._build_message(reply, body, n)
+            elif ok:
                 answer = (self._build_response if responses else self._build)(reply, body, n)
+            elif messages:
+                answer = _anthropic_error(reply.error or f"fake error {reply.status}", reply.status)
             else:
                 answer = _error_body(reply.error or f"fake error {reply.status}", reply.status)
             line: JSON = {
@@ -392,9 +406,7 @@ class FakeModelServer(loopback.LoopbackService):
                 "stream": bool(body.get("stream")),
                 "status": reply.status,
                 "body": body,
-                "reply": (answer["output"] if responses else answer["choices"][0]["message"])
-                if ok
-                else answer,
+                "reply": _logged_reply(answer, responses, messages) if ok else answer,
                 "usage": answer.get("usage"),
             }
             self._requests.append(line)
@@ -492,6 +504,64 @@ class FakeModelServer(loopback.LoopbackService):
                 "output_tokens_details": {"reasoning_tokens": 0},
             },
         }
+
+    def _build_message(self, reply: Reply, body: JSON, n: int) -> JSON:
+        """A Messages API answer: text and tool_use blocks, a stop reason, cache usage."""
+        turn = turn_of(body)
+        content: list[JSON] = []
+        if reply.content is not None:
+            content.append({"type": "text", "text": reply.content})
+        for i, tc in enumerate(reply.tool_calls):
+            arguments = tc.arguments if isinstance(tc.arguments, Mapping) else {}
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": tc.id or f"toolu_{turn}_{i}",
+                    "name": tc.name,
+                    "input": dict(arguments)
+                    if not isinstance(tc.arguments, str)
+                    else json.loads(tc.arguments or "{}"),
+                }
+            )
+        calls = [
+            {"function": {"arguments": json.dumps(c["input"])}}
+            for c in content
+            if c["type"] == "tool_use"
+        ]
+        counted = _usage(reply, body, calls)
+        read = counted["prompt_tokens_details"]["cached_tokens"]
+        written = int((reply.usage or {}).get("cache_write_tokens", 0))
+        stop = reply.finish_reason or ("tool_use" if calls else "end_turn")
+        return {
+            "id": f"msg_fake_{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": reply.model or self.model or str(body.get("model") or "fake-model"),
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": max(0, counted["prompt_tokens"] - read - written),
+                "output_tokens": counted["completion_tokens"],
+                "cache_read_input_tokens": read,
+                "cache_creation_input_tokens": written,
+            },
+        }
+
+
+def _logged_reply(answer: JSON, responses: bool, messages: bool) -> Any:
+    if messages:
+        return answer["content"]
+    return answer["output"] if responses else answer["choices"][0]["message"]
+
+
+def _anthropic_error(message: str, status: int) -> JSON:
+    kind = {
+        400: "invalid_request_error",
+        429: "rate_limit_error",
+        529: "overloaded_error",
+    }.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def _usage(reply: Reply, body: JSON, calls: list[JSON]) -> JSON:
