@@ -386,8 +386,9 @@ BULK_PAGE = 500
 
 
 def _each(verb: Callable[..., T], workflow_ids: list[str], now: float) -> list[T]:
-    """Run a store verb on each workflow inside one verb (one savepoint: all or none)."""
-    return [verb(wid, now) for wid in workflow_ids]
+    """Run a store verb on each workflow inside one verb (one savepoint: all or none),
+    in id order: two bulk calls lock their rows in the same order, never in a cycle."""
+    return [verb(wid, now) for wid in sorted(workflow_ids)]
 
 
 def _epoch(when: float | datetime.datetime | None, what: str) -> float | None:

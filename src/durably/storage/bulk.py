@@ -160,7 +160,7 @@ class BulkVerbs(sqlbase.SqlBase):
         Without ``force``: only finished workflows (checked again as each row goes),
         and no child whose parent stays unfinished (its join would wait forever).
         """
-        chosen = list(dict.fromkeys(workflow_ids))
+        chosen = sorted(set(workflow_ids))  # locked in id order by every caller
         order: list[str] = []
         todo = list(chosen)
         while todo:
