@@ -243,6 +243,8 @@ async def test_cancel_resume_and_delete_by_filter(store_url: str) -> None:
         assert client.get_workflow("qd").queue is None
         with pytest.raises(ValueError, match="at least one filter"):
             client.delete_workflows()
+        with pytest.raises(ValueError, match="no 'limit'"):
+            client.cancel_workflows(status="waiting", limit=2)
         assert sorted(client.delete_workflows(status="completed")) == ["done", "w0"]
         assert sorted(ids(client.list_workflows())) == ["qd", "w1", "w2"]
 

@@ -502,6 +502,7 @@ class Engine:
         Each is ``(workflow_id, name[, payload[, idempotency_key]])``; the answer
         says, for each, whether it was kept (False: its key was used before).
         """
+        signals = list(signals)  # read twice: sent, then woken
         sent = await self._run(self._ops.send_signals(signals))
         for given, kept in zip(signals, sent, strict=True):
             if kept:

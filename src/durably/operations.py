@@ -205,6 +205,9 @@ class Operations:
 
         At least one filter: a bulk call on every workflow is refused, never guessed.
         """
+        paging = sorted(set(filters) & {"limit", "offset", "order", "after"})
+        if paging:
+            raise ValueError(f"a bulk call acts on every workflow selected: no {paging[0]!r}")
         given = {k: v for k, v in filters.items() if v is not None}
         if not given:
             raise ValueError(
