@@ -260,6 +260,8 @@ def test_cli_cancel_resume_and_delete_by_filter(store_url: str) -> None:
     refused = run_cli(store_url, "delete", "--prefix", "b")
     assert refused.exit_code == 1
     assert "b-1" in refused.output and "--force" in refused.output
+    missing = run_cli(store_url, "delete", "b-1", "ghost", "--force")
+    assert missing.exit_code == 1 and "ghost" in missing.output
     out = run_cli(store_url, "delete", "b-1", "b-2", "--force")
     assert out.exit_code == 0, out.output
     assert sorted(out.output.split()) == ["b-1", "b-2"]

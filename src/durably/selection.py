@@ -85,11 +85,15 @@ def delete_cmd(
     chosen = filters(**options)
     if not workflow_ids and not selected(chosen):
         raise click.UsageError("give a workflow ID or a filter (--status, --prefix, ...)")
+    by_id = not selected(chosen)  # ids alone: each must exist
     if workflow_ids:
         chosen["ids"] = [*workflow_ids, *(chosen["ids"] or [])]
     try:
         with durably.Client(database, create=False) as client:
-            deleted = client.delete_workflows(force=force, **chosen)
+            if by_id:
+                deleted = client.delete(*workflow_ids, force=force)
+            else:
+                deleted = client.delete_workflows(force=force, **chosen)
     except durably.WorkflowNotFinished as exc:
         _fail(durably.WorkflowNotFinished(f"{exc} (--force deletes it anyway)"))
     except durably.DurablyError as exc:
