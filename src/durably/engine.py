@@ -22,11 +22,12 @@ import datetime
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durably import (
     driver,
+    engine_many,
     errors,
     faults,
     journal,
@@ -122,7 +123,7 @@ def outcome(info: journal.WorkflowInfo) -> Any:
     )
 
 
-class Engine:
+class Engine(engine_many.ManyWorkflows):
     """Runs durable workflows against one database (an async context manager).
 
     ``url`` is ``sqlite:///path`` or ``postgresql://...`` (default:
@@ -202,7 +203,9 @@ class Engine:
         self._timer: asyncio.TimerHandle | None = None  # for the earliest wake-up known here
         self._timer_at = 0.0
         self._ops = operations.Operations(self._store.store, clock)
-        self._leases = leases.Leases(self)
+        self._leases = leases.Leases(
+            self._store, lease_seconds, clock, self._tasks.keys, self._kick_recovery
+        )
         self._stop_listening: Callable[[], None] = lambda: None
 
     # --- lifecycle -------------------------------------------------------------
@@ -211,7 +214,7 @@ class Engine:
     def executor_id(self) -> str:
         """This executor's id, as recorded in leases and claims."""
         if self._me is None:
-            raise errors.DurablyError("the engine is not open; use `async with Engine(...)`")
+            raise errors.EngineNotOpen("the engine is not open; use `async with Engine(...)`")
         return self._me.executor_id
 
     async def __aenter__(self) -> Engine:
@@ -255,7 +258,7 @@ class Engine:
             asyncio.create_task(self._recovery_loop(), name="durably-recovery"),
         ]
         self._heartbeat = asyncio.create_task(
-            self._leases.heartbeat_loop(self._drained), name="durably-heartbeat"
+            self._leases.heartbeat_loop(self._drained, self._me), name="durably-heartbeat"
         )
         self._watchdog = watchdog.Watchdog(
             self._database, self._me, self.lease_seconds, self.clock, self._held_here
@@ -340,7 +343,7 @@ class Engine:
 
     def _require_open(self) -> runtime.Services:
         if self._services is None:
-            raise errors.DurablyError("the engine is not open; use `async with Engine(...)`")
+            raise errors.EngineNotOpen("the engine is not open; use `async with Engine(...)`")
         return self._services
 
     async def _call(self, fn: Callable[..., R], *args: Any, write: bool = True) -> R:
@@ -382,7 +385,7 @@ class Engine:
             self._kick_recovery()
         return WorkflowHandle(self, new.workflow_id)
 
-    async def _submit(self, new: base.NewWorkflow) -> journal.WorkflowInfo:
+    async def submit(self, new: base.NewWorkflow) -> journal.WorkflowInfo:
         """Commit a pending workflow for any engine to claim (a queue's ``enqueue``).
 
         Returns the row: the new one, or the one already holding its id or its
@@ -421,44 +424,6 @@ class Engine:
         """The workflow's row; WorkflowNotFound if there is none."""
         return await self._run(self._ops.get_workflow(workflow_id))
 
-    async def list_workflows(
-        self,
-        status: str | None = None,
-        name: str | None = None,
-        limit: int = 100,
-        *,
-        ids: Iterable[str] | None = None,
-        id_prefix: str | None = None,
-        parent_id: str | None = None,
-        queue: str | None = None,
-        created_after: float | datetime.datetime | None = None,
-        created_before: float | datetime.datetime | None = None,
-        offset: int = 0,
-        order: str = "desc",
-        after: str | tuple[float, str] | None = None,
-    ) -> list[journal.WorkflowInfo]:
-        """Workflows, newest first (``order="asc"``: oldest first), filtered.
-
-        Every filter given must hold: ``status``, workflow ``name``, ``ids`` (a
-        list), ``id_prefix`` (a plain prefix), ``parent_id`` (its children),
-        ``queue``, ``created_after`` (inclusive) and ``created_before``
-        (exclusive), as datetimes or epoch seconds. Page with ``limit`` and
-        ``offset``, or with ``after``: the id of the last row of the previous
-        page (a cursor that never repeats or skips a row).
-        """
-        filters = dict(
-            ids=ids,
-            id_prefix=id_prefix,
-            parent_id=parent_id,
-            queue=queue,
-            created_after=created_after,
-            created_before=created_before,
-            offset=offset,
-            order=order,
-            after=after,
-        )
-        return await self._run(self._ops.list_workflows(status, name, limit, **filters))
-
     async def history(self, workflow_id: str) -> list[journal.Entry]:
         """The workflow's journal, in seq order."""
         return await self._run(self._ops.history(workflow_id))
@@ -496,19 +461,6 @@ class Engine:
             self._on_wakeup(base.Wakeup("signal", workflow_id, name))
         return sent
 
-    async def send_signals(self, signals: Sequence[tuple[Any, ...]]) -> list[bool]:
-        """Send several signals in one transaction: all are kept, or none is.
-
-        Each is ``(workflow_id, name[, payload[, idempotency_key]])``; the answer
-        says, for each, whether it was kept (False: its key was used before).
-        """
-        signals = list(signals)  # read twice: sent, then woken
-        sent = await self._run(self._ops.send_signals(signals))
-        for given, kept in zip(signals, sent, strict=True):
-            if kept:
-                self._on_wakeup(base.Wakeup("signal", given[0], given[1]))
-        return sent
-
     async def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
         """The value the workflow published under ``key``, waiting up to ``timeout`` for it.
 
@@ -528,43 +480,11 @@ class Engine:
         return asked
 
     async def resume(self, workflow_id: str) -> WorkflowHandle:
-        """Run a failed, cancelled or diverged workflow again from where it stopped.
-
-        A pending workflow waiting on its queue leaves the queue and starts now,
-        whatever the queue's limits (as DBOS's resume of an enqueued workflow).
-        """
+        """Run a failed, cancelled or diverged workflow again from where it stopped; start
+        a pending one waiting on its queue now, past the queue's limits (as DBOS does)."""
         await self._run(self._ops.resume(workflow_id))
         self._kick_recovery()
         return WorkflowHandle(self, workflow_id)
-
-    async def cancel_workflows(self, **filters: Any) -> list[str]:
-        """Cancel every workflow the filters select (those of ``list_workflows`` but the
-        paging ones; at least one), in one transaction; the ids asked to stop."""
-        asked = await self._run(self._ops.cancel_many(filters))
-        for wid in asked:
-            self._on_wakeup(base.Wakeup("cancel", wid))
-        return asked
-
-    async def resume_workflows(self, **filters: Any) -> list[str]:
-        """Resume every workflow the filters select (at least one), all or none; the ids.
-
-        Each must be resumable: filter by ``status`` (``failed``, ``cancelled``...).
-        """
-        resumed = await self._run(self._ops.resume_many(filters))
-        self._kick_recovery()
-        return resumed
-
-    async def delete(self, *workflow_ids: str, force: bool = False) -> list[str]:
-        """Remove workflows with their children, journals and every row naming them.
-
-        All or none; the ids removed. An unfinished one raises WorkflowNotFinished
-        (cancel it first) unless ``force``: its owner, if running, is fenced out.
-        """
-        return await self._run(self._ops.delete(workflow_ids, force))
-
-    async def delete_workflows(self, *, force: bool = False, **filters: Any) -> list[str]:
-        """``delete`` every workflow the filters select (at least one), all or none."""
-        return await self._run(self._ops.delete_many(filters, force))
 
     async def fork(
         self, workflow_id: str, from_seq: int, workflow_id_new: str | None = None
@@ -584,6 +504,7 @@ class Engine:
         *,
         by: str,
         tool_call_id: str | None = None,
+        expect: Any = None,
         override_args: Any = None,
         note: str = "",
     ) -> Any:
@@ -593,30 +514,43 @@ class Engine:
         """
         from durably.agents import decisions
 
-        return await decisions.approve(
-            self,
-            workflow_id,
-            by=by,
-            tool_call_id=tool_call_id,
-            override_args=override_args,
-            note=note,
-        )
+        fields = decisions.fields("approve", by, note, override_args)
+        return await self._decide(workflow_id, tool_call_id, expect, fields)
 
     async def reject(
-        self, workflow_id: str, *, by: str, reason: str = "", tool_call_id: str | None = None
+        self,
+        workflow_id: str,
+        *,
+        by: str,
+        reason: str = "",
+        tool_call_id: str | None = None,
+        expect: Any = None,
     ) -> Any:
         """Reject the workflow's pending tool call; the model reads the reason as its result."""
         from durably.agents import decisions
 
-        return await decisions.reject(
-            self, workflow_id, by=by, reason=reason, tool_call_id=tool_call_id
-        )
+        fields = decisions.fields("reject", by, reason, None)
+        return await self._decide(workflow_id, tool_call_id, expect, fields)
 
-    async def list_approvals(self, workflow_id: str | None = None) -> list[Any]:
+    async def _decide(
+        self, workflow_id: str, tool_call_id: str | None, expect: Any, fields: dict[str, Any]
+    ) -> Any:
+        """Send the decision's signal (see ``decisions.decide_plan``), then wake local runs
+        as ``send_signal`` does."""
+        from durably.agents import decisions
+
+        plan = decisions.decide_plan(self._ops, workflow_id, tool_call_id, expect, fields)
+        decided = await self._run(plan)
+        self._on_wakeup(base.Wakeup("signal", workflow_id, decided.signal))
+        return decided
+
+    async def list_approvals(
+        self, workflow_id: str | None = None, *, limit: int = 1000
+    ) -> list[Any]:
         """Tool calls waiting for a person's approval, with their exact arguments."""
         from durably.agents import decisions
 
-        return await decisions.list_approvals(self, workflow_id)
+        return await self._run(decisions.list_plan(self._ops, workflow_id, limit))
 
     async def reviews(self, workflow_id: str | None = None) -> list[journal.Review]:
         """Steps parked in ``needs_review``, oldest first, with their intent and key."""

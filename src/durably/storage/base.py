@@ -386,8 +386,8 @@ class Store(abc.ABC):
         A cancelled one continues from where the cancellation reached it; a
         failed one gives the step that failed it one more attempt. A pending one
         waiting on its queue leaves the queue, to be claimed now by any executor
-        with its code, whatever the queue's limits (as DBOS does). Decided under
-        the workflow's row lock.
+        with its code, whatever the queue's limits (as DBOS does); any other
+        raises NotResumable. Decided under the workflow's row lock.
         """
 
     @abc.abstractmethod

@@ -1,147 +1,37 @@
-"""The ``durably`` command line: list, show, start, worker, serve, signal, cancel, resume,
-fork, migrate, demo.
-
-It uses only the public API: a Client to read and start, an Engine to run.
-The database comes from ``--database``, else ``DURABLY_DATABASE_URL``, else
-``sqlite:///durably.db``.
-"""
+"""Commands on workflows: list, show, start, signal, cancel, resume, fork, migrate."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import datetime
-import importlib
 import json
-import logging
-import os
-import signal
-import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 import durably
-from durably import admin, receipts, selection, serving
-from durably import queues as queues_module
+from durably import receipts, serving
 from durably import workflows as workflow_registry
-from durably.agents import cli as agents_cli
 from durably.agents import usage as agent_usage
-from durably.server import views
-from durably.testing import crashes
-
-console = Console(highlight=False)
-
-_STATUS_STYLE = {
-    "completed": "green",
-    "failed": "red",
-    "diverged": "red",
-    "cancelled": "yellow",
-    "needs_review": "magenta",
-    "running": "cyan",
-}
-
-
-def _when(ts: float | None) -> str:
-    if ts is None:
-        return ""
-    return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _age(seconds: float) -> str:
-    """How long ago, in the largest unit that fits: ``42s``, ``7m``, ``3h``, ``12d``."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size:.0f}{unit} ago"
-    return f"{seconds:.0f}s ago"
-
-
-def _short_when(ts: float | None, now: float) -> str:
-    """A compact time for a table column: the time alone today, else month and day too."""
-    if ts is None:
-        return ""
-    when = datetime.datetime.fromtimestamp(ts)
-    if when.date() == datetime.datetime.fromtimestamp(now).date():
-        return when.strftime("%H:%M:%S")
-    if when.year == datetime.datetime.fromtimestamp(now).year:
-        return when.strftime("%b %d %H:%M")
-    return when.strftime("%Y-%m-%d")
-
-
-def _status(status: str) -> Text:
-    """A workflow status, coloured (a style never comes from user text)."""
-    return Text(status, style=_STATUS_STYLE.get(status, ""))
-
-
-def _fail(exc: Exception) -> NoReturn:
-    # Messages name ids, steps and values: user text, printed as it is (never as markup).
-    console.print(Text.assemble(("error:", "red"), " ", str(exc)), soft_wrap=True)
-    sys.exit(1)
-
-
-def _say(text: str) -> None:
-    """Print a line that holds user text (ids, names, values) exactly, never as markup."""
-    console.print(text, markup=False, soft_wrap=True)
-
-
-@contextlib.contextmanager
-def _client(database: str, *, create: bool = True) -> Iterator[durably.Client]:
-    """A Client for one command; a durably error ends the command with its message.
-
-    Commands that only read, or act on workflows that must already exist, pass
-    ``create=False``: a mistyped path is then an error, not a new empty database.
-    """
-    try:
-        with durably.Client(database, create=create) as client:
-            yield client
-    except durably.DurablyError as exc:
-        _fail(exc)
-
-
-def _import(module: str) -> Any:
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise click.ClickException(f"cannot import {module!r}: {exc}") from exc
-
-
-def parse_args_json(text: str) -> tuple[list[Any], dict[str, Any]]:
-    """Arguments from JSON: a list is positional, an object keywords, anything else one value."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.ClickException(f"ARGS_JSON is not JSON: {exc}") from exc
-    if isinstance(value, list):
-        return value, {}
-    if isinstance(value, dict):
-        return [], value
-    return [value], {}
-
-
-@click.group()
-@click.option(
-    "--database",
-    "-d",
-    envvar="DURABLY_DATABASE_URL",
-    default="sqlite:///durably.db",
-    show_default=True,
-    help="Database URL (or DURABLY_DATABASE_URL).",
+from durably.cli import selection
+from durably.cli.base import (
+    _client,
+    _fail,
+    _import,
+    _json_lines,
+    _say,
+    _short_when,
+    _status,
+    _when,
+    console,
+    main,
+    parse_args_json,
 )
-@click.option("-v", "--verbose", is_flag=True, help="Log what the engine does.")
-@click.version_option(durably.__version__, prog_name="durably", message="%(prog)s %(version)s")
-@click.pass_context
-def main(ctx: click.Context, database: str, verbose: bool) -> None:
-    """durably: durable execution for AI agents."""
-    ctx.obj = database
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+from durably.server import views
 
 
 @main.command("list")
@@ -232,12 +122,6 @@ def show(database: str, workflow_id: str, as_json: bool) -> None:
         click.echo(json.dumps(document, sort_keys=True, default=str))
         return
     print_receipts(info, entries, claims, notes)
-
-
-def _json_lines(records: Iterable[dict[str, Any]]) -> None:
-    """Print one JSON object per line, keys sorted: the stable form scripts read."""
-    for record in records:
-        click.echo(json.dumps(record, sort_keys=True, default=str))
 
 
 def print_receipts(
@@ -365,153 +249,6 @@ def _runnable_here(database: str, workflow_id: str, modules: tuple[str, ...]) ->
             f"that defines it (durably resume {workflow_id} MODULE), or --no-wait to leave "
             "it to a running worker"
         )
-
-
-@main.command()
-@click.argument("modules", nargs=-1, required=True)
-@click.option("--lease", default=30.0, show_default=True, help="Lease seconds.")
-@click.option(
-    "--queue",
-    "queue_names",
-    multiple=True,
-    help="Serve this durably.Queue defined in MODULES (repeatable; default: every one).",
-)
-@click.option(
-    "--poll",
-    default=1.0,
-    show_default=True,
-    help="Seconds between looks for work when nothing announces it (SQLite; a fallback on "
-    "PostgreSQL, which announces it).",
-)
-@click.option("--max-recoveries", default=5, show_default=True, help="Crashes before failing.")
-@click.option(
-    "--strict-code",
-    is_flag=True,
-    help="Never take a workflow started by other code (another source hash) than this "
-    "worker's; leave it for a worker with the same code.",
-)
-@click.pass_obj
-def worker(
-    database: str,
-    modules: tuple[str, ...],
-    lease: float,
-    queue_names: tuple[str, ...],
-    poll: float,
-    max_recoveries: int,
-    strict_code: bool,
-) -> None:
-    """Import MODULES (registering their workflows and queues) and run workflows until SIGTERM.
-
-    Run one per process, on as many machines as share the database. A worker
-    runs the workflows started without a queue and those of the queues it
-    serves, within their limits. On SIGTERM or Ctrl-C running steps finish
-    and commit, then the workflows are released for another worker.
-    """
-    for module in modules:
-        _import(module)
-    defined = {q.name: q for q in queues_module.Queue.defined()}
-    missing = [name for name in queue_names if name not in defined]
-    if missing:
-        raise click.ClickException(
-            f"no durably.Queue named {', '.join(map(repr, missing))} in "
-            f"{', '.join(modules)} (defined: {', '.join(sorted(defined)) or 'none'})"
-        )
-    queues = [defined[name] for name in queue_names] if queue_names else list(defined.values())
-
-    async def serve() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        engine = durably.Engine(
-            database,
-            lease_seconds=lease,
-            poll_interval=poll,
-            max_recoveries=max_recoveries,
-            queues=queues,
-            strict_code=strict_code,
-        )
-        async with engine:
-            served = ", ".join(q.name for q in queues) or "none"
-            _say(f"worker {engine.executor_id} serving {engine.url} (queues: {served})")
-            _say(f"workflows: {', '.join(workflow_registry.registered_names()) or 'none'}")
-            await stop.wait()
-            console.print("stopping: letting running steps finish")
-        console.print("stopped")
-
-    try:
-        asyncio.run(serve())
-    except durably.DurablyError as exc:
-        _fail(exc)
-
-
-@main.command()
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@click.pass_obj
-def workers(database: str, as_json: bool) -> None:
-    """List the executors (workers) registered in the database, oldest first, with the
-    workflows and queues each serves."""
-    with _client(database, create=False) as client:
-        rows = client.executors()
-    if as_json:
-        _json_lines(views.executor(e, time.time()) for e in rows)
-        return
-    if not rows:
-        console.print("no workers")
-        return
-    now = time.time()
-    # A block per executor: its id whole on the first line, what it serves wrapped below.
-    for e in rows:
-        age = now - e.heartbeat_at
-        beat = _age(age)
-        served = [name + (f" v{v}" if v else "") for name, v, _ in e.workflows]
-        console.print(Text(e.executor_id, "bold"), soft_wrap=True)
-        console.print(
-            Text.assemble(
-                f"  host {e.host}, pid {e.pid}, started {_short_when(e.started_at, now)}, "
-                "last heartbeat ",
-                (beat, "yellow" if age > 60 else ""),
-            )
-        )
-        console.print(Text(f"  workflows: {', '.join(served) or '(none registered)'}"))
-        console.print(Text(f"  queues: {', '.join(e.queues) or '(none)'}"))
-
-
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
-@click.option(
-    "--token-file",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="API tokens, one NAME:TOKEN (or TOKEN) a line; else DURABLY_API_TOKEN.",
-)
-@click.pass_obj
-def serve(database: str, host: str, port: int, token_file: str | None) -> None:
-    """Serve the JSON API and the dashboard (needs the server extra: durably[server]).
-
-    Every request needs an API token. Off a loopback address one must be
-    configured; on loopback without one, a token is made up and printed.
-    """
-    try:
-        import uvicorn
-
-        from durably.server import app as server_app
-    except ModuleNotFoundError as exc:
-        raise click.ClickException(
-            f"durably serve needs the server extra ({exc.name} is missing): "
-            "pip install 'durably[server]'"
-        ) from None
-    try:
-        tokens, made = server_app.tokens_for(host, token_file)
-        application = server_app.create_app(database, tokens)
-    except durably.DurablyError as exc:
-        _fail(exc)
-    shown = f"[{host}]" if ":" in host else host
-    console.print(f"serving {database} on http://{shown}:{port}/", soft_wrap=True)
-    if made is not None:
-        console.print(f"no API token configured; this run's token: {made}", soft_wrap=True)
-    uvicorn.run(application, host=host, port=port, log_level="warning")
 
 
 @main.command("signal")
@@ -642,76 +379,6 @@ def fork(
     _run_here(database, begin)
 
 
-@main.group()
-def review() -> None:
-    """The human review queue: steps whose outcome nothing could decide."""
-
-
-@review.command("list")
-@click.option("--id", "workflow_id", default=None, help="Only this workflow.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@click.pass_obj
-def review_list(database: str, workflow_id: str | None, as_json: bool) -> None:
-    """List steps waiting for a decision, oldest first."""
-    with _client(database, create=False) as client:
-        rows = client.reviews(workflow_id)
-    if as_json:
-        _json_lines(views.review(r) for r in rows)
-        return
-    if not rows:
-        console.print("no step awaits review")
-        return
-    now = time.time()
-    # A block per step, not a table: the workflow id and key that `resolve` needs are
-    # printed whole at any width, with the command to run.
-    for r in rows:
-        console.print(
-            Text.assemble(
-                (r.workflow_id, "bold"), f"  seq {r.seq}  ", r.step, f"  {_age(now - r.opened_at)}"
-            ),
-            soft_wrap=True,
-        )
-        _say(f"  key        {r.idempotency_key}")
-        _say(f"  arguments  {receipts.preview(r.intent, 200)}")
-        _say(f"  why        {r.reason}")
-        _say(f"  decide     durably review resolve {r.workflow_id} {r.seq} \\")
-        _say("                 --result JSON | --retry | --fail REASON")
-
-
-@review.command("resolve")
-@click.argument("workflow_id")
-@click.argument("seq", type=int)
-@click.option("--result", "result_json", default=None, help="The step's result, as JSON.")
-@click.option("--retry", is_flag=True, help="Run the step again with the same key.")
-@click.option("--fail", "reason", default=None, help="Fail the step with this reason.")
-@click.option("--by", default=lambda: os.environ.get("USER", "cli"), help="Who decides.")
-@click.pass_obj
-def review_resolve(
-    database: str,
-    workflow_id: str,
-    seq: int,
-    result_json: str | None,
-    retry: bool,
-    reason: str | None,
-    by: str,
-) -> None:
-    """Decide once: --result JSON (it happened), --retry (it did not) or --fail REASON."""
-    if sum([result_json is not None, retry, reason is not None]) != 1:
-        raise click.UsageError("give exactly one of --result, --retry or --fail")
-    choice: dict[str, Any] = {"retry": retry} if retry else {"fail": reason}
-    if result_json is not None:
-        try:
-            choice = {"result": json.loads(result_json)}
-        except json.JSONDecodeError as exc:
-            raise click.ClickException(f"--result is not JSON: {exc}") from exc
-    with _client(database, create=False) as client:
-        decided = client.resolve(workflow_id, seq, by=by, **choice)
-    _say(
-        f"{workflow_id} seq {seq} ({decided.step}): {decided.decision} by {decided.decided_by}; "
-        "the workflow resumes"
-    )
-
-
 @main.command()
 @click.pass_obj
 def migrate(database: str) -> None:
@@ -719,27 +386,3 @@ def migrate(database: str) -> None:
     with _client(database) as client:
         version = client.schema_version()
     _say(f"{database}: schema version {version}")
-
-
-main.add_command(crashes.test_crashes_command)
-main.add_command(agents_cli.approvals_cmd)
-main.add_command(agents_cli.approve_cmd)
-main.add_command(agents_cli.reject_cmd)
-for _command in admin.COMMANDS:  # export, import, prune, backup (docs/operations.md)
-    main.add_command(_command)
-main.add_command(selection.delete_cmd)
-main.add_command(agents_cli.budget_cmd)
-
-
-@main.command()
-@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep files here.")
-@click.option("--scripted", is_flag=True, help="The scripted agent: no model, no openai.")
-def demo(workdir: str | None, scripted: bool) -> None:
-    """The refund agent: approved, killed inside the refund, recovered without a second refund."""
-    from durably import demo as demo_module
-
-    sys.exit(demo_module.main(workdir, console, scripted=scripted))
-
-
-if __name__ == "__main__":
-    main()
