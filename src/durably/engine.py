@@ -718,7 +718,7 @@ class Engine(engine_many.ManyWorkflows):
         if self._services is None:
             return
         live = self._runs.get(wakeup.workflow_id or "")
-        awake = live is not None and not live.parked and not live.retired
+        awake = live is not None and live.listening
         if live is not None and awake and wakeup.kind == "signal":
             live.poke(journal.Kind.SIGNAL, wakeup.name)
         elif live is not None and awake and wakeup.kind == "join":
@@ -833,7 +833,7 @@ class Engine(engine_many.ManyWorkflows):
             self._changes.signal()  # it finished or parked: handles waiting here look again
         if info.queue is not None:
             self._kick_recovery()  # a place in its queue is free
-        if info.parent_id is not None and live.retired and not live.parked:
+        if info.parent_id is not None and live.state is runtime.State.RETIRED:
             parent = self._runs.get(info.parent_id)
             if parent is not None:
                 parent.poke(journal.Kind.JOIN, wid)

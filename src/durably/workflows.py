@@ -196,7 +196,7 @@ def now() -> datetime.datetime:
     run = context.require_run("now")
     return run.journal_value(
         journal.Kind.NOW,
-        lambda: datetime.datetime.fromtimestamp(run.services.clock(), datetime.UTC),
+        lambda: datetime.datetime.fromtimestamp(run.clock(), datetime.UTC),
     )
 
 

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from durably import errors, journal
+from durably import errors, journal, replay
 from durably.storage import base, bulk
 
 
@@ -467,14 +467,7 @@ class SqlStore(bulk.BulkVerbs):
             found = self._q("next_signal", workflow_id=workflow_id, name=wait.name).fetchone()
             if found is not None:
                 self._q("consume_signal", workflow_id=workflow_id, num=found[0], seq=wait.seq)
-                return dataclasses.replace(
-                    wait, status=journal.EntryStatus.COMPLETED, payload=found[1], finished_at=now
-                )
-            if wait.wake_at is not None and now >= wait.wake_at:
-                return dataclasses.replace(
-                    wait, status=journal.EntryStatus.TIMED_OUT, finished_at=now
-                )
-            return wait
+            return replay.signal_outcome(wait, None if found is None else found[1], now)
 
         return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
 
@@ -541,16 +534,7 @@ class SqlStore(bulk.BulkVerbs):
         now: float,
     ) -> journal.Entry:
         def outcome() -> journal.Entry:
-            child = self.get_workflow(wait.name)
-            if child is None or not child.finished:
-                return wait
-            result = {"status": child.status, "output": child.output, "error": child.error}
-            return dataclasses.replace(
-                wait,
-                status=journal.EntryStatus.COMPLETED,
-                payload=json.dumps(result, separators=(",", ":")),
-                finished_at=now,
-            )
+            return replay.join_outcome(wait, self.get_workflow(wait.name), now)
 
         return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
 
@@ -579,42 +563,11 @@ class SqlStore(bulk.BulkVerbs):
             started = self.get_workflow(workflow_id)
             assert started is not None
             return started
-        if info.status not in (
-            journal.Status.FAILED,
-            journal.Status.CANCELLED,
-            journal.Status.DIVERGED,
-        ):
-            raise errors.NotResumable(
-                f"workflow {workflow_id!r} is {info.status}"
-                + (" on no queue (any worker may start it)" if info.status == "pending" else "")
-                + "; only a failed, cancelled or diverged workflow, or a pending one waiting "
-                "on its queue, can be resumed"
-            )
-        history = self.load_history(workflow_id)
-        cancels = [e.seq for e in history if e.kind == journal.Kind.CANCEL]
-        if cancels:  # continue from where the cancellation stopped it
-            after = [
-                e
-                for e in history
-                if e.seq > min(cancels)
-                and e.kind == journal.Kind.STEP
-                and e.status == journal.EntryStatus.COMPLETED
-            ]
-            if after:
-                raise errors.NotResumable(
-                    f"workflow {workflow_id!r} ran {len(after)} step(s) after its cancellation "
-                    f"(cleanup or compensations, e.g. {after[0].name!r} at seq {after[0].seq}); "
-                    "resuming would forget them: fork it instead"
-                )
-            self._q("delete_entries_from", workflow_id=workflow_id, seq=min(cancels))
-        elif info.status == journal.Status.FAILED:
-            failed = [
-                e.seq
-                for e in history
-                if e.kind == journal.Kind.STEP and e.status == journal.EntryStatus.FAILED
-            ]
-            if failed:  # give the step that failed the workflow another try
-                self._q("retry_entry", workflow_id=workflow_id, seq=max(failed), now=now)
+        edit = replay.plan_reopen(workflow_id, info.status, self.load_history(workflow_id))
+        if edit.delete_from is not None:
+            self._q("delete_entries_from", workflow_id=workflow_id, seq=edit.delete_from)
+        if edit.retry_seq is not None:
+            self._q("retry_entry", workflow_id=workflow_id, seq=edit.retry_seq, now=now)
         self._q("reopen", workflow_id=workflow_id, now=now)
         self._wake("work")
         reopened = self.get_workflow(workflow_id)
@@ -689,22 +642,7 @@ class SqlStore(bulk.BulkVerbs):
         if info.status != journal.Status.NEEDS_REVIEW or not open_:
             raise self._nothing_to_resolve(workflow_id, seq, info.status)
         review = open_[0]
-        status = {
-            "result": journal.EntryStatus.COMPLETED,
-            "retry": journal.EntryStatus.RETRYING,
-            "fail": journal.EntryStatus.FAILED,
-        }[decision]
-        entry = journal.Entry(
-            seq,
-            journal.Kind.STEP,
-            review.step,
-            status,
-            review.attempt,
-            outcome if decision != "retry" else review.intent,
-            review.opened_at,
-            now,
-            now if decision == "retry" else None,
-        )
+        entry = replay.resolved_entry(review, decision, outcome, now)
         decided = self._q(
             "decide_review",
             workflow_id=workflow_id,
