@@ -75,9 +75,10 @@ def workflow_span(run: Run, name: str, replayed: int, crash_count: int) -> Itera
 
 def _outcome(run: Run) -> str:
     """How a segment ended, from the run's own state."""
-    if run.lost is not None:
+    state = run.state.name
+    if state == "LOST":
         return "lost"  # another process holds the workflow now
-    if run.abandoned is not None:
+    if state == "ABANDONED":
         return "abandoned"  # the database stopped answering
     if run.parked:
         return "parked"
@@ -204,5 +205,5 @@ def where() -> tuple[str | None, int | None]:
         return step.workflow_id, step.seq
     run = context.current_run.get()
     if run is not None:
-        return run.workflow_id, run.replayer.last_seq
+        return run.workflow_id, run.last_seq
     return None, None
