@@ -18,7 +18,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 import durably
 from durably.agents import run_usage
 from durably.integrations.pydantic_ai import DurableAgent
-from tests.agentkit.harness import MODEL_URL_ENV
+from tests.agentkit.harness import MAX_TOKENS_ENV, MODEL_URL_ENV
 from tests.agentkit.tools import effect
 
 client = AsyncOpenAI(
@@ -69,3 +69,11 @@ async def support_streamed(question: str) -> str:
 
     result = await durable.run(question, event_stream_handler=handler)
     return f"{result.output} ({len(seen)} events)"
+
+
+@durably.workflow(name="pai-support-budget")
+async def support_budget(question: str) -> dict[str, Any]:
+    """``support`` with ``max_tokens`` from ``AGENTKIT_MAX_TOKENS`` for this run."""
+    max_tokens = int(os.environ[MAX_TOKENS_ENV])
+    result = await durable.run(question, max_tokens=max_tokens)
+    return {"output": result.output}

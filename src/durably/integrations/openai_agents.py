@@ -53,7 +53,7 @@ from agents.tool_context import ToolContext
 from agents.usage import Usage
 
 from durably import context, errors, steps
-from durably.agents import approvals, completions, usage
+from durably.agents import approvals, budget, completions, usage
 from durably.integrations import _common
 
 __all__ = ["DurableModel", "DurableModelProvider", "DurableRunner"]
@@ -161,19 +161,21 @@ class DurableModel(Model):
 
         if not _in_workflow_code():
             return await call(model_settings)
-        turn = _common.Turn()
 
         async def model_step() -> JSON:
             headers = dict(model_settings.extra_headers or {})
             headers.setdefault(completions.IDEMPOTENCY_HEADER, context.idempotency_key())
             response = await call(dataclasses.replace(model_settings, extra_headers=headers))
-            turn.live = True
             return response_record(response, self.model_name)
 
-        record: JSON = await steps.run_step(
-            model_step, name=MODEL_STEP, retry=self.retry, reconcile=turn.lost_answer
+        record = await _common.model_turn(
+            model_step,
+            name=MODEL_STEP,
+            retry=self.retry,
+            prices=self.price_table,
+            model=self.model_name,
+            request=input,
         )
-        _common.count_turn(record, turn, self.price_table)
         return response_from(record, f"step {MODEL_STEP!r}")
 
     def stream_response(
@@ -328,6 +330,8 @@ class DurableRunner:
         retry: steps.Retry | None = None,
         price_table: Mapping[str, usage.Price] | None = None,
         approval_timeout: float | None = None,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
         **options: Any,
     ) -> RunResult:
         """Run ``starting_agent`` on ``input`` like ``Runner.run``, every model call and
@@ -336,8 +340,12 @@ class DurableRunner:
         ``options`` are ``Runner.run``'s (``context=``, ``max_turns=``, ``hooks=``,
         ...). ``retry`` is the model calls' retry policy, ``price_table`` prices
         their usage, ``approval_timeout`` (seconds) bounds the wait for an
-        approval, after which the call is rejected.
+        approval, after which the call is rejected. ``max_cost`` (dollars, by
+        ``price_table``) and ``max_tokens`` bound the run's model calls,
+        counted from the journal: when reached the run parks for a person
+        (see :mod:`durably.agents.budget`).
         """
+        run_limits = budget.Limits(max_cost, max_tokens)
         _common.require_workflow("DurableRunner.run()")
         if not isinstance(starting_agent, Agent):
             raise errors.DefinitionError(
@@ -356,4 +364,5 @@ class DurableRunner:
             config, model_provider=provider, model=model, tool_execution=tool_execution
         )
         agent = _Wrapper(provider, approval_timeout).agent(starting_agent)
-        return await Runner.run(agent, input, run_config=durable_config, **options)
+        with _common.budgeted(run_limits):
+            return await Runner.run(agent, input, run_config=durable_config, **options)

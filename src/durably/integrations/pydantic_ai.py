@@ -50,7 +50,7 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 
 from durably import context, errors, steps
-from durably.agents import approvals, completions, usage
+from durably.agents import approvals, budget, completions, usage
 from durably.integrations import _common
 
 __all__ = ["DurableAgent", "DurableModel", "DurableToolset"]
@@ -108,11 +108,15 @@ class DurableModel(WrapperModel):
         self.retry = completions.ModelRetry() if retry is None else retry
         self.price_table = usage.DEFAULT_PRICES if price_table is None else price_table
 
-    async def _journaled(self, turn: _common.Turn, body: Any) -> ModelResponse:
-        record: JSON = await steps.run_step(
-            body, name=MODEL_STEP, retry=self.retry, reconcile=turn.lost_answer
+    async def _journaled(self, ask: Any, messages: list[ModelMessage]) -> ModelResponse:
+        record = await _common.model_turn(
+            ask,
+            name=MODEL_STEP,
+            retry=self.retry,
+            prices=self.price_table,
+            model=self.model_name,
+            request=messages,
         )
-        _common.count_turn(record, turn, self.price_table)
         return response_from(record, f"step {MODEL_STEP!r}")
 
     async def request(
@@ -124,16 +128,14 @@ class DurableModel(WrapperModel):
         """Make (or replay from the journal) one model request."""
         if not _in_workflow_code():
             return await self.wrapped.request(messages, model_settings, model_request_parameters)
-        turn = _common.Turn()
 
         async def request_step() -> JSON:
             response = await self.wrapped.request(
                 messages, _with_key(model_settings), model_request_parameters
             )
-            turn.live = True
             return response_record(response)
 
-        return await self._journaled(turn, request_step)
+        return await self._journaled(request_step, messages)
 
     @asynccontextmanager
     async def request_stream(
@@ -154,7 +156,6 @@ class DurableModel(WrapperModel):
             ) as live:
                 yield live
             return
-        turn = _common.Turn()
 
         async def stream_step() -> JSON:
             async with self.wrapped.request_stream(
@@ -162,10 +163,9 @@ class DurableModel(WrapperModel):
             ) as streamed:
                 async for _ in streamed:
                     pass
-            turn.live = True
             return response_record(streamed.get())
 
-        response = await self._journaled(turn, stream_step)
+        response = await self._journaled(stream_step, messages)
         yield CompletedStreamedResponse(
             response, model_request_parameters=model_request_parameters, replay_events=True
         )
@@ -250,7 +250,11 @@ class DurableAgent:
 
     ``retry`` is the model requests' retry policy; ``price_table`` prices their
     usage; ``approval_timeout`` (seconds) bounds the wait for an approval, after
-    which the call is rejected.
+    which the call is rejected. ``max_cost`` (dollars, by ``price_table``) and
+    ``max_tokens`` bound the model requests of the workflow run, counted from
+    the journal: when reached the run parks for a person (see
+    :mod:`durably.agents.budget`); ``run(max_cost=..., max_tokens=...)``
+    replaces them for one run.
     """
 
     def __init__(
@@ -260,7 +264,10 @@ class DurableAgent:
         retry: steps.Retry | None = None,
         price_table: Mapping[str, usage.Price] | None = None,
         approval_timeout: float | None = None,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
+        self.limits = budget.Limits(max_cost, max_tokens)
         if not isinstance(agent, Agent):
             raise errors.DefinitionError(
                 f"DurableAgent wraps a pydantic_ai.Agent, got {type(agent).__name__}"
@@ -284,8 +291,17 @@ class DurableAgent:
     def __repr__(self) -> str:
         return f"<durably DurableAgent {self.wrapped.name or 'agent'}>"
 
-    async def run(self, user_prompt: Any = None, **options: Any) -> AgentRunResult[Any]:
+    async def run(
+        self,
+        user_prompt: Any = None,
+        *,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
+        **options: Any,
+    ) -> AgentRunResult[Any]:
         """Run the agent durably; the arguments are those of ``Agent.run``.
+
+        ``max_cost`` / ``max_tokens`` replace the wrapper's budget for this run.
 
         Raises NotInWorkflow outside a workflow's own code: there the run
         could not be journaled, and a silent non-durable run is what wrapping
@@ -301,5 +317,6 @@ class DurableAgent:
         with (
             self.wrapped.override(model=self.model, toolsets=[*self.toolsets, *extra], tools=[]),
             Agent.parallel_tool_call_execution_mode("sequential"),
+            _common.budgeted(_common.limits(self.limits, max_cost, max_tokens)),
         ):
             return await self.wrapped.run(user_prompt, **options)
