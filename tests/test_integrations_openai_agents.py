@@ -213,3 +213,24 @@ def test_the_public_surface_is_deliberate() -> None:
     from durably.integrations import openai_agents
 
     assert openai_agents.__all__ == ["DurableModel", "DurableModelProvider", "DurableRunner"]
+
+
+async def test_an_on_handoff_callback_runs_once_and_a_replay_hands_off_again(
+    store_url: str, effects: Path
+) -> None:
+    server = _serve(HANDOFF)
+    try:
+        async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.1) as engine:
+            handle = await engine.start(oai_flows.triage_on_handoff, "refund A1?", workflow_id="wf")
+            result = await handle.result(timeout=20)
+            history = await engine.history("wf")
+            fork = await engine.fork("wf", from_seq=len(history), workflow_id_new="wf-replay")
+            replayed = await fork.result(timeout=20)
+    finally:
+        server.stop()
+    assert ("step", "handoff:transfer_to_billing") in [(e.kind, e.name) for e in history]
+    assert result["last_agent"] == replayed["last_agent"] == "billing"
+    assert result["output"] == replayed["output"] == "Billing here: nothing to refund."
+    assert len(server.requests) == 3  # the replay made no model request
+    ran = tools.effects(effects)
+    assert [e["kind"] for e in ran] == ["lookup", "handoff"]  # the callback ran once

@@ -304,11 +304,37 @@ class _Wrapper:
         return clone
 
     def handoff(self, handoff: Handoff[Any, Any]) -> Handoff[Any, Any]:
+        """``handoff`` whose invocation (its ``on_handoff`` callback) is the step
+        ``handoff:<tool name>``, journaling the target agent's name.
+
+        On replay the callback does not run again: the target is the agent
+        ``agents.handoff(agent)`` was built with (the SDK keeps it, weakly, in
+        ``Handoff._agent_ref``), checked against the journaled name. A Handoff
+        built by hand has no such reference: its ``on_invoke_handoff`` is
+        called again on replay (documented in docs/agents.md).
+        """
         invoke = handoff.on_invoke_handoff
+        reference = getattr(handoff, "_agent_ref", None)
+        target_of = reference if callable(reference) else None
 
         async def on_invoke_handoff(ctx: Any, input_json: str) -> Any:
-            target = await invoke(ctx, input_json)
-            return self.agent(target) if isinstance(target, Agent) else target
+            known = target_of() if target_of is not None else None
+            if not _in_workflow_code() or not isinstance(known, Agent):
+                target = await invoke(ctx, input_json)
+                return self.agent(target) if isinstance(target, Agent) else target
+
+            async def handoff_step() -> str:
+                target = await invoke(ctx, input_json)
+                return str(getattr(target, "name", ""))
+
+            step = f"handoff:{handoff.tool_name}"
+            name: str = await steps.run_step(handoff_step, name=step)
+            if name != known.name:
+                raise errors.DecodeError(
+                    f"step {step!r}: the journal recorded a handoff to agent {name!r}, but the "
+                    f"handoff now targets {known.name!r}"
+                )
+            return self.agent(known)
 
         return dataclasses.replace(handoff, on_invoke_handoff=on_invoke_handoff)
 
