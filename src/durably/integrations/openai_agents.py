@@ -21,7 +21,10 @@ Built on the SDK's public extension points, not on its internals:
   rejection reaches the model as the tool's output.
 
 Handoffs are function calls in a model response, so they replay in the
-recorded order with it. Function tools run one at a time
+recorded order with it; a handoff built by ``agents.handoff()`` is invoked as
+the step ``handoff:<tool name>``, so its ``on_handoff`` callback runs once.
+An agent with ``mcp_servers`` is refused (DefinitionError): MCP tool listings
+and calls are not journaled here. Function tools run one at a time
 (``max_function_tool_concurrency=1``) so their steps take their seqs in the
 model's order on every replay. Usage feeds the run's billed/replayed meter.
 """
@@ -291,6 +294,14 @@ class _Wrapper:
         done = self.clones.get(id(agent))
         if done is not None:
             return done
+        if agent.mcp_servers:  # their tools are listed and called outside any step
+            names = ", ".join(repr(getattr(s, "name", "?")) for s in agent.mcp_servers)
+            raise errors.DefinitionError(
+                f"agent {agent.name!r} uses MCP server {names}: DurableRunner does not journal "
+                "MCP tool listings or calls, so they would run again on every replay. Wrap "
+                "each MCP tool you need as a function_tool (its call is then a step), or run "
+                "this agent with Runner.run outside a workflow"
+            )
         model = self.provider.wrap(agent.model) if isinstance(agent.model, Model) else agent.model
         tools = [
             durable_tool(t, self.approval_timeout) if isinstance(t, FunctionTool) else t
