@@ -9,7 +9,9 @@ Built on Pydantic AI's public wrapper classes, as its own DBOS and Temporal
 wrappers are:
 
 - :class:`DurableModel` (a ``WrapperModel``): every model request, streamed or
-  not, is the step ``llm:pydantic_ai``. Its result is the response in Pydantic
+  not, is the step ``llm:pydantic_ai`` (a streamed request's events reach the
+  caller's ``event_stream_handler`` while the step runs; a replayed turn's
+  parts come once, after it). Its result is the response in Pydantic
   AI's own serialization (``ModelMessagesTypeAdapter``), never a class path,
   with its usage in the shape :mod:`durably.agents.usage` reads; on replay the
   response comes back from the journal and the provider is not asked.
@@ -27,6 +29,7 @@ run's billed/replayed meter (:func:`durably.agents.run_usage`).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -34,7 +37,12 @@ from typing import Any, cast
 
 import pydantic_core
 from pydantic_ai import Agent, ApprovalRequired, ModelRetry
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    ModelResponseStreamEvent,
+)
 from pydantic_ai.models import (
     CompletedStreamedResponse,
     Model,
@@ -145,10 +153,12 @@ class DurableModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
         run_context: RunContext[Any] | None = None,
     ) -> AsyncIterator[StreamedResponse]:
-        """A streamed request: consumed inside the step, journaled whole, replayed as events.
+        """A streamed request: consumed inside the step, journaled whole.
 
-        The events reach the caller after the step commits (live or replayed
-        alike), so what the caller sees is what the journal holds.
+        The step runs in a task while the caller iterates: the events of a
+        request made now reach the caller as they arrive (live only); a turn
+        served from the journal yields its recorded parts once, after the step.
+        Either way the response the run continues with is the journaled one.
         """
         if not _in_workflow_code():
             async with self.wrapped.request_stream(
@@ -156,19 +166,69 @@ class DurableModel(WrapperModel):
             ) as live:
                 yield live
             return
+        stream = _LiveStream(model_request_parameters)
 
         async def stream_step() -> JSON:
             async with self.wrapped.request_stream(
                 messages, _with_key(model_settings), model_request_parameters, run_context
             ) as streamed:
-                async for _ in streamed:
-                    pass
+                async for event in streamed:
+                    stream.feed(event)
             return response_record(streamed.get())
 
-        response = await self._journaled(stream_step, messages)
-        yield CompletedStreamedResponse(
-            response, model_request_parameters=model_request_parameters, replay_events=True
-        )
+        stream.step = asyncio.ensure_future(self._journaled(stream_step, messages))
+        stream.step.add_done_callback(lambda _: stream.queue.put_nowait(_END))
+        try:
+            yield stream
+        finally:
+            if not stream.step.done():  # the caller stopped early: the step still ends
+                await stream.step
+
+
+_END = object()
+
+
+class _LiveStream(CompletedStreamedResponse):
+    """A streamed response whose events come from the model step while it runs.
+
+    Built on ``CompletedStreamedResponse`` (which the graph accepts in place of
+    a live stream): ``response`` is set to the journaled response when the step
+    ends, so ``get()`` and ``usage`` are what the journal holds. Live events are
+    the wrapped stream's own (its part ends and final-result events included),
+    so they are passed on as they are; a replayed turn's events are
+    synthesized from the journaled parts, as the SDK does for a completed
+    response.
+    """
+
+    def __init__(self, model_request_parameters: ModelRequestParameters) -> None:
+        super().__init__(ModelResponse(parts=[]), model_request_parameters=model_request_parameters)
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.step: asyncio.Future[ModelResponse] = asyncio.get_running_loop().create_future()
+        self.fed = False
+
+    def feed(self, event: ModelResponseStreamEvent) -> None:
+        """Take one event of the live request (from the step's task)."""
+        self.fed = True
+        self.queue.put_nowait(event)
+
+    def __aiter__(self) -> AsyncIterator[ModelResponseStreamEvent]:
+        if self._event_iterator is None:
+            self._event_iterator = self._events()
+        return self._event_iterator
+
+    async def _events(self) -> AsyncIterator[ModelResponseStreamEvent]:
+        while (item := await self.queue.get()) is not _END:
+            yield cast(ModelResponseStreamEvent, item)
+        response = await self.step  # the step's error, if any, is the caller's
+        self.response = response
+        self.state = response.state
+        if not self.fed:
+            replay = CompletedStreamedResponse(
+                response, model_request_parameters=self.model_request_parameters, replay_events=True
+            )
+            async for event in replay:
+                yield event
+        self._finished = True
 
 
 def _with_key(model_settings: ModelSettings | None) -> ModelSettings:
