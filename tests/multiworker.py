@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import durably
+from tests import children
 from tests import multiworker_flows as flows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = children.REPO
 
 
 @dataclasses.dataclass
@@ -84,12 +85,8 @@ class Pool:
         return argv
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLY_")}
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src")])
-        env[flows.EFFECTS] = str(self.effects)
-        env[flows.PAYMENTS] = self.payments_url
-        env.update(self.extra_env)
-        return env
+        extra = {flows.EFFECTS: str(self.effects), flows.PAYMENTS: self.payments_url}
+        return children.child_env({**extra, **self.extra_env})
 
     def spawn(self) -> Worker:
         """Start one more worker (it registers itself within a second or so)."""

@@ -4,13 +4,13 @@ restores and finishes what was unfinished. PostgreSQL gets its documented proced
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import durably
+from tests import children
 from tests import ops_flows as flows
 from tests.test_archive import run_cli
 from tests.test_retention import REPO, statuses, wait_for, worker
@@ -34,8 +34,7 @@ def test_a_backup_taken_mid_run_restores_and_finishes_the_unfinished(tmp_path: P
             return done >= 2 and done <= len(runs) - 4
 
         wait_for(midway, f"some workflows to finish and others to be under way: {statuses(url)}")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLY_")}
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src")])
+        env = children.child_env()
         out = subprocess.run(
             [sys.executable, "-m", "durably.cli", "--database", url, "backup", str(backup)],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=60,

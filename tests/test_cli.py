@@ -27,6 +27,7 @@ import durably
 from durably import cli, errors, journal, operations
 from durably.storage import base, create_store
 from durably.testing import crashes
+from tests import children
 
 #: Rich markup, an unclosed tag and an escaped bracket: what broke `list` and `show`.
 MARK = "[/][bold]x[red]y[/] \\[z]"
@@ -581,7 +582,7 @@ def test_a_strict_worker_process_leaves_other_code_alone(sqlite_url: str, tmp_pa
     and never claims the workflow another application's code started."""
     _other_code(sqlite_url, "other")
     log = tmp_path / "worker.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = children.child_env(drop=())
     argv = [sys.executable, "-m", "durably.cli", "-d", sqlite_url, "worker", "tests.test_cli"]
     with log.open("w") as out:
         proc = subprocess.Popen(

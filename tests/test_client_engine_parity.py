@@ -8,9 +8,7 @@ raised (type and message). Every test runs on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import textwrap
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 
 import durably
 from durably import workflows
+from tests import children
 
 Outcome = tuple[str, Any]
 
@@ -212,7 +211,7 @@ async def test_events_cancel_resume_and_fork_alike(both: Any) -> None:
     assert await two.result(timeout=10) == "two:b"
     kind, message = await same(lambda: client.resume("w2"), lambda: engine.resume("w2"))
     assert (kind, message) == (
-        "DurablyError",
+        "NotResumable",
         "workflow 'w2' is completed; only a failed, cancelled or diverged workflow can be resumed",
     )
 
@@ -261,11 +260,8 @@ async def remote_double(n: int) -> int:
 def remote_worker(store_url: str, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """A worker process that defines ``parity-remote-double`` (this process does not)."""
     (tmp_path / "parity_remote_flows.py").write_text(textwrap.dedent(REMOTE_FLOWS))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLY_")}
-    argv = [
-        sys.executable, "-m", "durably.cli", "--database", store_url,
-        "worker", "parity_remote_flows", "--poll", "0.2",
-    ]  # fmt: skip
+    env = children.child_env()
+    argv = children.durably_cli(store_url, "worker", "parity_remote_flows", "--poll", "0.2")
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)

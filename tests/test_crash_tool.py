@@ -11,17 +11,17 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from durably.testing import CrashToolError, crash_points, crashes, payments
+from durably.cli import crashes as cli_crashes
+from durably.testing import CrashToolError, crash_points, payments
 from durably.testing.crashes import KeyCount, Scenario
+from tests import children
 from tests.crashkit import refund_flows
 from tests.crashkit.refund_flows import OUTBOX, PAYMENTS_ENV
 
@@ -121,16 +121,9 @@ def test_every_boundary_of_the_refund_agent_recovers_as_its_policy_says(
 
 def test_the_command_prints_every_boundary_and_exits_zero(tmp_path: Path) -> None:
     """Through the command line: ``durably test-crashes`` once the CLI registers it."""
-    from durably import cli
-
-    if "test-crashes" in cli.main.commands:
-        argv = [sys.executable, "-m", "durably.cli", "test-crashes"]
-    else:  # until the lead adds main.add_command(test_crashes_command) to cli.py
-        entry = "from durably.testing.crashes import test_crashes_command as c; c()"
-        argv = [sys.executable, "-c", entry]
+    argv = children.python("-m", "durably.cli", "test-crashes")
     with payments.FakePaymentsServer(tmp_path / "payments.jsonl", flavour="plain") as server:
-        env = {**os.environ, PAYMENTS_ENV: server.url, "COLUMNS": "200"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        env = children.child_env({PAYMENTS_ENV: server.url, "COLUMNS": "200"})
         proc = subprocess.run(
             [
                 *argv,
@@ -163,7 +156,7 @@ def test_a_reconcile_that_misses_the_refund_is_a_violation(
 ) -> None:
     server = service("lookup")
     result = CliRunner().invoke(
-        crashes.test_crashes_command,
+        cli_crashes.test_crashes_command,
         [
             TARGET,
             json.dumps(

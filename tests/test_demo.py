@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -22,12 +21,12 @@ import pytest
 import durably
 from durably.testing import payments
 from durably.testing.models import read_log
+from tests import children
 
 
 def _env() -> dict[str, str]:
     """Our environment without a crash plan or a real model endpoint (the demo picks the fake)."""
-    drop = ("DURABLY_", "OPENAI_")
-    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    return children.child_env(drop=("DURABLY_", "OPENAI_"))
 
 
 def _run(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:

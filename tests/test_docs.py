@@ -27,7 +27,6 @@ and every ``pip install`` extra exists in pyproject.toml.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shlex
 import subprocess
@@ -38,6 +37,8 @@ from pathlib import Path
 
 import click
 import pytest
+
+from tests import children
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -309,11 +310,12 @@ def program(block: Block) -> str:
 
 
 def _env(cwd: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DURABLY_", "OPENAI_"))}
-    env["OPENAI_API_KEY"] = "sk-docs-test-not-a-key"
-    env["OPENAI_BASE_URL"] = "http://127.0.0.1:9/v1"  # nothing listens: no model call is paid
-    env["PYTHONPATH"] = str(cwd)  # modules a block writes (myapp) import in its child processes
-    return env
+    model = {
+        "OPENAI_API_KEY": "sk-docs-test-not-a-key",
+        "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",  # nothing listens: no model call is paid
+    }
+    # modules a block writes (myapp) import in its child processes
+    return children.child_env(model, drop=("DURABLY_", "OPENAI_"), paths=[cwd])
 
 
 # --- Python blocks -------------------------------------------------------------------------------

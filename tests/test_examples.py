@@ -3,14 +3,13 @@ server and prints its answer; a second run of the same workflow asks the model n
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests import children
+
+REPO = children.REPO
 EXAMPLES = {
     "agent_openai.py": "model requests: 2",
     "agent_anthropic.py": "model requests: 2 to /v1/messages",
@@ -25,9 +24,9 @@ def test_every_example_is_tested() -> None:
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_the_example_runs_and_prints_its_result(name: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DURABLY_", "OPENAI_"))}
+    env = children.child_env(drop=("DURABLY_", "OPENAI_"))
     done = subprocess.run(
-        [sys.executable, str(REPO / "examples" / name)],
+        children.python(str(REPO / "examples" / name)),
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from durably.testing.payments import (
     read_log,
     refunds_in_log,
 )
+from tests import children
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -138,10 +138,7 @@ def test_read_log_ignores_torn_last_line_and_restart_repairs_it(tmp_path: Path) 
 def test_subprocess_mode(tmp_path: Path) -> None:
     log = tmp_path / "p.jsonl"
     port_file = tmp_path / "port"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = children.child_env()
     cmd = [
         sys.executable, "-m", "durably.testing.payments",
         "--log", str(log), "--flavour", "idempotent", "--port", "0",

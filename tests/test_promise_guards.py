@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -28,6 +27,7 @@ import pytest
 
 import durably
 from durably.storage import create_store
+from tests import children
 
 # --- a signal from another process while the workflow is held in memory ---------------
 
@@ -49,7 +49,7 @@ async def wait_for_go(workflow_id: str) -> Any:
 
 
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("DURABLY_")}
+    return children.child_env()
 
 
 SENDER = """

@@ -9,7 +9,6 @@ import asyncio
 import collections
 import contextlib
 import datetime
-import os
 import signal
 import sqlite3
 import subprocess
@@ -22,6 +21,7 @@ import pytest
 
 import durably
 from durably import errors
+from tests import children
 from tests import ops_flows as flows
 from tests.test_archive import run_cli
 
@@ -31,10 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 @contextlib.contextmanager
 def worker(url: str, tmp_path: Path, effects: Path, step_seconds: float = 0.0) -> Iterator[None]:
     """A real ``durably worker tests.ops_flows`` process, stopped with SIGTERM at the end."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLY_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "src")])
-    env[flows.EFFECTS] = str(effects)
-    env["OPS_STEP_SECONDS"] = str(step_seconds)
+    env = children.child_env({flows.EFFECTS: str(effects), "OPS_STEP_SECONDS": str(step_seconds)})
     argv = [sys.executable, "-m", "durably.cli", "--database", url, "worker", "tests.ops_flows",
             "--lease", "2", "--poll", "0.1"]  # fmt: skip
     log = tmp_path / "worker.log"

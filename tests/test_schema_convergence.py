@@ -4,7 +4,6 @@ processes starting at once on a fresh database both succeed."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from durably.storage import create_store, sqlbase
+from tests import children
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,7 +110,7 @@ def test_two_processes_starting_at_once_on_a_fresh_database_both_succeed(
 ) -> None:
     newest = sqlbase.load_migrations()[-1][0]
     code = STARTER.format(src=str(REPO / "src"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLY_")}
+    env = children.child_env()
     for attempt in range(3):
         url = fresh_url()
         go = tmp_path / f"go{attempt}"

@@ -8,7 +8,6 @@ service logged: requests, keys and refunds. Durably's own logs are not trusted.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from durably.testing import payments
+from tests import children
 from tests.crashkit.refund_flows import CENTS, PAYMENTS_ENV
 from tests.crashkit.refund_harness import REFUND_FLOW, bench, payload
 
@@ -140,13 +140,13 @@ def test_intent_boundaries_can_be_crashed_through_the_environment(tmp_path: Path
             "durably.run(refund_flows.refund_flow, 'ORD-9912', 'at_most_once',\n"
             "            workflow_id=sys.argv[1], database=sys.argv[2])\n"
         )
-        env = {
-            **os.environ,
-            "DURABLY_CRASH_AT": "after_intent:issue_refund",
-            "DURABLY_CRASH_ONCE": str(b.marker),
-            PAYMENTS_ENV: b.server.url,
-            "PYTHONPATH": ":".join(p for p in sys.path if p),
-        }
+        env = children.child_env(
+            {
+                "DURABLY_CRASH_AT": "after_intent:issue_refund",
+                "DURABLY_CRASH_ONCE": str(b.marker),
+                PAYMENTS_ENV: b.server.url,
+            }
+        )
         proc = subprocess.run(
             [sys.executable, "-c", script, b.workflow_id, b.url],
             env=env,

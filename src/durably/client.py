@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from durably import journal, operations, step_runner
-from durably.storage import create_store, dispatch, resolve_url
+from durably.storage import base, create_store, dispatch, resolve_url
 from durably.storage.base import WorkflowQuery
 
 R = TypeVar("R")
@@ -107,6 +107,13 @@ class Client:
         self._run(self._ops.start(new))
         return new.workflow_id
 
+    def submit(self, new: base.NewWorkflow) -> journal.WorkflowInfo:
+        """Commit a prepared pending workflow (a queue's ``enqueue_sync``); return its row:
+        the new one, or the one already holding its id or its queue's deduplication id."""
+        store = self._store.store
+        info, _ = self._call(store.create_workflow, new, None, None, time.time(), write=True)
+        return info
+
     # --- signals, events, cancel, resume, fork ---------------------------------------
 
     def send_signal(
@@ -166,31 +173,37 @@ class Client:
         *,
         by: str,
         tool_call_id: str | None = None,
+        expect: Any = None,
         override_args: Any = None,
         note: str = "",
     ) -> Any:
         """Approve the workflow's pending tool call (see :func:`durably.agents.approve`)."""
         from durably.agents import decisions
 
-        return decisions.approve(
-            self,
-            workflow_id,
-            by=by,
-            tool_call_id=tool_call_id,
-            override_args=override_args,
-            note=note,
+        fields = decisions.fields("approve", by, note, override_args)
+        return self._run(
+            decisions.decide_plan(self._ops, workflow_id, tool_call_id, expect, fields)
         )
 
     def reject(
-        self, workflow_id: str, *, by: str, reason: str = "", tool_call_id: str | None = None
+        self,
+        workflow_id: str,
+        *,
+        by: str,
+        reason: str = "",
+        tool_call_id: str | None = None,
+        expect: Any = None,
     ) -> Any:
         """Reject the workflow's pending tool call; the model reads the reason."""
         from durably.agents import decisions
 
-        return decisions.reject(self, workflow_id, by=by, reason=reason, tool_call_id=tool_call_id)
+        fields = decisions.fields("reject", by, reason, None)
+        return self._run(
+            decisions.decide_plan(self._ops, workflow_id, tool_call_id, expect, fields)
+        )
 
-    def list_approvals(self, workflow_id: str | None = None) -> list[Any]:
+    def list_approvals(self, workflow_id: str | None = None, *, limit: int = 1000) -> list[Any]:
         """Tool calls waiting for a person's approval, with their exact arguments."""
         from durably.agents import decisions
 
-        return decisions.list_approvals(self, workflow_id)
+        return self._run(decisions.list_plan(self._ops, workflow_id, limit))

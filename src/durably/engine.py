@@ -202,7 +202,9 @@ class Engine:
         self._timer: asyncio.TimerHandle | None = None  # for the earliest wake-up known here
         self._timer_at = 0.0
         self._ops = operations.Operations(self._store.store, clock)
-        self._leases = leases.Leases(self)
+        self._leases = leases.Leases(
+            self._store, lease_seconds, clock, self._tasks.keys, self._kick_recovery
+        )
         self._stop_listening: Callable[[], None] = lambda: None
 
     # --- lifecycle -------------------------------------------------------------
@@ -211,7 +213,7 @@ class Engine:
     def executor_id(self) -> str:
         """This executor's id, as recorded in leases and claims."""
         if self._me is None:
-            raise errors.DurablyError("the engine is not open; use `async with Engine(...)`")
+            raise errors.EngineNotOpen("the engine is not open; use `async with Engine(...)`")
         return self._me.executor_id
 
     async def __aenter__(self) -> Engine:
@@ -255,7 +257,7 @@ class Engine:
             asyncio.create_task(self._recovery_loop(), name="durably-recovery"),
         ]
         self._heartbeat = asyncio.create_task(
-            self._leases.heartbeat_loop(self._drained), name="durably-heartbeat"
+            self._leases.heartbeat_loop(self._drained, self._me), name="durably-heartbeat"
         )
         self._watchdog = watchdog.Watchdog(
             self._database, self._me, self.lease_seconds, self.clock, self._held_here
@@ -340,7 +342,7 @@ class Engine:
 
     def _require_open(self) -> runtime.Services:
         if self._services is None:
-            raise errors.DurablyError("the engine is not open; use `async with Engine(...)`")
+            raise errors.EngineNotOpen("the engine is not open; use `async with Engine(...)`")
         return self._services
 
     async def _call(self, fn: Callable[..., R], *args: Any, write: bool = True) -> R:
@@ -376,7 +378,7 @@ class Engine:
             self._kick_recovery()
         return WorkflowHandle(self, new.workflow_id)
 
-    async def _submit(self, new: base.NewWorkflow) -> journal.WorkflowInfo:
+    async def submit(self, new: base.NewWorkflow) -> journal.WorkflowInfo:
         """Commit a pending workflow for any engine to claim (a queue's ``enqueue``).
 
         Returns the row: the new one, or the one already holding its id or its
@@ -500,6 +502,7 @@ class Engine:
         *,
         by: str,
         tool_call_id: str | None = None,
+        expect: Any = None,
         override_args: Any = None,
         note: str = "",
     ) -> Any:
@@ -509,30 +512,43 @@ class Engine:
         """
         from durably.agents import decisions
 
-        return await decisions.approve(
-            self,
-            workflow_id,
-            by=by,
-            tool_call_id=tool_call_id,
-            override_args=override_args,
-            note=note,
-        )
+        fields = decisions.fields("approve", by, note, override_args)
+        return await self._decide(workflow_id, tool_call_id, expect, fields)
 
     async def reject(
-        self, workflow_id: str, *, by: str, reason: str = "", tool_call_id: str | None = None
+        self,
+        workflow_id: str,
+        *,
+        by: str,
+        reason: str = "",
+        tool_call_id: str | None = None,
+        expect: Any = None,
     ) -> Any:
         """Reject the workflow's pending tool call; the model reads the reason as its result."""
         from durably.agents import decisions
 
-        return await decisions.reject(
-            self, workflow_id, by=by, reason=reason, tool_call_id=tool_call_id
-        )
+        fields = decisions.fields("reject", by, reason, None)
+        return await self._decide(workflow_id, tool_call_id, expect, fields)
 
-    async def list_approvals(self, workflow_id: str | None = None) -> list[Any]:
+    async def _decide(
+        self, workflow_id: str, tool_call_id: str | None, expect: Any, fields: dict[str, Any]
+    ) -> Any:
+        """Send the decision's signal (see ``decisions.decide_plan``), then wake local runs
+        as ``send_signal`` does."""
+        from durably.agents import decisions
+
+        plan = decisions.decide_plan(self._ops, workflow_id, tool_call_id, expect, fields)
+        decided = await self._run(plan)
+        self._on_wakeup(base.Wakeup("signal", workflow_id, decided.signal))
+        return decided
+
+    async def list_approvals(
+        self, workflow_id: str | None = None, *, limit: int = 1000
+    ) -> list[Any]:
         """Tool calls waiting for a person's approval, with their exact arguments."""
         from durably.agents import decisions
 
-        return await decisions.list_approvals(self, workflow_id)
+        return await self._run(decisions.list_plan(self._ops, workflow_id, limit))
 
     async def reviews(self, workflow_id: str | None = None) -> list[journal.Review]:
         """Steps parked in ``needs_review``, oldest first, with their intent and key."""

@@ -1,7 +1,8 @@
 """One exception tree for everything durably raises.
 
-Every class carries a default message in its docstring-like ``default``; callers
-pass a specific message that says what went wrong and where.
+Every class's docstring says what is so; its first line is the message of an
+error raised without one (``raise errors.EngineNotOpen()``). Callers pass a
+specific message that says what went wrong and where.
 """
 
 from __future__ import annotations
@@ -9,6 +10,17 @@ from __future__ import annotations
 
 class DurablyError(Exception):
     """Base class of every error raised by durably."""
+
+    def __str__(self) -> str:
+        if self.args:
+            return super().__str__()
+        return default_message(type(self))
+
+
+def default_message(cls: type[BaseException]) -> str:
+    """The first line of the class's docstring: what its error means when no message says more."""
+    doc = cls.__doc__ or cls.__name__
+    return doc.strip().splitlines()[0]
 
 
 # --- workflow outcomes -------------------------------------------------------
@@ -135,11 +147,39 @@ class NotInWorkflow(DurablyError, RuntimeError):
     """A workflow-only call was made outside a running workflow."""
 
 
+class NotResumable(DurablyError):
+    """The workflow cannot be resumed as it is (not failed, cancelled or diverged, or
+    steps ran after its cancellation); the message says why and what to do instead."""
+
+
+class EngineNotOpen(DurablyError):
+    """The engine is not open; use ``async with Engine(...)``."""
+
+
 class ServerConfigError(DurablyError):
     """``durably serve`` cannot start as configured (no token off loopback, a bad token file)."""
 
 
 # --- storage -------------------------------------------------------------------
+
+
+class DatabaseURLError(DurablyError):
+    """The database URL cannot be used: an unknown scheme, or a malformed part or option.
+
+    Raised before anything is opened; the message quotes the URL (password redacted).
+    """
+
+
+class BackendNotInstalled(DurablyError):
+    """The database URL needs a driver that is not installed (psycopg for PostgreSQL)."""
+
+
+class NotAFinishedStatus(DurablyError):
+    """Only finished workflows are pruned; the status asked for is not a final one."""
+
+
+class BackupError(DurablyError):
+    """The backup file cannot be created (durably never overwrites a file)."""
 
 
 class StoreError(DurablyError):

@@ -12,12 +12,26 @@ path rather than a simulated one:
 - ``DURABLY_CRASH_AT=#N``: die at the Nth boundary of any kind.
 - ``DURABLY_CRASH_ONCE=PATH``: only if PATH does not exist; it is created just
   before dying, so a restarted process goes through.
+
+An :class:`Observer` (``observe(...)``) hears every boundary, every call of a
+step function and every committed batch of entries, before any crash: the
+shipped test kit (``durably test-crashes``) records them this way instead of
+replacing engine functions at run time, so a refactor of the engine cannot
+silently stop it from counting. The engine reports through the module
+functions :func:`reached`, :func:`step_called` and :func:`committed`.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from durably.context import StepContext
+    from durably.journal import Entry
+    from durably.steps import StepDefinition
 
 POINTS = (
     "engine_start",
@@ -50,7 +64,21 @@ class _Plan:
         self.step = step or None
 
 
+class Observer(Protocol):
+    """What a probe of the engine hears (called on the event loop; keep it quick)."""
+
+    def reached(self, point: str, step: str) -> None:
+        """The engine reached a boundary (heard before a crash planned there)."""
+
+    def step_called(self, step: StepDefinition, ctx: StepContext) -> None:
+        """A step function is about to be called (an attempt, compensations included)."""
+
+    def committed(self, workflow_id: str, entries: Sequence[Entry]) -> None:
+        """A run's batch of journal entries is durable."""
+
+
 _plan: _Plan | None = None
+_observer: Observer | None = None
 
 
 def configure(spec: str | None) -> None:
@@ -59,8 +87,28 @@ def configure(spec: str | None) -> None:
     _plan = _Plan(spec) if spec else None
 
 
+def observe(observer: Observer | None) -> None:
+    """Set (or with None clear) the observer of this process."""
+    global _observer
+    _observer = observer
+
+
+def step_called(step: StepDefinition, ctx: StepContext) -> None:
+    """Tell the observer, if any, that a step function is about to be called."""
+    if _observer is not None:
+        _observer.step_called(step, ctx)
+
+
+def committed(workflow_id: str, entries: Sequence[Entry]) -> None:
+    """Tell the observer, if any, that a run's entries are durable."""
+    if _observer is not None:
+        _observer.committed(workflow_id, entries)
+
+
 def reached(point: str, step: str = "") -> None:
     """Mark that the engine reached a boundary; dies there if the plan says so."""
+    if _observer is not None:
+        _observer.reached(point, step)
     plan = _plan
     if plan is None:
         return

@@ -32,7 +32,12 @@ class Status(enum.StrEnum):
 
 
 _FINISHED = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.DIVERGED})
+#: The final statuses of a workflow, sorted (queries.sql spells them out; a test checks).
 FINISHED_STATUSES: tuple[str, ...] = tuple(sorted(s.value for s in _FINISHED))
+#: A workflow that an executor runs, or that any executor may claim once its lease is gone.
+LIVE_STATUSES = frozenset({Status.PENDING, Status.RUNNING})
+#: A parked workflow: no owner; claimable when its ``wake_at`` is due.
+PARKED_STATUSES = frozenset({Status.SLEEPING, Status.WAITING, Status.NEEDS_REVIEW})
 
 
 class Kind(enum.StrEnum):
@@ -58,6 +63,11 @@ class EntryStatus(enum.StrEnum):
     COMPLETED = "completed"  # the receipt: payload holds the result
     FAILED = "failed"  # final: payload holds the error, re-raised on every replay
     TIMED_OUT = "timed_out"  # final: a wait whose deadline passed
+
+
+#: The entry statuses a call never leaves: the upsert refuses to change such an entry,
+#: and replay returns (or raises) it as it is.
+FINAL_ENTRY_STATUSES = frozenset({EntryStatus.COMPLETED, EntryStatus.FAILED, EntryStatus.TIMED_OUT})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -23,21 +23,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection
 
-from durably import errors, operations, runtime
-
-if TYPE_CHECKING:
-    from durably.engine import Engine
+from durably import errors, journal, operations, runtime
+from durably.storage import dispatch
 
 log = logging.getLogger("durably")
 
 
 class Leases:
-    """The heartbeat of one engine and what it learns."""
+    """The heartbeat of one engine and what it learns.
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    It is given what it needs of the engine, and nothing more: the store thread,
+    the lease length and clock, the ids of the workflows the engine runs
+    (``running``) and a way to make the engine look for work now (``kick``).
+    """
+
+    def __init__(
+        self,
+        store: dispatch.StoreThread,
+        lease_seconds: float,
+        clock: Callable[[], float],
+        running: Callable[[], Collection[str]],
+        kick: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._lease_seconds = lease_seconds
+        self._clock = clock
+        self._running = running
+        self._kick = kick
         self._drivers: dict[runtime.Run, asyncio.Task[None]] = {}
         self._orphans: dict[str, int] = {}
 
@@ -50,45 +64,42 @@ class Leases:
     def untrack(self, run: runtime.Run) -> None:
         self._drivers.pop(run, None)
 
-    async def heartbeat_loop(self, drained: asyncio.Event) -> None:
-        """Beat every ``lease_seconds / 3`` until ``drained`` is set.
+    async def heartbeat_loop(self, drained: asyncio.Event, me: journal.ExecutorInfo) -> None:
+        """Beat every ``lease_seconds / 3`` for executor ``me`` until ``drained`` is set.
 
         Not until the engine starts stopping: the runs still draining then keep
         their leases, so that no other executor starts their steps again.
         """
-        engine = self._engine
         while not drained.is_set():
-            await operations.wait_event(drained, engine.lease_seconds / 3)
+            await operations.wait_event(drained, self._lease_seconds / 3)
             if drained.is_set():
                 return
             try:
-                await self.beat()
+                await self.beat(me)
             except errors.StoreError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
-    async def beat(self) -> None:
+    async def beat(self, me: journal.ExecutorInfo) -> None:
         """Renew every lease once; stop the runs that lost theirs; release orphans."""
-        engine = self._engine
-        store = engine._store.store
-        me = engine._me
-        assert me is not None
+        call, store = self._store.call, self._store.store
         runs = list(self._drivers)  # every one of them was claimed before this heartbeat
-        now = engine.clock()
-        held = dict(await engine._call(store.heartbeat, me, now, now + engine.lease_seconds))
+        now = self._clock()
+        held = dict(await call(store.heartbeat, me, now, now + self._lease_seconds, write=True))
         for run in runs:
             if run.parked or run.retired or held.get(run.workflow_id) == run.epoch:
                 continue
-            info = await engine._call(store.get_workflow, run.workflow_id, write=False)
+            info = await call(store.get_workflow, run.workflow_id, write=False)
             if info is not None and info.epoch != run.epoch and not run.retired:
                 self._lose(run, info.epoch, info.owner)
-        orphans = {wid: epoch for wid, epoch in held.items() if wid not in engine._tasks}
+        running = self._running()
+        orphans = {wid: epoch for wid, epoch in held.items() if wid not in running}
         for wid, epoch in orphans.items():
             if self._orphans.get(wid) == epoch:
                 log.error(
                     "workflow %s is held here but nothing runs it; releasing it as a crash", wid
                 )
-                await engine._call(store.release, wid, epoch, engine.clock(), True)
-                engine._kick_recovery()
+                await call(store.release, wid, epoch, self._clock(), True, write=True)
+                self._kick()
         self._orphans = orphans
 
     def _lose(self, run: runtime.Run, epoch: int, owner: str | None) -> None:

@@ -35,7 +35,6 @@ worker --queue NAME`` finds them.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import TYPE_CHECKING, Any
 
 from durably import errors, operations, validate
@@ -131,7 +130,7 @@ class Queue:
         unfinished, ``deduplication_id``) returns the workflow that holds it.
         """
         new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id)
-        info = await engine._submit(new)
+        info = await engine.submit(new)
         operations.check_name(info, new.name)
         return engine.handle(info.workflow_id)
 
@@ -150,8 +149,7 @@ class Queue:
         For code without an event loop (web handlers, scripts). As ``enqueue``.
         """
         new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id)
-        store = client._store.store
-        info, _ = client._call(store.create_workflow, new, None, None, time.time(), write=True)
+        info = client.submit(new)
         operations.check_name(info, new.name)
         return info.workflow_id
 

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from durably import codec, errors, journal, replay
+from durably import codec, errors, faults, journal, replay
 from durably.storage import dispatch
 
 if TYPE_CHECKING:
@@ -129,6 +129,7 @@ class Run:
             self.cancel_requested = True
         for entry in batch:
             self.replayer.record(entry)
+        faults.committed(self.workflow_id, batch)  # durable now (durably test-crashes counts)
 
     async def finish(self, status: str, output: str | None, error: str | None) -> None:
         """Commit the final status with any pending journaled values."""
@@ -482,9 +483,7 @@ REVIEW = "review"
 #: Journaled values a step could observe: committed before any step starts.
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
 
-_FINAL = frozenset(
-    {journal.EntryStatus.COMPLETED, journal.EntryStatus.FAILED, journal.EntryStatus.TIMED_OUT}
-)
+_FINAL = journal.FINAL_ENTRY_STATUSES
 
 
 def _loop_is_quiet() -> bool:

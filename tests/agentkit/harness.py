@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tests import children
+
+REPO = children.REPO
 TIMEOUT = 60.0
 MODEL_URL_ENV = "AGENTKIT_MODEL_URL"
 EFFECTS_ENV = "AGENTKIT_EFFECTS"
@@ -22,13 +23,9 @@ def child_env(
     model_url: str, effects: Path, extra: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """Our environment, no crash plan unless given, the repo importable, the model server named."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLY_")}
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([*paths, str(REPO), str(REPO / "src")])
-    env[MODEL_URL_ENV] = model_url
-    env[EFFECTS_ENV] = str(effects)
-    env.update(extra or {})
-    return env
+    return children.child_env(
+        {MODEL_URL_ENV: model_url, EFFECTS_ENV: str(effects), **(extra or {})}
+    )
 
 
 def run(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:

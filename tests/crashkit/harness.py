@@ -21,21 +21,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tests import children
+
+REPO = children.REPO
 CRASH_VARS = ("DURABLY_CRASH_AT", "DURABLY_CRASH_ONCE")
 CHILD_TIMEOUT = 60.0
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a runner child: ours, no crash plan unless given, repo importable."""
-    env = {k: v for k, v in os.environ.items() if k not in CRASH_VARS}
-    paths = [str(REPO), str(REPO / "src")]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.pop("DURABLY_DATABASE_URL", None)
-    env.update(extra or {})
-    return env
+    return children.child_env(extra, drop=(*CRASH_VARS, "DURABLY_DATABASE_URL"))
 
 
 @dataclasses.dataclass

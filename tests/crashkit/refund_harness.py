@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import durably
 from durably.testing import payments
 from durably.testing.crashes import ChildRun, run_in_child
+from tests import children
 from tests.crashkit.refund_flows import PAYMENTS_ENV
 
 REFUND_FLOW = "tests.crashkit.refund_flows:refund_flow"
@@ -128,10 +127,9 @@ class Bench:
 
     def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
         """``python -m durably.cli --database URL ARGV`` in a new process."""
-        env = {**os.environ, "COLUMNS": "250"}
-        env.pop("DURABLY_CRASH_AT", None)
+        env = children.child_env({"COLUMNS": "250"}, drop=("DURABLY_CRASH_AT",))
         return subprocess.run(
-            [sys.executable, "-m", "durably.cli", "--database", self.url, *argv],
+            children.durably_cli(self.url, *argv),
             capture_output=True,
             text=True,
             env=env,

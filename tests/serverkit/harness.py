@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import durably
+from tests import children
 from tests.serverkit import flows
 
 TOKEN = "alice:test-token-0123456789abcdef"
@@ -100,7 +100,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
     """A child process (stdout and stderr to one pipe), killed when the block ends."""
-    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full = children.child_env(env, drop=(), paths=[ROOT])
     proc = subprocess.Popen(
         args, cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -7,29 +7,34 @@ decision is made once. The payload carries who decided, when (UTC, from the
 deciding process), and the hash of the arguments that were shown; a decision
 made on other arguments is refused here (``ApprovalStale``) and again inside the
 workflow. All three work with a :class:`~durably.Client` (synchronous) or an
-:class:`~durably.Engine` (they return an awaitable). Their logic is written
-once, as a generator of store operations that a sync or an async driver runs.
+:class:`~durably.Engine` (they return an awaitable), whose methods of the same
+names run the plans written here once (:func:`list_plan`, :func:`decide_plan`),
+ordinary operation plans of :mod:`durably.operations`.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Coroutine, Generator
 from typing import TYPE_CHECKING, Any, overload
 
-from durably import client as client_module
+from durably import operations
 from durably.agents import exceptions
 from durably.agents.approvals import INDEX_EVENT, JSON, PendingApproval
 
 if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    from durably.client import Client
     from durably.engine import Engine
 
-Op = tuple[Any, ...]
-Plan = Generator[Op, Any, Any]
 
-
-def _pending_of(workflow_id: str) -> Generator[Op, Any, list[PendingApproval]]:
-    index = yield ("event", workflow_id, INDEX_EVENT)
+def _pending_of(
+    ops: operations.Operations, workflow_id: str
+) -> operations.Plan[list[PendingApproval]]:
+    try:
+        index = yield from ops.get_event(workflow_id, INDEX_EVENT, None)
+    except TimeoutError:  # nothing published yet: nothing pending
+        index = None
     records = index if isinstance(index, list) else []
     return [
         PendingApproval.from_record(r)
@@ -38,25 +43,30 @@ def _pending_of(workflow_id: str) -> Generator[Op, Any, list[PendingApproval]]:
     ]
 
 
-def _list_plan(workflow_id: str | None, limit: int) -> Generator[Op, Any, list[PendingApproval]]:
+def list_plan(
+    ops: operations.Operations, workflow_id: str | None, limit: int
+) -> operations.Plan[list[PendingApproval]]:
+    """The pending approvals of one workflow, or of every waiting or running workflow."""
     ids = [workflow_id] if workflow_id else []
     if not workflow_id:
         for status in ("waiting", "running"):
-            infos = yield ("list", status, limit)
+            infos = yield from ops.list_workflows(status, None, limit)
             ids += [info.workflow_id for info in infos]
     found: list[PendingApproval] = []
     for wid in ids:
-        found += yield from _pending_of(wid)
+        found += yield from _pending_of(ops, wid)
     return found
 
 
-def _decide_plan(
+def decide_plan(
+    ops: operations.Operations,
     workflow_id: str,
     approval_id: str | None,
     expect: str | PendingApproval | None,
     fields: JSON,
-) -> Generator[Op, Any, PendingApproval]:
-    pending = yield from _pending_of(workflow_id)
+) -> operations.Plan[PendingApproval]:
+    """Send a decision on the one pending approval it names, once; the approval decided."""
+    pending = yield from _pending_of(ops, workflow_id)
     if isinstance(expect, PendingApproval):
         approval_id = approval_id or expect.approval_id
     if approval_id is not None:
@@ -80,7 +90,7 @@ def _decide_plan(
         )
     payload = {**fields, "args_sha256": chosen.args_sha256}
     key = f"decision:{chosen.signal}"
-    sent = yield ("signal", workflow_id, chosen.signal, payload, key)
+    sent = yield from ops.send_signal(workflow_id, chosen.signal, payload, key)
     if not sent:
         raise exceptions.ApprovalAlreadyDecided(
             f"{chosen.describe()} in workflow {workflow_id!r} was already decided"
@@ -88,51 +98,17 @@ def _decide_plan(
     return chosen
 
 
-def _sync(plan: Plan, target: client_module.Client) -> Any:
-    result: Any = None
-    try:
-        while True:
-            op = plan.send(result)
-            if op[0] == "event":
-                try:
-                    result = target.get_event(op[1], op[2])
-                except TimeoutError:
-                    result = None
-            elif op[0] == "list":
-                result = target.list_workflows(status=op[1], limit=op[2])
-            else:
-                result = target.send_signal(op[1], op[2], op[3], idempotency_key=op[4])
-    except StopIteration as stop:
-        return stop.value
-
-
-async def _async(plan: Plan, target: Engine) -> Any:
-    result: Any = None
-    try:
-        while True:
-            op = plan.send(result)
-            if op[0] == "event":
-                try:
-                    result = await target.get_event(op[1], op[2])
-                except TimeoutError:
-                    result = None
-            elif op[0] == "list":
-                result = await target.list_workflows(status=op[1], limit=op[2])
-            else:
-                result = await target.send_signal(op[1], op[2], op[3], idempotency_key=op[4])
-    except StopIteration as stop:
-        return stop.value
-
-
-def _drive(plan: Plan, target: client_module.Client | Engine) -> Any:
-    if isinstance(target, client_module.Client):
-        return _sync(plan, target)
-    return _async(plan, target)
+def fields(decision: str, by: str, reason: str, override: JSON | None) -> JSON:
+    """What a decision's signal carries besides the hash of the arguments shown."""
+    if not by:
+        raise ValueError("a decision needs by= (who made it)")
+    at = datetime.datetime.now(datetime.UTC).isoformat()
+    return {"decision": decision, "by": by, "at": at, "reason": reason, "override_args": override}
 
 
 @overload
 def list_approvals(
-    target: client_module.Client, workflow_id: str | None = None, *, limit: int = 1000
+    target: Client, workflow_id: str | None = None, *, limit: int = 1000
 ) -> list[PendingApproval]: ...
 @overload
 def list_approvals(
@@ -141,25 +117,18 @@ def list_approvals(
 
 
 def list_approvals(
-    target: client_module.Client | Engine, workflow_id: str | None = None, *, limit: int = 1000
+    target: Client | Engine, workflow_id: str | None = None, *, limit: int = 1000
 ) -> Any:
     """Pending approvals of one workflow, or of every waiting or running workflow.
 
     Scans up to ``limit`` workflows of each status and reads one event each.
     """
-    return _drive(_list_plan(workflow_id, limit), target)
-
-
-def _fields(decision: str, by: str, reason: str, override: JSON | None) -> JSON:
-    if not by:
-        raise ValueError("a decision needs by= (who made it)")
-    at = datetime.datetime.now(datetime.UTC).isoformat()
-    return {"decision": decision, "by": by, "at": at, "reason": reason, "override_args": override}
+    return target.list_approvals(workflow_id, limit=limit)
 
 
 @overload
 def approve(
-    target: client_module.Client,
+    target: Client,
     workflow_id: str,
     *,
     by: str,
@@ -182,7 +151,7 @@ def approve(
 
 
 def approve(
-    target: client_module.Client | Engine,
+    target: Client | Engine,
     workflow_id: str,
     *,
     by: str,
@@ -199,15 +168,19 @@ def approve(
     ApprovalNotPending, or ApprovalAlreadyDecided for a second decision.
     Returns the approval that was decided.
     """
-    plan = _decide_plan(
-        workflow_id, tool_call_id, expect, _fields("approve", by, note, override_args)
+    return target.approve(
+        workflow_id,
+        by=by,
+        tool_call_id=tool_call_id,
+        expect=expect,
+        override_args=override_args,
+        note=note,
     )
-    return _drive(plan, target)
 
 
 @overload
 def reject(
-    target: client_module.Client,
+    target: Client,
     workflow_id: str,
     *,
     by: str,
@@ -228,7 +201,7 @@ def reject(
 
 
 def reject(
-    target: client_module.Client | Engine,
+    target: Client | Engine,
     workflow_id: str,
     *,
     by: str,
@@ -240,5 +213,6 @@ def reject(
 
     Same selection and checks as :func:`approve`.
     """
-    plan = _decide_plan(workflow_id, tool_call_id, expect, _fields("reject", by, reason, None))
-    return _drive(plan, target)
+    return target.reject(
+        workflow_id, by=by, reason=reason, tool_call_id=tool_call_id, expect=expect
+    )

@@ -38,11 +38,11 @@ def _store_for(url: str) -> base.Store:
         except ModuleNotFoundError as exc:
             if not (exc.name or "").startswith("psycopg"):
                 raise
-            raise errors.DurablyError(
+            raise errors.BackendNotInstalled(
                 "a postgresql:// database needs psycopg: pip install 'durably[postgres]'"
             ) from None
         return postgres.PostgresStore(url)
-    raise errors.DurablyError(
+    raise errors.DatabaseURLError(
         f"unsupported database URL scheme {scheme!r}: use sqlite:///path/to/file.db "
         "or postgresql://user@host/dbname"
     )

@@ -128,7 +128,7 @@ class BulkVerbs(sqlbase.SqlBase):
         """
         if status is not None and status not in journal.FINISHED_STATUSES:
             finished = ", ".join(journal.FINISHED_STATUSES)
-            raise errors.DurablyError(
+            raise errors.NotAFinishedStatus(
                 f"status {status!r} is not a finished status; only {finished} workflows are pruned"
             )
         picked = self._execute(

@@ -176,13 +176,15 @@ class PostgresStore(sql.SqlStore):
 
     def __init__(self, url: str) -> None:
         if url.split(":", 1)[0].lower() not in {"postgresql", "postgres"}:
-            raise errors.DurablyError(f"not a postgresql URL: {redact(url)!r}")
+            raise errors.DatabaseURLError(f"not a postgresql URL: {redact(url)!r}")
         super().__init__(url)
         libpq_url, schemas = split_schema(url)
         if len(schemas) > 1:
-            raise errors.DurablyError(f"schema= is given {len(schemas)} times in {redact(url)!r}")
+            raise errors.DatabaseURLError(
+                f"schema= is given {len(schemas)} times in {redact(url)!r}"
+            )
         if schemas and not _SCHEMA_NAME.match(schemas[0]):
-            raise errors.DurablyError(
+            raise errors.DatabaseURLError(
                 f"schema={schemas[0]!r} in {redact(url)!r} is not a schema name durably "
                 "accepts: lowercase letters, digits and _, starting with a letter or _, "
                 "at most 48 characters, not starting with pg_"
@@ -198,7 +200,7 @@ class PostgresStore(sql.SqlStore):
             params = psycopg.conninfo.conninfo_to_dict(libpq_url)
         except (ValueError, psycopg.Error) as exc:
             text = " ".join(str(exc).split())
-            raise errors.DurablyError(f"bad postgresql URL {redact(url)!r}: {text}") from None
+            raise errors.DatabaseURLError(f"bad postgresql URL {redact(url)!r}: {text}") from None
         for key, value in DEFAULTS.items():
             params.setdefault(key, value)
         self._params = params

@@ -1,9 +1,12 @@
 -- Every query durably runs, written once for all dialects.
--- Each query starts with a "-- name: NAME" line; parameters are written :name and
--- each dialect rewrites them to its driver's style when the file is loaded.
+-- Each query starts with a "-- name: NAME" line, then one line saying what it does
+-- (tests/test_queries.py checks both, and that every query is used). Parameters are
+-- written :name; each dialect rewrites them to its driver's style when the file is loaded.
+-- Status lists are spelled out; tests/test_queries.py checks each against journal.py.
 -- Casts are written CAST(x AS TEXT), never x::text, so both dialects read them.
 
 -- name: create_workflow
+-- Insert a new workflow's row (owned and running, or pending).
 -- Without a conflict target: a taken id and a taken (queue, deduplication_id) both do nothing.
 INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, owner, epoch,
                        lease_expires_at, crash_count, parent_id, created_at, updated_at,
@@ -14,17 +17,20 @@ VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :owner, :e
 ON CONFLICT DO NOTHING
 
 -- name: deduplicated
+-- The unfinished workflow of a queue that holds this deduplication id.
 SELECT workflow_id FROM workflows
 WHERE queue = :queue AND deduplication_id = :deduplication_id
   AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
 
 -- name: get_workflow
+-- One workflow's row.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, queue, priority
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: list_workflows
+-- Workflows newest first, by status and name if given.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, queue, priority
@@ -68,12 +74,15 @@ CREATE TEMPORARY TABLE IF NOT EXISTS runnable_here (
 )
 
 -- name: clear_runnable
+-- Empty the runnable_here table before claim_next refills it.
 DELETE FROM runnable_here
 
 -- name: add_runnable
+-- One (name, version, source hash) this executor can run.
 INSERT INTO runnable_here (name, version, source_hash) VALUES (:name, :version, :source_hash)
 
 -- name: claimable_unqueued
+-- Workflows on no queue that may be claimed now: unowned, lease gone, or due.
 -- The claimable queries end without a locking clause: a dialect whose claimers run
 -- concurrently appends one that skips the rows another claimer holds (SqlStore.skip_locked).
 SELECT workflow_id, status, owner, epoch
@@ -89,6 +98,7 @@ ORDER BY created_at, workflow_id
 LIMIT :limit
 
 -- name: claimable_queued
+-- Workflows of one queue that may be claimed now, highest priority first.
 SELECT workflow_id, status, owner, epoch, started_at
 FROM workflows w
 WHERE queue = :queue
@@ -112,10 +122,12 @@ ORDER BY created_at, workflow_id
 LIMIT :limit
 
 -- name: lock_queue
+-- Mark a queue claimed from now; it updates no row until create_queue made one.
 -- The row lock this update takes makes the claimers of one queue take turns.
 UPDATE queues SET claimed_at = :now WHERE name = :queue
 
 -- name: create_queue
+-- The row of a queue, the first time it is claimed from.
 INSERT INTO queues (name, claimed_at) VALUES (:queue, :now) ON CONFLICT (name) DO NOTHING
 
 -- name: queue_load
@@ -131,6 +143,7 @@ SELECT
     (SELECT COUNT(*) FROM workflows WHERE queue = :queue AND started_at > :since)
 
 -- name: claim
+-- Take a selected workflow: new owner, next epoch, a lease; a recovery counts a crash.
 UPDATE workflows
 SET owner = :owner, epoch = epoch + 1, lease_expires_at = :lease_expires_at, status = 'running',
     crash_count = crash_count + :crashed, started_at = COALESCE(started_at, :now),
@@ -138,25 +151,31 @@ SET owner = :owner, epoch = epoch + 1, lease_expires_at = :lease_expires_at, sta
 WHERE workflow_id = :workflow_id AND epoch = :epoch
 
 -- name: insert_claim
+-- Record who took the workflow at which epoch, from whom and why.
 INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
 VALUES (:workflow_id, :epoch, :owner, :now, :previous_owner, :reason)
 
 -- name: load_claims
+-- Every change of owner of a workflow, oldest first.
 SELECT workflow_id, epoch, owner, claimed_at, previous_owner, reason
 FROM claims WHERE workflow_id = :workflow_id ORDER BY epoch
 
 -- name: fence
+-- The row of a workflow this epoch still owns: whether cancel was asked, crashes counted.
 SELECT cancel_requested, crash_count FROM workflows
 WHERE workflow_id = :workflow_id AND epoch = :epoch AND owner IS NOT NULL
 
 -- name: progress
+-- A new final entry landed: the crashes in a row end.
 UPDATE workflows SET crash_count = 0, updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
 
 -- name: owner_of
+-- Who owns a workflow now (for the message of a fenced write).
 SELECT owner, epoch, status FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: upsert_entry
+-- Write a call's entry at its seq; a final entry, or another call's, is never changed.
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
                      finished_at, wake_at)
 VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
@@ -171,14 +190,17 @@ WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
        OR excluded.kind = 'cancel')
 
 -- name: entry_at
+-- The journal entry at one seq.
 SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
 FROM journal WHERE workflow_id = :workflow_id AND seq = :seq
 
 -- name: load_history
+-- A workflow's journal, in seq order.
 SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
 -- name: finish_workflow
+-- Record the final status and outcome, and let go; returns the parent and queue.
 UPDATE workflows
 SET status = :status, output = :output, error = :error, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, updated_at = :now
@@ -186,10 +208,12 @@ WHERE workflow_id = :workflow_id AND epoch = :epoch
 RETURNING parent_id, queue
 
 -- name: release_owned
+-- Let go of every workflow an executor owns (it is closing).
 UPDATE workflows SET owner = NULL, lease_expires_at = NULL, updated_at = :now
 WHERE owner = :owner
 
 -- name: release_one
+-- Let go of one workflow at its epoch (the run let go cleanly).
 UPDATE workflows SET owner = NULL, lease_expires_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
 
@@ -200,6 +224,7 @@ SET owner = NULL, lease_expires_at = NULL, crash_count = crash_count + 1, update
 WHERE workflow_id = :workflow_id AND epoch = :epoch
 
 -- name: renew_leases
+-- Extend the leases of every workflow this owner holds; returns them.
 UPDATE workflows SET lease_expires_at = :lease_expires_at WHERE owner = :owner
 RETURNING workflow_id, epoch
 
@@ -209,9 +234,11 @@ UPDATE workflows SET lease_expires_at = :lease_expires_at
 WHERE workflow_id = :workflow_id AND owner = :owner AND epoch = :epoch
 
 -- name: expire_leases
+-- End every lease of an owner now (it is gone), so others recover at once.
 UPDATE workflows SET lease_expires_at = 0 WHERE owner = :owner
 
 -- name: register_executor
+-- Record an executor and what it serves (or refresh its heartbeat).
 -- Also the heartbeat's: what it serves may have grown since (a module imported later).
 INSERT INTO executors (executor_id, host, pid, pid_start, started_at, heartbeat_at, serves)
 VALUES (:executor_id, :host, :pid, :pid_start, :started_at, :heartbeat_at, :serves)
@@ -219,19 +246,24 @@ ON CONFLICT (executor_id) DO UPDATE
 SET heartbeat_at = excluded.heartbeat_at, serves = excluded.serves
 
 -- name: list_executors
+-- The executors known and what each serves, oldest first.
 SELECT executor_id, host, pid, pid_start, started_at, heartbeat_at, serves
 FROM executors ORDER BY started_at
 
 -- name: remove_executor
+-- Forget an executor that closed.
 DELETE FROM executors WHERE executor_id = :executor_id
 
 -- name: applied_migrations
+-- The schema versions applied so far.
 SELECT version FROM durably_migrations ORDER BY version
 
 -- name: record_migration
+-- Record that a migration was applied.
 INSERT INTO durably_migrations (version, name, applied_at) VALUES (:version, :name, :now)
 
 -- name: create_migrations_table
+-- The table of applied migrations, if missing.
 CREATE TABLE IF NOT EXISTS durably_migrations (
     version    BIGINT PRIMARY KEY,
     name       TEXT NOT NULL,
@@ -239,22 +271,19 @@ CREATE TABLE IF NOT EXISTS durably_migrations (
 )
 
 -- name: park
+-- Park a workflow: its waiting status and wake-up time, no owner; returns its queue.
 UPDATE workflows
 SET status = :status, wake_at = :wake_at, owner = NULL, lease_expires_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
 RETURNING queue
 
 -- name: next_wake
+-- The earliest wake-up time of any parked workflow.
 SELECT MIN(wake_at) FROM workflows
 WHERE status IN ('sleeping', 'waiting', 'needs_review') AND wake_at IS NOT NULL
 
--- name: wake
-UPDATE workflows
-SET wake_at = CASE WHEN status IN ('sleeping', 'waiting') THEN :now ELSE wake_at END,
-    updated_at = :now
-WHERE workflow_id = :workflow_id
-
 -- name: count_signal
+-- Number the next signal to a workflow and wake it if it waits; returns the number.
 UPDATE workflows
 SET signal_count = signal_count + 1,
     wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END,
@@ -263,9 +292,11 @@ WHERE workflow_id = :workflow_id
 RETURNING signal_count, status
 
 -- name: signal_by_key
+-- A signal already sent to a workflow with this idempotency key.
 SELECT num FROM signals WHERE workflow_id = :workflow_id AND idempotency_key = :idempotency_key
 
 -- name: insert_signal
+-- Keep a signal sent to a workflow.
 -- A key already used does nothing (the caller reads the row count): the second of two
 -- senders of one key is told "duplicate", never a unique-index violation.
 INSERT INTO signals (workflow_id, num, name, payload, idempotency_key, sent_at)
@@ -273,40 +304,40 @@ VALUES (:workflow_id, :num, :name, :payload, :idempotency_key, :now)
 ON CONFLICT DO NOTHING
 
 -- name: next_signal
+-- The oldest signal of a name the workflow has not yet received.
 SELECT num, payload FROM signals
 WHERE workflow_id = :workflow_id AND name = :name AND consumed_seq IS NULL
 ORDER BY num
 LIMIT 1
 
 -- name: consume_signal
+-- Mark a signal received by the wait at seq.
 UPDATE signals SET consumed_seq = :seq WHERE workflow_id = :workflow_id AND num = :num
 
 -- name: list_signals
+-- Every signal sent to a workflow, in order.
 SELECT num, name, payload, idempotency_key, sent_at, consumed_seq
 FROM signals WHERE workflow_id = :workflow_id ORDER BY num
 
 -- name: publish_event
+-- Set the value of a workflow's event key.
 INSERT INTO events (workflow_id, key, value, seq, updated_at)
 VALUES (:workflow_id, :key, :value, :seq, :now)
 ON CONFLICT (workflow_id, key) DO UPDATE
 SET value = excluded.value, seq = excluded.seq, updated_at = excluded.updated_at
 
 -- name: get_event
+-- The value of a workflow's event key.
 SELECT value FROM events WHERE workflow_id = :workflow_id AND key = :key
 
--- name: create_child
-INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, owner, epoch,
-                       lease_expires_at, crash_count, parent_id, created_at, updated_at)
-VALUES (:workflow_id, :name, :version, :source_hash, 'pending', :input, NULL, 0,
-        NULL, 0, :parent_id, :now, :now)
-ON CONFLICT (workflow_id) DO NOTHING
-
 -- name: wake_parent
+-- A child ended: wake its parent if it waits.
 UPDATE workflows
 SET wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END, updated_at = :now
 WHERE workflow_id = :parent_id
 
 -- name: request_cancel
+-- Ask an unfinished workflow to stop, waking it if parked.
 UPDATE workflows
 SET cancel_requested = 1,
     wake_at = CASE WHEN status IN ('sleeping', 'waiting', 'needs_review') THEN :now
@@ -316,35 +347,42 @@ WHERE workflow_id = :workflow_id
   AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
 
 -- name: unfinished_children
+-- The children of a workflow that have not finished.
 SELECT workflow_id FROM workflows
 WHERE parent_id = :workflow_id
   AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
 
 -- name: reopen
+-- Make a failed, cancelled or diverged workflow pending again, from a clean slate.
 UPDATE workflows
 SET status = 'pending', owner = NULL, lease_expires_at = NULL, output = NULL, error = NULL,
     crash_count = 0, cancel_requested = 0, wake_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id
 
 -- name: delete_entries_from
+-- Drop a workflow's journal from seq on.
 DELETE FROM journal WHERE workflow_id = :workflow_id AND seq >= :seq
 
 -- name: retry_entry
+-- Make a failed step's entry retrying, due now.
 UPDATE journal SET status = 'retrying', wake_at = :now
 WHERE workflow_id = :workflow_id AND seq = :seq
 
 -- name: copy_entries
+-- Copy a workflow's journal up to seq under a new id (fork).
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
                      finished_at, wake_at)
 SELECT :new_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
 FROM journal WHERE workflow_id = :workflow_id AND seq <= :seq
 
 -- name: open_review
+-- Open a review of a step whose outcome nothing could decide.
 INSERT INTO reviews (workflow_id, seq, attempt, step, idempotency_key, intent, reason, opened_at)
 VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason, :now)
 ON CONFLICT (workflow_id, seq, attempt) DO NOTHING
 
 -- name: open_reviews
+-- The reviews awaiting a decision, of one workflow or all, oldest first.
 SELECT workflow_id, seq, attempt, step, idempotency_key, intent, reason, opened_at,
        decision, outcome, decided_by, decided_at
 FROM reviews
@@ -352,6 +390,7 @@ WHERE decision IS NULL AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = 
 ORDER BY opened_at
 
 -- name: decide_review
+-- Record the decision on a review still open.
 UPDATE reviews SET decision = :decision, outcome = :outcome, decided_by = :decided_by,
                    decided_at = :now
 WHERE workflow_id = :workflow_id AND seq = :seq AND decision IS NULL
@@ -364,10 +403,12 @@ ORDER BY attempt DESC
 LIMIT 1
 
 -- name: review_decided
+-- A review was decided: the workflow is pending again.
 UPDATE workflows SET status = 'pending', wake_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND status = 'needs_review'
 
 -- name: cancel_delivered
+-- Whether the cancellation was delivered (journaled) in the workflow.
 SELECT 1 FROM journal WHERE workflow_id = :workflow_id AND kind = 'cancel'
 
 -- --- whole workflows: export, import, prune (storage/bulk.py) ------------------------
@@ -382,31 +423,38 @@ WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
 ORDER BY created_at, workflow_id
 
 -- name: export_children
+-- The children of a workflow, oldest first (exported along with it).
 SELECT workflow_id FROM workflows WHERE parent_id = :workflow_id ORDER BY created_at, workflow_id
 
 -- name: export_workflows
+-- The workflows rows of one workflow, for an archive.
 SELECT workflow_id, name, version, source_hash, status, input, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, signal_count, queue, priority, deduplication_id, started_at
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: export_journal
+-- The journal rows of one workflow, for an archive.
 SELECT workflow_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
 -- name: export_claims
+-- The claims rows of one workflow, for an archive.
 SELECT workflow_id, epoch, owner, claimed_at, previous_owner, reason
 FROM claims WHERE workflow_id = :workflow_id ORDER BY epoch
 
 -- name: export_signals
+-- The signals rows of one workflow, for an archive.
 SELECT workflow_id, num, name, payload, idempotency_key, sent_at, consumed_seq
 FROM signals WHERE workflow_id = :workflow_id ORDER BY num
 
 -- name: export_events
+-- The events rows of one workflow, for an archive.
 SELECT workflow_id, key, value, seq, updated_at
 FROM events WHERE workflow_id = :workflow_id ORDER BY key
 
 -- name: export_reviews
+-- The reviews rows of one workflow, for an archive.
 SELECT workflow_id, seq, attempt, step, idempotency_key, intent, reason, opened_at,
        decision, outcome, decided_by, decided_at
 FROM reviews WHERE workflow_id = :workflow_id ORDER BY seq, attempt
@@ -424,24 +472,29 @@ VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :
         :deduplication_id, :started_at)
 
 -- name: import_journal
+-- Insert one archived journal row.
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
                      finished_at, wake_at)
 VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
         :finished_at, :wake_at)
 
 -- name: import_claims
+-- Insert one archived claims row.
 INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
 VALUES (:workflow_id, :epoch, :owner, :claimed_at, :previous_owner, :reason)
 
 -- name: import_signals
+-- Insert one archived signals row.
 INSERT INTO signals (workflow_id, num, name, payload, idempotency_key, sent_at, consumed_seq)
 VALUES (:workflow_id, :num, :name, :payload, :idempotency_key, :sent_at, :consumed_seq)
 
 -- name: import_events
+-- Insert one archived events row.
 INSERT INTO events (workflow_id, key, value, seq, updated_at)
 VALUES (:workflow_id, :key, :value, :seq, :updated_at)
 
 -- name: import_reviews
+-- Insert one archived reviews row.
 INSERT INTO reviews (workflow_id, seq, attempt, step, idempotency_key, intent, reason,
                      opened_at, decision, outcome, decided_by, decided_at)
 VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason,
@@ -462,18 +515,23 @@ ORDER BY updated_at, workflow_id
 LIMIT :limit
 
 -- name: prune_journal
+-- Delete the journal rows of one pruned workflow.
 DELETE FROM journal WHERE workflow_id = :workflow_id
 
 -- name: prune_claims
+-- Delete the claims rows of one pruned workflow.
 DELETE FROM claims WHERE workflow_id = :workflow_id
 
 -- name: prune_signals
+-- Delete the signals rows of one pruned workflow.
 DELETE FROM signals WHERE workflow_id = :workflow_id
 
 -- name: prune_events
+-- Delete the events rows of one pruned workflow.
 DELETE FROM events WHERE workflow_id = :workflow_id
 
 -- name: prune_reviews
+-- Delete the reviews rows of one pruned workflow.
 DELETE FROM reviews WHERE workflow_id = :workflow_id
 
 -- name: prune_workflows

@@ -18,40 +18,30 @@ from typing import Any
 from durably import errors, journal
 from durably.storage import base, bulk
 
-_WORKFLOW_FIELDS = tuple(f.name for f in journal.WorkflowInfo.__dataclass_fields__.values())
+
+@dataclasses.dataclass(slots=True)
+class Fence:
+    """What the fence found on the workflow's row: the write may go on at this epoch.
+
+    ``crash_count`` is the crashes in a row a recovery left counted; the first new
+    final entry written under this fence resets them (and zeroes this field).
+    """
+
+    workflow_id: str
+    epoch: int
+    cancel_requested: bool
+    crash_count: int
 
 
 class SqlStore(bulk.BulkVerbs):
     """The verbs of a Store in SQL; subclasses are dialects."""
-
-    #: (workflow, epoch) whose fence found crashes counted, until a new final entry lands.
-    _crashes_of: tuple[str, int] | None = None
 
     # --- workflows -------------------------------------------------------------------
 
     def create_workflow(
         self, new: base.NewWorkflow, owner: str | None, lease_expires_at: float | None, now: float
     ) -> tuple[journal.WorkflowInfo, bool]:
-        status = journal.Status.RUNNING if owner else journal.Status.PENDING
-        cursor = self._q(
-            "create_workflow",
-            workflow_id=new.workflow_id,
-            name=new.name,
-            version=new.version,
-            source_hash=new.source_hash,
-            status=status.value,
-            input=new.input,
-            owner=owner,
-            epoch=1 if owner else 0,
-            lease_expires_at=lease_expires_at,
-            parent_id=new.parent_id,
-            now=now,
-            queue=new.queue,
-            priority=new.priority,
-            deduplication_id=new.deduplication_id,
-            started_at=now if owner else None,
-        )
-        created = cursor.rowcount == 1
+        created = self._insert_workflow(new, owner, lease_expires_at, now)
         if created and owner:
             self._q(
                 "insert_claim",
@@ -76,36 +66,63 @@ class SqlStore(bulk.BulkVerbs):
             )
         return row, created
 
+    def _insert_workflow(
+        self, new: base.NewWorkflow, owner: str | None, lease_expires_at: float | None, now: float
+    ) -> bool:
+        """Insert the workflow's row (owned by ``owner``, else pending); False if it exists."""
+        status = journal.Status.RUNNING if owner else journal.Status.PENDING
+        cursor = self._q(
+            "create_workflow",
+            workflow_id=new.workflow_id,
+            name=new.name,
+            version=new.version,
+            source_hash=new.source_hash,
+            status=status.value,
+            input=new.input,
+            owner=owner,
+            epoch=1 if owner else 0,
+            lease_expires_at=lease_expires_at,
+            parent_id=new.parent_id,
+            now=now,
+            queue=new.queue,
+            priority=new.priority,
+            deduplication_id=new.deduplication_id,
+            started_at=now if owner else None,
+        )
+        return bool(cursor.rowcount == 1)
+
     def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
-        row = self._q("get_workflow", workflow_id=workflow_id).fetchone()
+        row = _one(self._q("get_workflow", workflow_id=workflow_id))
         return _workflow(row) if row else None
 
     def _lock_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
         """The workflow's row, locked until the transaction ends where the dialect needs a
         row lock (``lock_row``); a rival deciding on the same workflow waits for it."""
         sql_text = self._queries["get_workflow"] + self.lock_row
-        row = self._execute(sql_text, {"workflow_id": workflow_id}).fetchone()
+        row = _one(self._execute(sql_text, {"workflow_id": workflow_id}))
         return _workflow(row) if row else None
 
     def list_workflows(
         self, status: str | None, name: str | None, limit: int
     ) -> list[journal.WorkflowInfo]:
-        rows = self._q("list_workflows", status=status, name=name, limit=limit).fetchall()
+        rows = _all(self._q("list_workflows", status=status, name=name, limit=limit))
         return [_workflow(r) for r in rows]
 
     def search_workflows(self, query: base.WorkflowQuery) -> list[journal.WorkflowInfo]:
         after_created, after_id = query.after if query.after is not None else (None, None)
-        rows = self._q(
-            "search_workflows",
-            status=query.status,
-            name=query.name,
-            queue=query.queue,
-            created_after=query.created_after,
-            created_before=query.created_before,
-            after_created=after_created,
-            after_id=after_id,
-            limit=query.limit,
-        ).fetchall()
+        rows = _all(
+            self._q(
+                "search_workflows",
+                status=query.status,
+                name=query.name,
+                queue=query.queue,
+                created_after=query.created_after,
+                created_before=query.created_before,
+                after_created=after_created,
+                after_id=after_id,
+                limit=query.limit,
+            )
+        )
         return [_workflow(r) for r in rows]
 
     def count_by_status(self) -> dict[str, int]:
@@ -211,11 +228,7 @@ class SqlStore(bulk.BulkVerbs):
         return [base.Unclaimed(str(r[0]), str(r[1]), r[2], r[3], r[4]) for r in rows]
 
     def load_claims(self, workflow_id: str) -> list[journal.Claim]:
-        rows = self._q("load_claims", workflow_id=workflow_id).fetchall()
-        return [
-            journal.Claim(str(r[0]), int(r[1]), str(r[2]), float(r[3]), r[4], str(r[5]))
-            for r in rows
-        ]
+        return [journal.Claim(**r) for r in _all(self._q("load_claims", workflow_id=workflow_id))]
 
     def release(self, workflow_id: str, epoch: int, now: float, crashed: bool = False) -> None:
         query = "release_crashed" if crashed else "release_one"
@@ -231,14 +244,10 @@ class SqlStore(bulk.BulkVerbs):
     # --- journal ---------------------------------------------------------------------
 
     def load_history(self, workflow_id: str) -> list[journal.Entry]:
-        rows = self._q("load_history", workflow_id=workflow_id).fetchall()
-        return [
-            journal.Entry(int(r[0]), r[1], r[2], r[3], int(r[4]), r[5], r[6], r[7], r[8])
-            for r in rows
-        ]
+        return [_entry(r) for r in _all(self._q("load_history", workflow_id=workflow_id))]
 
-    def _fence(self, workflow_id: str, epoch: int, now: float) -> bool:
-        """Check the epoch still owns the workflow (locking its row); return cancel_requested.
+    def _fence(self, workflow_id: str, epoch: int, now: float) -> Fence:
+        """Check the epoch still owns the workflow (locking its row); return what it found.
 
         A plain SELECT (``FOR UPDATE`` where the dialect needs a row lock), so a
         step's commit writes no workflow page. A parked or finished workflow has
@@ -247,26 +256,33 @@ class SqlStore(bulk.BulkVerbs):
         (see ``_upsert``): intents, parks and pending waits are not progress.
         """
         sql_text = self._queries["fence"] + self.lock_row
-        rows = self._execute(sql_text, {"workflow_id": workflow_id, "epoch": epoch}).fetchall()
-        if rows:
-            self._crashes_of = (workflow_id, epoch) if rows[0][1] else None
-            return bool(rows[0][0])
-        row = self._q("owner_of", workflow_id=workflow_id).fetchone()
+        # Read by position, on every commit: the fence's own two columns, in this order.
+        found = self._execute(sql_text, {"workflow_id": workflow_id, "epoch": epoch}).fetchone()
+        if found is not None:
+            cancel_requested, crash_count = found
+            return Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count))
+        row = _one(self._q("owner_of", workflow_id=workflow_id))
         if row is None:
             raise errors.WorkflowNotFound(f"no workflow {workflow_id!r} in {self.url}")
         raise errors.FencedError(
-            f"workflow {workflow_id!r} is now at epoch {row[1]} (owner {row[0]}, "
-            f"status {row[2]}); this executor held epoch {epoch} and must stop"
+            f"workflow {workflow_id!r} is now at epoch {row['epoch']} (owner {row['owner']}, "
+            f"status {row['status']}); this executor held epoch {epoch} and must stop"
         )
 
-    def _progressed(self, workflow_id: str, now: float) -> None:
-        """A new final entry was written: the crashes in a row end here."""
-        if self._crashes_of is not None and self._crashes_of[0] == workflow_id:
-            epoch = self._crashes_of[1]
-            self._crashes_of = None
-            self._q("progress", workflow_id=workflow_id, epoch=epoch, now=now)
+    def _progressed(self, fence: Fence | None, now: float) -> None:
+        """A new final entry was written under ``fence``: the crashes in a row end here."""
+        if fence is not None and fence.crash_count:
+            fence.crash_count = 0
+            self._q("progress", workflow_id=fence.workflow_id, epoch=fence.epoch, now=now)
 
-    def _upsert(self, workflow_id: str, entries: Sequence[journal.Entry], now: float) -> None:
+    def _upsert(
+        self,
+        workflow_id: str,
+        entries: Sequence[journal.Entry],
+        now: float,
+        fence: Fence | None,
+    ) -> None:
+        """Write entries; under a ``fence``, the first new final one resets counted crashes."""
         for e in entries:
             cursor = self._q(
                 "upsert_entry",
@@ -281,8 +297,8 @@ class SqlStore(bulk.BulkVerbs):
                 finished_at=e.finished_at,
                 wake_at=e.wake_at,
             )
-            if cursor.rowcount == 1 and e.status in _FINAL_ENTRY:
-                self._progressed(workflow_id, now)
+            if cursor.rowcount == 1 and e.status in journal.FINAL_ENTRY_STATUSES:
+                self._progressed(fence, now)
             elif cursor.rowcount != 1 and not self._holds(workflow_id, e):
                 raise errors.StoreError(
                     f"workflow {workflow_id!r} seq {e.seq} already holds a final or a "
@@ -309,10 +325,8 @@ class SqlStore(bulk.BulkVerbs):
                 )
 
     def _entry_at(self, workflow_id: str, seq: int) -> journal.Entry | None:
-        r = self._q("entry_at", workflow_id=workflow_id, seq=seq).fetchone()
-        if r is None:
-            return None
-        return journal.Entry(int(r[0]), r[1], r[2], r[3], int(r[4]), r[5], r[6], r[7], r[8])
+        row = _one(self._q("entry_at", workflow_id=workflow_id, seq=seq))
+        return None if row is None else _entry(row)
 
     def _holds(self, workflow_id: str, entry: journal.Entry) -> bool:
         """True if the journal already holds this very entry (a commit repeated because
@@ -328,14 +342,14 @@ class SqlStore(bulk.BulkVerbs):
 
     def _final_at(self, workflow_id: str, seq: int) -> journal.Entry | None:
         found = self._entry_at(workflow_id, seq)
-        return found if found is not None and found.status in _FINAL_ENTRY else None
+        return found if found is not None and found.status in journal.FINAL_ENTRY_STATUSES else None
 
     def append_entries(
         self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
     ) -> bool:
-        cancel = self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries, now)
-        return cancel
+        fence = self._fence(workflow_id, epoch, now)
+        self._upsert(workflow_id, entries, now, fence)
+        return fence.cancel_requested
 
     def finish_workflow(
         self,
@@ -347,8 +361,8 @@ class SqlStore(bulk.BulkVerbs):
         entries: Sequence[journal.Entry],
         now: float,
     ) -> None:
-        self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries, now)
+        fence = self._fence(workflow_id, epoch, now)
+        self._upsert(workflow_id, entries, now, fence)
         parent_id, queue = self._q(
             "finish_workflow",
             status=status,
@@ -377,8 +391,8 @@ class SqlStore(bulk.BulkVerbs):
         children: Sequence[str],
         now: float,
     ) -> bool:
-        cancel = self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries, now)
+        fence = self._fence(workflow_id, epoch, now)
+        self._upsert(workflow_id, entries, now, fence)
         for name in signals:
             if self._q("next_signal", workflow_id=workflow_id, name=name).fetchone():
                 return False
@@ -386,7 +400,10 @@ class SqlStore(bulk.BulkVerbs):
             child = self.get_workflow(child_id)
             if child is None or child.finished:
                 return False
-        if cancel and not self._q("cancel_delivered", workflow_id=workflow_id).fetchone():
+        if (
+            fence.cancel_requested
+            and not self._q("cancel_delivered", workflow_id=workflow_id).fetchone()
+        ):
             wake_at = now  # asked to stop meanwhile: due at once, so a claim delivers it
         (queue,) = self._q(
             "park", status=status, wake_at=wake_at, now=now, workflow_id=workflow_id, epoch=epoch
@@ -415,13 +432,13 @@ class SqlStore(bulk.BulkVerbs):
         A wait already final (its first commit's outcome was unknown to the
         caller) is returned as it is; otherwise ``outcome()`` decides what to write.
         """
-        self._fence(workflow_id, epoch, now)
+        fence = self._fence(workflow_id, epoch, now)
         done = self._final_at(workflow_id, wait.seq)
         if done is not None:
-            self._upsert(workflow_id, entries, now)
+            self._upsert(workflow_id, entries, now, fence)
             return done
         final = outcome()
-        self._upsert(workflow_id, [*entries, final], now)
+        self._upsert(workflow_id, [*entries, final], now, fence)
         return final
 
     def receive_signal(
@@ -493,18 +510,9 @@ class SqlStore(bulk.BulkVerbs):
         child: base.NewWorkflow,
         now: float,
     ) -> journal.WorkflowInfo:
-        self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries, now)
-        self._q(
-            "create_child",
-            workflow_id=child.workflow_id,
-            name=child.name,
-            version=child.version,
-            source_hash=child.source_hash,
-            input=child.input,
-            parent_id=workflow_id,
-            now=now,
-        )
+        fence = self._fence(workflow_id, epoch, now)
+        self._upsert(workflow_id, entries, now, fence)
+        self._insert_workflow(dataclasses.replace(child, parent_id=workflow_id), None, None, now)
         self._wake("work")
         row = self.get_workflow(child.workflow_id)
         assert row is not None
@@ -556,7 +564,7 @@ class SqlStore(bulk.BulkVerbs):
             journal.Status.CANCELLED,
             journal.Status.DIVERGED,
         ):
-            raise errors.DurablyError(
+            raise errors.NotResumable(
                 f"workflow {workflow_id!r} is {info.status}; only a failed, cancelled or "
                 "diverged workflow can be resumed"
             )
@@ -571,7 +579,7 @@ class SqlStore(bulk.BulkVerbs):
                 and e.status == journal.EntryStatus.COMPLETED
             ]
             if after:
-                raise errors.DurablyError(
+                raise errors.NotResumable(
                     f"workflow {workflow_id!r} ran {len(after)} step(s) after its cancellation "
                     f"(cleanup or compensations, e.g. {after[0].name!r} at seq {after[0].seq}); "
                     "resuming would forget them: fork it instead"
@@ -615,8 +623,8 @@ class SqlStore(bulk.BulkVerbs):
         entries: Sequence[journal.Entry],
         now: float,
     ) -> None:
-        self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries, now)
+        fence = self._fence(workflow_id, epoch, now)
+        self._upsert(workflow_id, entries, now, fence)
         self._q(
             "open_review",
             workflow_id=workflow_id,
@@ -630,8 +638,7 @@ class SqlStore(bulk.BulkVerbs):
         )
 
     def reviews(self, workflow_id: str | None) -> list[journal.Review]:
-        rows = self._q("open_reviews", workflow_id=workflow_id).fetchall()
-        return [journal.Review(*r) for r in rows]
+        return [journal.Review(**r) for r in _all(self._q("open_reviews", workflow_id=workflow_id))]
 
     def resolve(
         self,
@@ -678,7 +685,8 @@ class SqlStore(bulk.BulkVerbs):
         )
         if decided.rowcount != 1:  # only if a dialect let a rival in past the row lock
             raise self._nothing_to_resolve(workflow_id, seq, info.status)
-        self._upsert(workflow_id, [entry], now)
+        # Unfenced (a person decides, no run holds the workflow): resets no crash count.
+        self._upsert(workflow_id, [entry], now, None)
         self._q("review_decided", workflow_id=workflow_id, now=now)
         self._wake("work")
         return dataclasses.replace(
@@ -754,13 +762,11 @@ class SqlStore(bulk.BulkVerbs):
         return kept
 
     def list_executors(self) -> list[journal.ExecutorInfo]:
-        rows = self._q("list_executors").fetchall()
-        return [
-            journal.ExecutorInfo(
-                str(r[0]), str(r[1]), int(r[2]), str(r[3]), float(r[4]), float(r[5]), *_serves(r[6])
-            )
-            for r in rows
-        ]
+        out = []
+        for row in _all(self._q("list_executors")):
+            workflows, queues = _serves(row.pop("serves"))
+            out.append(journal.ExecutorInfo(**row, workflows=workflows, queues=queues))
+        return out
 
     def remove_executor(self, executor_id: str, expire_leases: bool) -> None:
         if expire_leases:
@@ -781,10 +787,34 @@ def _serves(
         return (), ()
 
 
-def _workflow(row: Sequence[Any]) -> journal.WorkflowInfo:
-    return journal.WorkflowInfo(**dict(zip(_WORKFLOW_FIELDS, row, strict=True)))
+# --- rows to objects, by column name ----------------------------------------------------
+# A query's columns are named as the fields of the object they become, so a reordered
+# or added column cannot shift a value into the wrong field (an unknown one is a TypeError).
 
 
-_FINAL_ENTRY = frozenset(
-    {journal.EntryStatus.COMPLETED, journal.EntryStatus.FAILED, journal.EntryStatus.TIMED_OUT}
-)
+def _names(cursor: Any) -> list[str]:
+    return [str(column[0]).lower() for column in cursor.description]
+
+
+def _one(cursor: Any) -> dict[str, Any] | None:
+    """The cursor's next row by column name, or None."""
+    row = cursor.fetchone()
+    return None if row is None else dict(zip(_names(cursor), row, strict=True))
+
+
+def _all(cursor: Any) -> list[dict[str, Any]]:
+    """The cursor's remaining rows by column name."""
+    rows = cursor.fetchall()
+    if not rows:
+        return []
+    names = _names(cursor)
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def _workflow(row: dict[str, Any]) -> journal.WorkflowInfo:
+    return journal.WorkflowInfo(**row)
+
+
+def _entry(row: dict[str, Any]) -> journal.Entry:
+    row["seq"], row["attempt"] = int(row["seq"]), int(row["attempt"])
+    return journal.Entry(**row)

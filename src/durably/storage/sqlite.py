@@ -55,16 +55,16 @@ class SqliteStore(sql.SqlStore):
         super().__init__(url)
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme != "sqlite":
-            raise errors.DurablyError(f"not a sqlite URL: {url!r}")
+            raise errors.DatabaseURLError(f"not a sqlite URL: {url!r}")
         path = urllib.parse.unquote(parsed.path)
         # sqlite:///rel.db -> "/rel.db" -> "rel.db"; sqlite:////abs.db -> "//abs.db" -> "/abs.db"
         self.path = path[1:] if path.startswith("/") else path
         if not self.path:
-            raise errors.DurablyError(f"no file in sqlite URL {url!r} (use sqlite:///file.db)")
+            raise errors.DatabaseURLError(f"no file in sqlite URL {url!r} (use sqlite:///file.db)")
         options = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True))
         self.synchronous = options.get("synchronous", "full").upper()
         if self.synchronous not in {"FULL", "NORMAL", "EXTRA"}:
-            raise errors.DurablyError(
+            raise errors.DatabaseURLError(
                 f"synchronous={options['synchronous']!r} in {url!r}: use full or normal"
             )
         self.busy_timeout_ms = int(options.get("busy_timeout", "5000"))
@@ -164,7 +164,7 @@ class SqliteStore(sql.SqlStore):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
         except OSError as exc:
-            raise errors.DurablyError(
+            raise errors.BackupError(
                 f"cannot create the backup {path!r}: {exc.strerror} (durably never "
                 "overwrites a file: give a new path)"
             ) from None
@@ -277,7 +277,7 @@ def _file_mode(value: str | None, url: str) -> int:
     match = _FILE_MODE.fullmatch(value)
     mode = int(match.group(2), 8) if match else 0
     if not match or mode & 0o600 != 0o600:
-        raise errors.DurablyError(
+        raise errors.DatabaseURLError(
             f"file_mode={value!r} in {url!r}: give the new file's permissions in octal, "
             "readable and writable by its owner (e.g. 0600, the default, or 0640)"
         )

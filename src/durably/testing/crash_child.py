@@ -1,8 +1,10 @@
 """The child process of ``crash_points``: probes on, a crash plan set, one workflow run.
 
-It records every commit boundary the engine reaches and every call of a step
-function (one ``O_APPEND`` write each, so a SIGKILL cannot tear a line), then
-starts or re-attaches to the workflow and waits until it settles.
+It records every commit boundary the engine reaches, every call of a step
+function and every committed receipt (one ``O_APPEND`` write each, so a SIGKILL
+cannot tear a line) through the observer hook of :mod:`durably.faults` (it
+replaces nothing of the engine), then starts or re-attaches to the workflow and
+waits until it settles.
 """
 
 from __future__ import annotations
@@ -12,13 +14,19 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from durably import journal
+
+if TYPE_CHECKING:
+    from durably.context import StepContext
+    from durably.steps import StepDefinition
 
 TRACE_FILE = "boundaries.jsonl"
 CALLS_FILE = "calls.jsonl"
-FINISHED = frozenset({"completed", "failed", "cancelled", "diverged"})
+FINISHED = frozenset(journal.FINISHED_STATUSES)
 
 
 def _append(path: Path, record: Mapping[str, Any]) -> None:
@@ -30,40 +38,33 @@ def _append(path: Path, record: Mapping[str, Any]) -> None:
         os.close(fd)
 
 
-def _install_probes(folder: Path) -> None:
-    """Record every boundary and every step-function call of this process in ``folder``."""
-    from durably import faults, journal, runtime, step_runner, steps
+class Probes:
+    """A :class:`durably.faults.Observer` that writes what the engine does to ``folder``.
 
-    pid = os.getpid()
-    seen: collections.Counter[tuple[str, str]] = collections.Counter()
-    reached = faults.reached
+    Every boundary goes to ``boundaries.jsonl``; every call of a step function
+    (before it is made) and every committed step receipt to ``calls.jsonl``.
+    """
 
-    def traced(point: str, step: str = "") -> None:
-        seen[(point, step)] += 1
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.pid = os.getpid()
+        self.seen: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def reached(self, point: str, step: str) -> None:
+        self.seen[(point, step)] += 1
+        record = {"pid": self.pid, "point": point, "step": step, "nth": self.seen[(point, step)]}
+        _append(self.folder / TRACE_FILE, record)
+
+    def step_called(self, step: StepDefinition, ctx: StepContext) -> None:
+        if step.reconcile is not None:
+            policy = "reconcile"
+        else:
+            policy = "at_most_once" if step.at_most_once else "plain"
         _append(
-            folder / TRACE_FILE,
-            {"pid": pid, "point": point, "step": step, "nth": seen[(point, step)]},
-        )
-        reached(point, step)
-
-    faults.reached = traced
-    invoke = step_runner.invoke
-
-    async def counted(
-        run: Any, step: steps.StepDefinition, args: Any, kwargs: Any, ctx: Any
-    ) -> Any:
-        policy = (
-            "reconcile"
-            if step.reconcile is not None
-            else "at_most_once"
-            if step.at_most_once
-            else "plain"
-        )
-        _append(
-            folder / CALLS_FILE,
+            self.folder / CALLS_FILE,
             {
                 "event": "call",
-                "pid": pid,
+                "pid": self.pid,
                 "workflow_id": ctx.workflow_id,
                 "seq": ctx.seq,
                 "step": step.name,
@@ -72,29 +73,21 @@ def _install_probes(folder: Path) -> None:
                 "policy": policy,
             },
         )
-        return await invoke(run, step, args, kwargs, ctx)
 
-    step_runner.invoke = counted
-
-    commit = runtime.Run.commit
-
-    async def committed(self: runtime.Run, *entries: journal.Entry) -> None:
-        await commit(self, *entries)
+    def committed(self, workflow_id: str, entries: Sequence[journal.Entry]) -> None:
         for e in entries:  # durable now: a later call of this key re-ran a completed step
             if e.kind == journal.Kind.STEP and e.status == journal.EntryStatus.COMPLETED:
                 _append(
-                    folder / CALLS_FILE,
+                    self.folder / CALLS_FILE,
                     {
                         "event": "receipt",
-                        "pid": pid,
-                        "workflow_id": self.workflow_id,
+                        "pid": self.pid,
+                        "workflow_id": workflow_id,
                         "seq": e.seq,
                         "step": e.name,
-                        "key": f"{self.workflow_id}:{e.seq}",
+                        "key": f"{workflow_id}:{e.seq}",
                     },
                 )
-
-    setattr(runtime.Run, "commit", committed)  # noqa: B010
 
 
 def _load(target: str) -> Any:
@@ -115,7 +108,7 @@ def main(config_json: str, crash_at: str | None) -> int:
 
     config = json.loads(config_json)
     folder = Path(config["dir"])
-    _install_probes(folder)
+    faults.observe(Probes(folder))
     if crash_at:
         os.environ["DURABLY_CRASH_AT"] = crash_at
     faults.configure(crash_at)

@@ -1,0 +1,5 @@
+"""``python -m durably.cli``: the ``durably`` command line."""
+
+from durably.cli import main
+
+main()

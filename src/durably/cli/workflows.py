@@ -1,0 +1,345 @@
+"""Commands on workflows: list, show, start, signal, cancel, resume, fork, migrate."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+import durably
+from durably import receipts, serving
+from durably import workflows as workflow_registry
+from durably.agents import usage as agent_usage
+from durably.cli.base import (
+    _client,
+    _fail,
+    _import,
+    _json_lines,
+    _say,
+    _short_when,
+    _status,
+    _when,
+    console,
+    main,
+    parse_args_json,
+)
+from durably.server import views
+
+
+@main.command("list")
+@click.option("--status", type=click.Choice([s.value for s in durably.Status]), default=None)
+@click.option("--name", default=None, help="Only workflows of this name.")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+def list_cmd(
+    database: str, status: str | None, name: str | None, limit: int, as_json: bool
+) -> None:
+    """List workflows, newest first.
+
+    The note column says why an unfinished workflow may not move: no running
+    worker serves its workflow or its queue, or the workers run other code
+    than the code that started it.
+    """
+    with _client(database, create=False) as client:
+        rows = client.list_workflows(status=status, name=name, limit=limit)
+        executors = client.executors()
+    now = time.time()
+    found = {info.workflow_id: serving.notes(info, executors, now) for info in rows}
+    if as_json:
+        _json_lines(
+            {**views.workflow(info), "notes": [n.text for n in found[info.workflow_id]]}
+            for info in rows
+        )
+        return
+    if not rows:
+        console.print("no workflows")
+        return
+    table = Table(box=None, pad_edge=False)
+    # Ids stay whole up to 36 characters (a uuid); beyond that they fold, never cut.
+    longest = max(len(info.workflow_id) for info in rows)
+    table.add_column("id", overflow="fold", min_width=min(36, longest))
+    table.add_column("workflow", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("queue", overflow="fold")
+    table.add_column("created", no_wrap=True)
+    for info in rows:
+        shown = _status(info.status)
+        if found[info.workflow_id]:
+            shown.append(" !", "yellow")  # explained below the table
+        table.add_row(
+            Text(info.workflow_id),
+            Text(info.name + (f" v{info.version}" if info.version else "")),
+            shown,
+            Text(info.queue or ""),
+            _short_when(info.created_at, now),
+        )
+    console.print(table)
+    for wid, notes in found.items():  # what the marks mean, in full
+        for note in notes:
+            console.print(Text.assemble(("! ", "yellow"), (wid, "bold"), ": ", note.text))
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+@click.pass_obj
+def show(database: str, workflow_id: str, as_json: bool) -> None:
+    """Show a workflow's receipts: each step, its attempt, duration and output."""
+    with _client(database, create=False) as client:
+        info = client.get_workflow(workflow_id)
+        entries = client.history(workflow_id)
+        claims = client.claims(workflow_id)
+        executors = client.executors()
+    notes = [note.text for note in serving.notes(info, executors, time.time())]
+    if as_json:
+        document = {
+            "workflow": views.workflow(info),
+            "notes": notes,
+            "timeline": views.timeline(entries, claims),
+            "usage": views.usage_line(entries, claims),
+            "entries": [views.entry(e) for e in entries],
+            "claims": [dataclasses.asdict(c) for c in claims],
+        }
+        click.echo(json.dumps(document, sort_keys=True, default=str))
+        return
+    print_receipts(info, entries, claims, notes)
+
+
+def print_receipts(
+    info: durably.WorkflowInfo,
+    entries: list[durably.Entry],
+    claims: list[durably.Claim],
+    notes: list[str] | None = None,
+) -> None:
+    """Print the receipts of one workflow (used by ``show`` and the demo).
+
+    Every piece of user text (ids, names, payloads, errors) is printed as
+    text, never read as rich markup.
+    """
+    console.print(
+        Text.assemble(
+            (info.workflow_id, "bold"),
+            "  ",
+            info.name + (f" v{info.version}" if info.version else ""),
+            "  ",
+            _status(info.status),
+            f"  started {_when(info.created_at)}",
+            *([f"  queue {info.queue}"] if info.queue else []),
+        ),
+        soft_wrap=True,
+    )
+    for note in notes or []:
+        console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
+    rows = receipts.receipts(entries, claims)
+    names = {e.seq: receipts.label(e) for e in rows if not isinstance(e, receipts.Gap)}
+    width = min(max([24, *map(len, names.values())]), 44)
+    console.print(
+        f"[bold]{'seq':>4}  {'call':<{width}} {'attempt':>7} {'duration':>9}  output[/bold]"
+    )
+    for row in rows:
+        if isinstance(row, receipts.Gap):
+            console.print(Text(row.line(), style="yellow"), soft_wrap=True)
+            continue
+        duration = f"{row.duration * 1000:.1f}ms" if row.duration is not None else ""
+        _say(
+            f"{row.seq:>4}  {names[row.seq]:<{width}} {row.attempt:>7} {duration:>9}  "
+            f"{receipts.preview(row.payload, 60)}"
+        )
+    recovered = [c.claimed_at for c in claims if c.reason == "recovery"]
+    cost = agent_usage.recovery_summary(entries, recovered)
+    if cost is not None:
+        _say(cost)
+    if info.output is not None:
+        _say(f"result: {receipts.preview(info.output, 200)}")
+    if info.error is not None:
+        console.print(
+            Text.assemble(("error:", "red"), " ", receipts.preview(info.error, 300)),
+            soft_wrap=True,
+        )
+
+
+@main.command()
+@click.argument("target")
+@click.argument("args_json", default="[]")
+@click.option("--id", "workflow_id", default=None, help="Workflow id (idempotent).")
+@click.option(
+    "--wait/--no-wait", default=True, help="Run it here to the end, or leave it to a worker."
+)
+@click.pass_obj
+def start(database: str, target: str, args_json: str, workflow_id: str | None, wait: bool) -> None:
+    """Start MODULE:WORKFLOW with ARGS_JSON (a list of arguments or an object of keywords)."""
+    module, _, attr = target.partition(":")
+    if not attr:
+        raise click.ClickException("TARGET must be MODULE:WORKFLOW")
+    wf = getattr(_import(module), attr, None)
+    if wf is None:
+        raise click.ClickException(f"{module!r} has no attribute {attr!r}")
+    args, kwargs = parse_args_json(args_json)
+    if not wait:
+        with _client(database) as client:
+            wid = client.start(wf, *args, workflow_id=workflow_id, **kwargs)
+        _say(wid)
+        return
+
+    async def begin(engine: durably.Engine) -> durably.WorkflowHandle:
+        return await engine.start(wf, *args, workflow_id=workflow_id, **kwargs)
+
+    _run_here(database, begin)
+
+
+def _run_here(
+    database: str, begin: Callable[[durably.Engine], Awaitable[durably.WorkflowHandle]]
+) -> None:
+    """Open an engine here, let ``begin`` start or reopen a workflow, run it to its end
+    and print its result (or its error, without a traceback: exit 1)."""
+
+    async def main() -> Any:
+        async with durably.Engine(database) as engine:
+            handle = await begin(engine)
+            return await handle.result()
+
+    try:
+        result = asyncio.run(main())
+    except Exception as exc:  # a durably error, or the workflow's own error re-raised
+        if not isinstance(exc, durably.DurablyError):
+            exc = durably.DurablyError(f"the workflow failed: {type(exc).__name__}: {exc}")
+        _fail(exc)
+    console.print_json(json.dumps(result, default=str))
+
+
+def _runnable_here(database: str, workflow_id: str, modules: tuple[str, ...]) -> None:
+    """Import ``modules`` and check they register the workflow's code, before anything
+    changes: running it here needs its code, as a worker does."""
+    for module in modules:
+        _import(module)
+    with _client(database, create=False) as client:
+        name = client.get_workflow(workflow_id).name
+    if workflow_registry.registered(name) is None:
+        where = (
+            f"which MODULES ({', '.join(modules)}) did not register"
+            if modules
+            else "whose code is not loaded here"
+        )
+        raise click.ClickException(
+            f"workflow {workflow_id!r} runs the workflow {name!r}, {where}: give the module "
+            f"that defines it (durably resume {workflow_id} MODULE), or --no-wait to leave "
+            "it to a running worker"
+        )
+
+
+@main.command("signal")
+@click.argument("workflow_id")
+@click.argument("name")
+@click.argument("payload_json", default="null")
+@click.option(
+    "--key", "idempotency_key", default=None, help="Idempotency key: resending is a no-op."
+)
+@click.pass_obj
+def signal_cmd(
+    database: str, workflow_id: str, name: str, payload_json: str, idempotency_key: str | None
+) -> None:
+    """Send signal NAME with PAYLOAD_JSON to a workflow (no engine needs to run)."""
+    try:
+        payload = json.loads(payload_json)
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"PAYLOAD_JSON is not JSON: {exc}") from exc
+    with _client(database, create=False) as client:
+        sent = client.send_signal(workflow_id, name, payload, idempotency_key=idempotency_key)
+    _say(f"signal {name!r} sent to {workflow_id}" if sent else "already sent (same key)")
+
+
+@main.command()
+@click.argument("workflow_id")
+@click.pass_obj
+def cancel(database: str, workflow_id: str) -> None:
+    """Cancel a workflow and its unfinished children (at their next durable call)."""
+    with _client(database, create=False) as client:
+        asked = client.cancel(workflow_id)
+    _say(f"cancellation requested: {', '.join(asked) or 'nothing unfinished'}")
+
+
+_IN_PLACE = (
+    "By default it runs here, as `start` does, until it ends: give the MODULES that "
+    "define its workflow (imported as `durably worker` imports them). With --no-wait it "
+    "is only marked pending, for a running `durably worker` to take."
+)
+
+
+@main.command(
+    help=f"""Run a failed, cancelled or diverged workflow again from where it
+stopped.
+
+{_IN_PLACE}"""
+)
+@click.argument("workflow_id")
+@click.argument("modules", nargs=-1)
+@click.option(
+    "--wait/--no-wait", default=True, help="Run it here to the end, or leave it to a worker."
+)
+@click.pass_obj
+def resume(database: str, workflow_id: str, modules: tuple[str, ...], wait: bool) -> None:
+    if not wait:
+        with _client(database, create=False) as client:
+            client.resume(workflow_id)
+        _say(f"{workflow_id} is pending again; a running worker will resume it")
+        return
+    _runnable_here(database, workflow_id, modules)
+
+    async def begin(engine: durably.Engine) -> durably.WorkflowHandle:
+        return await engine.resume(workflow_id)
+
+    _run_here(database, begin)
+
+
+@main.command(
+    help=f"""Start a copy of a workflow that replays its first entries (up to
+--from-seq) and runs the rest live, on the code loaded now.
+
+Prints the new id. {_IN_PLACE}"""
+)
+@click.argument("workflow_id")
+@click.argument("modules", nargs=-1)
+@click.option("--from-seq", type=int, required=True, help="Copy journal entries up to this seq.")
+@click.option("--id", "new_id", default=None, help="Id of the new workflow.")
+@click.option(
+    "--wait/--no-wait", default=True, help="Run it here to the end, or leave it to a worker."
+)
+@click.pass_obj
+def fork(
+    database: str,
+    workflow_id: str,
+    modules: tuple[str, ...],
+    from_seq: int,
+    new_id: str | None,
+    wait: bool,
+) -> None:
+    if not wait:
+        with _client(database, create=False) as client:
+            fork_id = client.fork(workflow_id, from_seq, new_id)
+        _say(fork_id)
+        return
+    _runnable_here(database, workflow_id, modules)
+
+    async def begin(engine: durably.Engine) -> durably.WorkflowHandle:
+        handle = await engine.fork(workflow_id, from_seq, new_id)
+        _say(handle.workflow_id)
+        return handle
+
+    _run_here(database, begin)
+
+
+@main.command()
+@click.pass_obj
+def migrate(database: str) -> None:
+    """Bring the database schema up to date."""
+    with _client(database) as client:
+        version = client.schema_version()
+    _say(f"{database}: schema version {version}")
