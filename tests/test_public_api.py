@@ -67,6 +67,7 @@ FROZEN = [
     "WorkflowHandle",
     "WorkflowIdConflict",
     "WorkflowInfo",
+    "WorkflowNotFinished",
     "WorkflowNotFound",
     "WorkflowNotRegistered",
     "compensate",
@@ -86,6 +87,7 @@ FROZEN = [
     "uuid4",
     "wait_for_signal",
     "workflow",
+    "workflow_id",
 ]
 
 

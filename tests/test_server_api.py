@@ -240,6 +240,20 @@ def test_list_filters_and_pages_without_repeating_a_row(http: TestClient, store_
     assert http.get("/api/workflows", params={"status": "failed"}).json()["workflows"] == []
     summary = http.get("/api/summary").json()
     assert summary["counts"]["pending"] == 6 and summary["total"] == 6
+    seen, cursor = [], None
+    while True:  # oldest first, a page at a time, by id prefix
+        params = {
+            "limit": 2,
+            "id_prefix": "a",
+            "order": "asc",
+            **({"cursor": cursor} if cursor else {}),
+        }
+        page = http.get("/api/workflows", params=params).json()
+        seen += [w["workflow_id"] for w in page["workflows"]]
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert seen == ids
+    assert http.get("/api/workflows", params={"parent_id": "a1"}).json()["workflows"] == []
 
 
 @pytest.mark.parametrize(
@@ -250,6 +264,7 @@ def test_list_filters_and_pages_without_repeating_a_row(http: TestClient, store_
         ({"limit": "x"}, "limit"),
         ({"created_after": "yesterday"}, "created_after"),
         ({"cursor": "!!!"}, "cursor"),
+        ({"order": "up"}, "order"),
     ],
 )
 def test_bad_list_parameters_are_422_naming_the_parameter(

@@ -12,7 +12,7 @@ from durably.agents import (
     tool,
 )
 from durably.client import Client
-from durably.context import idempotency_key, step_info
+from durably.context import idempotency_key, step_info, workflow_id
 from durably.engine import Engine, WorkflowHandle, run
 from durably.errors import (
     AlreadyResolved,
@@ -41,6 +41,7 @@ from durably.errors import (
     WorkflowFailed,
     WorkflowFinished,
     WorkflowIdConflict,
+    WorkflowNotFinished,
     WorkflowNotFound,
     WorkflowNotRegistered,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "WorkflowHandle",
     "WorkflowIdConflict",
     "WorkflowInfo",
+    "WorkflowNotFinished",
     "WorkflowNotFound",
     "WorkflowNotRegistered",
     "compensate",
@@ -126,4 +128,5 @@ __all__ = [
     "uuid4",
     "wait_for_signal",
     "workflow",
+    "workflow_id",
 ]

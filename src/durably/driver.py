@@ -48,7 +48,7 @@ async def drive(
         if run.parked or run.suspended:  # the code went on past a Suspended it swallowed
             log.info("workflow %s returned after it let go: it ends when replayed", wid)
             return
-        run.replayer.check_finished()
+        run.check_finished()
         output = codec.encode(result, where=f"workflow {definition.name!r} ({wid!r}) result")
         faults.reached("before_finish", definition.name)
         try:
@@ -87,13 +87,13 @@ def _poison(info: journal.WorkflowInfo, history: list[journal.Entry], limit: int
 
 
 async def _fail(run: runtime.Run, exc: Exception) -> None:
-    diverged = run.replayer.diverged
+    diverged = run.diverged
     status: str
     err: BaseException
     if diverged is not None or isinstance(exc, errors.NonDeterminismError):
         status, err = journal.Status.DIVERGED, diverged or exc
         log.error("workflow %s diverged: %s", run.workflow_id, err)
-    elif isinstance(exc, errors.Cancelled) and run.cancel_delivered:
+    elif isinstance(exc, errors.Cancelled) and run.cancellation.delivered:
         status, err = journal.Status.CANCELLED, exc
     else:
         status, err = journal.Status.FAILED, exc
@@ -137,7 +137,7 @@ async def _record_end(run: runtime.Run, status: str, err: BaseException) -> None
 
 async def _compensate(run: runtime.Run, cause: BaseException) -> None:
     """Run the registered undos as durable steps, newest first; note the ones that failed."""
-    run.cancel_delivered = True  # compensations run even when cancellation was asked
+    run.cancellation.delivered = True  # compensations run even when cancellation was asked
     for undo in reversed(run.compensations):
         try:
             await steps.run_step(undo.fn, *undo.args, name=undo.name, **undo.kwargs)

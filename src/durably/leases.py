@@ -86,10 +86,11 @@ class Leases:
         now = self._clock()
         held = dict(await call(store.heartbeat, me, now, now + self._lease_seconds, write=True))
         for run in runs:
-            if run.parked or run.retired or held.get(run.workflow_id) == run.epoch:
+            if not run.listening or held.get(run.workflow_id) == run.epoch:
                 continue
             info = await call(store.get_workflow, run.workflow_id, write=False)
-            if info is not None and info.epoch != run.epoch and not run.retired:
+            ended = run.state is runtime.State.RETIRED
+            if info is not None and info.epoch != run.epoch and not ended:
                 self._lose(run, info.epoch, info.owner)
         running = self._running()
         orphans = {wid: epoch for wid, epoch in held.items() if wid not in running}
@@ -111,9 +112,11 @@ class Leases:
             owner,
             run.epoch,
         )
-        run.lost = errors.FencedError(
-            f"workflow {run.workflow_id!r} is now at epoch {epoch} (owner {owner}); "
-            f"this executor held epoch {run.epoch} and must stop"
+        run.lose(
+            errors.FencedError(
+                f"workflow {run.workflow_id!r} is now at epoch {epoch} (owner {owner}); "
+                f"this executor held epoch {run.epoch} and must stop"
+            )
         )
         task = self._drivers.get(run)
         if task is not None:

@@ -5,13 +5,24 @@ seq in program order and asks the replayer what the journal holds there. A call
 whose kind or name differs from the recorded one is a divergence: the replayer
 raises :class:`~durably.errors.NonDeterminismError` and keeps raising it, so a
 workflow that catches the first one still cannot go on.
+
+The decisions about what an entry means are here too, as functions of their
+arguments only (the time is an argument), so that they can be tested table by
+table without a database: what a step's entry means for the call
+(:func:`plan_step`, :func:`judge_reconcile`), how a signal wait or a join
+ends (:func:`signal_outcome`, :func:`join_outcome`), and the journal edits
+of an operator's ``resume`` and ``resolve`` (:func:`plan_reopen`,
+:func:`resolved_entry`). The runners and the store verbs carry them out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+import enum
+import json
+from collections.abc import Iterable, Sequence
 
-from durably import errors, journal
+from durably import errors, journal, steps
 
 
 class Replayer:
@@ -74,3 +85,193 @@ class Replayer:
                 self.workflow_id, entry.seq, entry.describe(), None
             )
             raise self._diverged
+
+
+# --- what a step's entry means for the call -------------------------------------------
+
+
+class Action(enum.Enum):
+    """What a step call does with the journal's entry at its seq."""
+
+    RETURN = "return"  # the receipt: return its result
+    RAISE = "raise"  # a final failure: raise the recorded error
+    BACKOFF = "backoff"  # a failed attempt whose retry is due at wake_at: wait, then run
+    RECONCILE = "reconcile"  # an intent without a receipt, a reconcile= step: ask outside
+    REVIEW = "review"  # an intent without a receipt, nothing can decide: ask a person
+    RUN = "run"  # run the function (attempt ``attempt``)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepPlan:
+    """The decision for one step call: the action, and the attempt a run would be."""
+
+    action: Action
+    attempt: int = 1  # the attempt to run (after a back-off, or a reconcile that found nothing)
+    wake_at: float | None = None  # BACKOFF: when the next attempt is due
+
+
+_RUN_FIRST = StepPlan(Action.RUN)
+_RETURN = StepPlan(Action.RETURN)
+_RAISE = StepPlan(Action.RAISE)
+
+_S = journal.EntryStatus
+
+
+def plan_step(entry: journal.Entry | None, *, reconciles: bool) -> StepPlan:
+    """What the step's entry (None: the call is new) means for this call.
+
+    A receipt is returned and a final error raised, on every replay. A failed
+    attempt with a retry due runs the next attempt, after waiting out its
+    back-off (the time is in the journal). An intent without a receipt means
+    the outcome is unknown: a step with ``reconcile=`` asks the outside world,
+    any other (an ``at_most_once`` step) waits for a person. A step's entry is
+    never ``timed_out``; one that were would be run as new, as it always was.
+    """
+    if entry is None:
+        return _RUN_FIRST
+    status = entry.status
+    if status == _S.COMPLETED:
+        return _RETURN
+    if status == _S.FAILED:
+        return _RAISE
+    if status == _S.RETRYING:
+        if entry.wake_at is None:
+            return StepPlan(Action.RUN, entry.attempt + 1)
+        return StepPlan(Action.BACKOFF, entry.attempt + 1, entry.wake_at)
+    if status == _S.STARTED:
+        action = Action.RECONCILE if reconciles else Action.REVIEW
+        return StepPlan(action, entry.attempt + 1)
+    return _RUN_FIRST
+
+
+#: Why an interrupted at-most-once step waits for a person.
+AT_MOST_ONCE_REASON = "an at-most-once step was interrupted; its outcome is unknown"
+
+
+def judge_reconcile(verdict: object, raised: BaseException | None = None) -> tuple[Action, str]:
+    """What a reconcile function's answer means: the action and the reason to record.
+
+    ``Found(result)``: RETURN (commit that result as the receipt); ``NotFound``:
+    RUN the step again; ``Unknown``, an exception (``raised``) or anything else:
+    REVIEW, with a reason a person can act on.
+    """
+    if raised is not None:
+        return Action.REVIEW, f"reconcile raised {type(raised).__name__}: {raised}"
+    reason = f"reconcile answered {verdict!r}"
+    if isinstance(verdict, steps.Found):
+        return Action.RETURN, reason
+    if verdict is steps.NotFound:
+        return Action.RUN, reason
+    if verdict is steps.Unknown:
+        return Action.REVIEW, reason
+    return Action.REVIEW, f"reconcile returned {verdict!r}, not Found(...), NotFound or Unknown"
+
+
+# --- how a wait ends --------------------------------------------------------------------
+
+
+def signal_outcome(wait: journal.Entry, signal: str | None, now: float) -> journal.Entry:
+    """The signal wait's entry after a look at the mailbox.
+
+    ``signal`` is the payload of the oldest signal of that name not yet
+    consumed (None: there is none). A signal completes the wait even past its
+    deadline; without one, a wait whose deadline passed is ``timed_out``;
+    otherwise it goes on waiting (returned as it is).
+    """
+    if signal is not None:
+        return dataclasses.replace(wait, status=_S.COMPLETED, payload=signal, finished_at=now)
+    if wait.wake_at is not None and now >= wait.wake_at:
+        return dataclasses.replace(wait, status=_S.TIMED_OUT, finished_at=now)
+    return wait
+
+
+def join_outcome(
+    wait: journal.Entry, child: journal.WorkflowInfo | None, now: float
+) -> journal.Entry:
+    """The join's entry given the child's row: completed with the child's outcome
+    once the child finished (whatever its status), else still waiting."""
+    if child is None or not child.finished:
+        return wait
+    result = {"status": child.status, "output": child.output, "error": child.error}
+    return dataclasses.replace(
+        wait,
+        status=_S.COMPLETED,
+        payload=json.dumps(result, separators=(",", ":")),
+        finished_at=now,
+    )
+
+
+# --- the journal edits of operator verbs ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reopening:
+    """The journal edit that resumes a finished workflow."""
+
+    delete_from: int | None = None  # drop the entries from this seq on (a cancellation)
+    retry_seq: int | None = None  # make the failed step at this seq retry at once
+
+
+_REOPENABLE = frozenset({journal.Status.FAILED, journal.Status.CANCELLED, journal.Status.DIVERGED})
+
+
+def plan_reopen(workflow_id: str, status: str, history: Sequence[journal.Entry]) -> Reopening:
+    """How ``resume`` edits the journal of a workflow that ended ``status``.
+
+    A cancelled workflow continues from where its cancellation stopped it (its
+    entries from the cancel marker on are dropped), unless steps completed
+    after it (cleanup, compensations): resuming would forget them. A failed
+    workflow gives the step that failed it another try. Only a failed,
+    cancelled or diverged workflow can be resumed.
+    """
+    if status not in _REOPENABLE:
+        raise errors.NotResumable(
+            f"workflow {workflow_id!r} is {status}; only a failed, cancelled or "
+            "diverged workflow, or a pending one waiting on its queue, can be resumed"
+        )
+    cancels = [e.seq for e in history if e.kind == journal.Kind.CANCEL]
+    if cancels:  # continue from where the cancellation stopped it
+        after = [
+            e
+            for e in history
+            if e.seq > min(cancels) and e.kind == journal.Kind.STEP and e.status == _S.COMPLETED
+        ]
+        if after:
+            raise errors.NotResumable(
+                f"workflow {workflow_id!r} ran {len(after)} step(s) after its cancellation "
+                f"(cleanup or compensations, e.g. {after[0].name!r} at seq {after[0].seq}); "
+                "resuming would forget them: fork it instead"
+            )
+        return Reopening(delete_from=min(cancels))
+    if status == journal.Status.FAILED:
+        failed = [e.seq for e in history if e.kind == journal.Kind.STEP and e.status == _S.FAILED]
+        if failed:  # give the step that failed the workflow another try
+            return Reopening(retry_seq=max(failed))
+    return Reopening()
+
+
+#: The entry status each decision of a review writes at the step's seq.
+_DECIDED = {"result": _S.COMPLETED, "retry": _S.RETRYING, "fail": _S.FAILED}
+
+
+def resolved_entry(
+    review: journal.Review, decision: str, outcome: str | None, now: float
+) -> journal.Entry:
+    """The step's entry after a person's decision on its review.
+
+    ``result``: the receipt holding ``outcome``; ``fail``: a final failure
+    holding ``outcome`` (the error); ``retry``: an attempt due now, keeping
+    the intent's arguments, so the step runs again with the same key.
+    """
+    retry = decision == "retry"
+    return journal.Entry(
+        review.seq,
+        journal.Kind.STEP,
+        review.step,
+        _DECIDED[decision],
+        review.attempt,
+        review.intent if retry else outcome,
+        review.opened_at,
+        now,
+        now if retry else None,
+    )

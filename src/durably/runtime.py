@@ -14,16 +14,38 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from durably import codec, errors, faults, journal, replay
+from durably import codec, errors, faults, journal, replay, runstate
 from durably.storage import dispatch
 
 if TYPE_CHECKING:
     from durably.steps import StepDefinition
 
 T = TypeVar("T")
+
+#: The fenced store verbs a run writes with (see ``Run.write``).
+Verb = Literal[
+    "append_entries",
+    "finish_workflow",
+    "park",
+    "open_review",
+    "start_child",
+    "receive_signal",
+    "join_child",
+]
+
+#: Where each verb takes the batch of entries, counted in the arguments after the epoch.
+_BATCH_AT: dict[str, int] = {
+    "append_entries": 0,
+    "finish_workflow": 3,  # status, output, error, entries
+    "park": 2,  # status, wake_at, entries, signals, children
+    "open_review": 3,  # intent, idempotency_key, reason, entries
+    "start_child": 0,  # entries, child
+    "receive_signal": 1,  # wait, entries
+    "join_child": 1,  # wait, entries
+}
 
 log = logging.getLogger("durably")
 
@@ -47,6 +69,11 @@ class Suspended(BaseException):
 
     A BaseException so that a workflow's own ``except Exception`` cannot swallow it.
     """
+
+
+State = runstate.State
+Cancellation = runstate.Cancellation
+_HOLDING = runstate.HOLDING
 
 
 @dataclasses.dataclass(slots=True)
@@ -86,97 +113,141 @@ class Compensation:
 
 
 class Run:
-    """The state of one workflow run: its journal, its lease epoch, unflushed values."""
+    """The state of one workflow run: its journal, its lease epoch, unflushed values.
+
+    Workflow-side modules (steps, waits, agents, approvals) use only this
+    declared interface, never the run's store, journal or pending list:
+
+    * ``take_seq()`` and ``lookup(seq, kind, name)``: the seq of a durable call
+      and what the journal holds there; ``cancel_point(seq)`` delivers a
+      requested cancellation;
+    * ``stage(entry)``: journal an entry that rides with the next write;
+    * ``write(verb, ...)``: the one write path: the staged entries go with one
+      fenced store verb, in one transaction, and are then part of the journal;
+      ``commit(*entries)`` and ``finish(...)`` are the two common verbs;
+    * ``clock()``, ``step_threads``, ``child_started(id)``: what the engine lends;
+    * ``local(key, factory)``: a value kept for this run only (agents' tallies);
+    * ``block``, ``poke``, ``active``, ``not_active``, ``ready``: waiting and parking.
+    """
 
     def __init__(
         self, services: Services, info: journal.WorkflowInfo, history: list[journal.Entry]
     ) -> None:
-        self.services = services
+        self._services = services
+        #: The engine's clock (seconds since the epoch), lent to workflow-side modules.
+        self.clock: Callable[[], float] = services.clock
         self.workflow_id = info.workflow_id
-        self.epoch = info.epoch
-        self.replayer = replay.Replayer(info.workflow_id, history)
+        self._epoch = info.epoch
+        self._replayer = replay.Replayer(info.workflow_id, history)
         self.parent_id = info.parent_id
-        self.pending: list[journal.Entry] = []  # journaled values not yet committed
-        self.lost: errors.FencedError | None = None
-        self.abandoned: errors.StoreError | None = None
-        self.cancel_requested = bool(info.cancel_requested)
-        self.cancel_delivered = False
+        self._pending: list[journal.Entry] = []  # journaled values not yet committed
+        self._locals: dict[object, Any] = {}
+        self._state = State.RUNNING
+        self._resume = State.RUNNING  # where PARKING goes back to if the park does not happen
+        self._lost: errors.FencedError | None = None  # why LOST
+        self._abandoned: errors.StoreError | None = None  # why ABANDONED
         # A replay meets the journaled cancellation at its own seq; never earlier.
-        self._cancel_in_journal = any(e.kind == journal.Kind.CANCEL for e in history)
+        self.cancellation = Cancellation(
+            requested=bool(info.cancel_requested),
+            in_journal=any(e.kind == journal.Kind.CANCEL for e in history),
+        )
         self.inflight = 0  # steps running and commits on their way
-        self.parked = False
-        self.retired = False
-        self.closing = False  # the workflow function ended: no new durable call may start
         self.suspended = False  # a Suspended was raised into the workflow's code
         self._compensator: asyncio.Task[Any] | None = None
         self._blocks: list[Block] = []
         self.compensations: list[Compensation] = []
         self._park_timer: asyncio.TimerHandle | None = None
-        self._parking = False
         self._park_task: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()  # set whenever no park is on its way
         self._settled.set()
         self._idle = asyncio.Event()
         self._idle.set()
 
-    # --- commits --------------------------------------------------------------
+    # --- what the engine lends ---------------------------------------------------
 
-    async def commit(self, *entries: journal.Entry) -> None:
-        """Commit entries (and any pending journaled values) fenced by this run's epoch."""
-        batch = [*self.take_pending(), *entries]
-        store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
-        if await self.store_op(lambda now: store.append_entries(wid, epoch, batch, now)):
-            self.cancel_requested = True
-        for entry in batch:
-            self.replayer.record(entry)
-        faults.committed(self.workflow_id, batch)  # durable now (durably test-crashes counts)
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this run writes under (the fence of every write)."""
+        return self._epoch
 
-    async def finish(self, status: str, output: str | None, error: str | None) -> None:
-        """Commit the final status with any pending journaled values."""
-        await self.settle()
-        batch = self.take_pending()
-        store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
-        await self.store_op(
-            lambda now: store.finish_workflow(wid, epoch, status, output, error, batch, now),
-            internal=True,
-        )
+    @property
+    def step_threads(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The pool that runs sync step functions."""
+        return self._services.step_threads
 
-    def take_pending(self) -> list[journal.Entry]:
-        """Hand over the uncommitted journaled values to the commit about to be made."""
-        batch, self.pending = self.pending, []
-        return batch
+    def child_started(self, child_id: str) -> None:
+        """Tell the engine a child workflow was committed, so it can run it at once."""
+        self._services.on_child(child_id)
 
-    async def store_op(self, write: Callable[[float], T], *, internal: bool = False) -> T:
-        """Run a fenced write on the store thread, waiting out a locked database a while.
+    def local(self, key: object, factory: Callable[[], T]) -> T:
+        """The value kept under ``key`` for this run only, made by ``factory`` on first use.
 
-        Counts as activity: a run never parks while one is on its way, and none
-        starts while a park is on its way (it waits to see whether the run parked).
-        A database that keeps failing abandons the run (``Abandoned``).
-
-        A full database is waited out longer, with a growing pause and a loud
-        log line each time: the write holds a step's outcome that running the
-        step again would only repeat. A value the database refuses
-        (``StorageDataError``) is raised as it is: the run goes on, and the
-        caller records the refusal instead.
+        For side tables of workflow-side modules (an agent's usage tally, the
+        approvals of a run): they live and die with the run, and a replay starts
+        them afresh.
         """
+        try:
+            value: T = self._locals[key]
+        except KeyError:
+            value = self._locals[key] = factory()
+        return value
+
+    # --- the one write path ---------------------------------------------------
+
+    def stage(self, entry: journal.Entry) -> None:
+        """Journal ``entry`` now; it is committed with this run's next write."""
+        self._pending.append(entry)
+        self._replayer.record(entry)
+
+    async def write(
+        self, verb: Verb, *args: Any, entries: Sequence[journal.Entry] = (), internal: bool = False
+    ) -> Any:
+        """Call the store's ``verb`` with the staged entries and ``entries``, fenced.
+
+        Every store verb a run writes with takes ``(workflow_id, epoch, ...,
+        now)`` and the batch of entries at its own place among ``args``
+        (``_BATCH_AT``); the batch is the staged entries followed by
+        ``entries``. Once the verb returns, the batch (and an entry the verb
+        returns: a wait's outcome) is part of this run's journal.
+
+        The verb runs on the store thread, waiting out a locked database a
+        while. It counts as activity: a run never parks while a write is on its
+        way, and none starts while a park is on its way (it waits to see
+        whether the run parked), except the run's own park and final write
+        (``internal``). A database that keeps failing abandons the run
+        (``Abandoned``). A full database is waited out longer, with a growing
+        pause and a loud log line each time: the write holds a step's outcome
+        that running the step again would only repeat. A value the database
+        refuses (``StorageDataError``) is raised as it is: the run goes on, and
+        the caller records the refusal instead.
+        """
+        batch = [*self._take_pending(), *entries]
+        fn = getattr(self._services.store.store, verb)
+        at = _BATCH_AT[verb]
+        if at == 0:  # a step's commit: no slicing on the hot path
+            head = (self.workflow_id, self._epoch, batch, *args)
+        else:
+            head = (self.workflow_id, self._epoch, *args[:at], batch, *args[at:])
         if not internal:  # the run's own park and final write skip the check
             await self.ready()
         delay, waited = 0.05, 0.0
         full_delay, full_waited = _FULL_DELAYS[0], 0.0
+        services = self._services
         with self.active():
             while True:
-                inline = self.services.inline_commits and _loop_is_quiet()
+                inline = services.inline_commits and _loop_is_quiet()
                 try:
-                    return await self.services.store.call(
-                        write, self.services.clock(), inline=inline
+                    result = await services.store.call(
+                        lambda now: fn(*head, now), services.clock(), inline=inline
                     )
+                    break
                 except errors.FencedError as exc:
-                    self.lost = exc
+                    self.lose(exc)
                     raise
                 except errors.StorageDataError:
                     raise
                 except errors.StorageFull as exc:
-                    if full_waited >= self.services.full_patience:
+                    if full_waited >= services.full_patience:
                         raise self._abandon(exc) from exc
                     log.error(
                         "workflow %s cannot commit: %s: %s; trying again in %.2g s "
@@ -186,31 +257,55 @@ class Run:
                         exc,
                         full_delay,
                         full_waited,
-                        self.services.full_patience,
+                        services.full_patience,
                     )
                     if await self._pause(full_delay):
                         raise self._abandon(exc) from exc
                     full_waited += full_delay
                     full_delay = min(full_delay * 2, _FULL_DELAYS[1])
                 except _TRANSIENT as exc:
-                    if waited >= self.services.commit_patience:
+                    if waited >= services.commit_patience:
                         raise self._abandon(exc) from exc
                     await asyncio.sleep(delay)
                     waited += delay
                     delay = min(delay * 2, 2.0)
                 except errors.StoreError as exc:
                     raise self._abandon(exc) from exc
+        for entry in batch:
+            self._replayer.record(entry)
+        if isinstance(result, journal.Entry):
+            self._replayer.record(result)
+        if verb == "append_entries":  # a commit: durable now (durably test-crashes counts)
+            faults.committed(self.workflow_id, batch)
+        return result
+
+    async def commit(self, *entries: journal.Entry) -> None:
+        """Commit entries (and any staged ones) fenced by this run's epoch."""
+        if await self.write("append_entries", entries=entries):
+            self.cancellation.requested = True
+
+    async def finish(self, status: str, output: str | None, error: str | None) -> None:
+        """Commit the final status with any staged entries."""
+        await self.settle()
+        await self.write("finish_workflow", status, output, error, internal=True)
+
+    def _take_pending(self) -> list[journal.Entry]:
+        """Hand over the staged entries to the write about to be made."""
+        batch, self._pending = self._pending, []
+        return batch
 
     async def _pause(self, seconds: float) -> bool:
         """Sleep ``seconds``, or less if the engine starts stopping; True if it did."""
-        stopping = self.services.stopping
+        stopping = self._services.stopping
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await stopping.wait()
         return stopping.is_set()
 
     def _abandon(self, exc: errors.StoreError) -> Abandoned:
-        self.abandoned = exc
+        self._abandoned = exc
+        if self._state in _HOLDING:
+            self._state = State.ABANDONED
         return Abandoned(f"workflow {self.workflow_id!r}: the database failed: {exc}")
 
     def suspend(self, why: str) -> Suspended:
@@ -229,18 +324,56 @@ class Run:
             await self._settled.wait()
         self._check_live()
 
+    # --- the run's state ---------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        """Where this run is in its life (see :class:`State`)."""
+        return self._state
+
     @property
     def let_go(self) -> bool:
         """True once this run holds the workflow no more: ended, parked, lost or abandoned."""
-        return self.retired or self.parked or self.lost is not None or self.abandoned is not None
+        return self._state not in _HOLDING
+
+    @property
+    def parked(self) -> bool:
+        """True once a park of this run reached the store (or could write nothing more)."""
+        return self._state is State.PARKED
+
+    @property
+    def listening(self) -> bool:
+        """True while a wake-up (a signal, a child, a cancellation) can still reach the run:
+        neither parked nor retired."""
+        return self._state not in (State.PARKED, State.RETIRED)
+
+    @property
+    def closing(self) -> bool:
+        """True once the workflow function ended: no new durable call may start."""
+        return self._state is State.CLOSING or (
+            self._state is State.PARKING and self._resume is State.CLOSING
+        )
+
+    @property
+    def _parking(self) -> bool:
+        """True while a park is on its way (from any state)."""
+        return not self._settled.is_set()
+
+    def lose(self, fenced: errors.FencedError) -> None:
+        """Another executor holds the workflow now: every later call of this run raises it."""
+        self._lost = fenced
+        if self._state in _HOLDING:
+            self._state = State.LOST
 
     def _check_live(self) -> None:
-        if self.lost is not None:
-            raise self.lost
-        if self.abandoned is not None:
-            raise Abandoned(str(self.abandoned))
-        if self.parked or self.retired:
-            raise self.suspend("this run has let go of the workflow")
+        """The one liveness check: raise unless this run still holds its workflow."""
+        if self._state in _HOLDING:
+            return
+        if self._lost is not None:
+            raise self._lost
+        if self._abandoned is not None:
+            raise Abandoned(str(self._abandoned))
+        raise self.suspend("this run has let go of the workflow")
 
     async def flush(self) -> None:
         """Commit journaled values a step could observe (now, random, uuid4) before it runs.
@@ -248,7 +381,7 @@ class Run:
         Other pending entries (events, finished sleeps) ride with the step's
         receipt, so a plain step still costs one commit.
         """
-        if any(e.kind in _OBSERVABLE for e in self.pending):
+        if any(e.kind in _OBSERVABLE for e in self._pending):
             await self.commit()
 
     # --- journaled values -------------------------------------------------------
@@ -260,11 +393,9 @@ class Run:
         if entry is not None:
             return codec.decode(entry.payload or "null", where=f"{kind} at seq {seq}")  # type: ignore[return-value]
         value = make()
-        now = self.services.clock()
+        now = self._services.clock()
         payload = codec.encode(value, where=f"durably.{kind}() at seq {seq}")
-        new = journal.Entry(seq, kind, "", journal.EntryStatus.COMPLETED, 1, payload, now, now)
-        self.pending.append(new)
-        self.replayer.record(new)
+        self.stage(journal.Entry(seq, kind, "", _COMPLETED, 1, payload, now, now))
         return value
 
     # --- steps --------------------------------------------------------------------
@@ -279,7 +410,7 @@ class Run:
 
     def check_stopping(self) -> None:
         """Raise Suspended when no new step may start: the engine or the workflow is ending."""
-        if self.services.stopping.is_set():
+        if self._services.stopping.is_set():
             raise self.suspend("engine stopping")
         if self.closing and not self._is_compensating():
             raise self.suspend("the workflow function has ended")
@@ -293,14 +424,37 @@ class Run:
 
     # --- seqs, cancellation ---------------------------------------------------------
 
+    @property
+    def diverged(self) -> errors.NonDeterminismError | None:
+        """The divergence from the journal found so far, if any."""
+        return self._replayer.diverged
+
+    @property
+    def last_seq(self) -> int:
+        """The seq most recently taken."""
+        return self._replayer.last_seq
+
+    def recorded(self, seq: int, kind: str, name: str) -> journal.Entry | None:
+        """What the journal holds at ``seq`` for this call, without delivering a cancellation.
+
+        A look ahead for code that must know now whether a call it has made
+        will be replayed (a sub-agent's join); the call itself still meets its
+        entry through ``lookup``. Raises NonDeterminismError on another call.
+        """
+        return self._replayer.lookup(seq, kind, name)
+
+    def check_finished(self) -> None:
+        """Raise NonDeterminismError if the journal holds calls the code never made."""
+        self._replayer.check_finished()
+
     def take_seq(self) -> int:
         """The next seq, for a durable call made now; refuses once the run cannot go on."""
-        if self.replayer.diverged is not None:
-            raise self.replayer.diverged
+        if self._replayer.diverged is not None:
+            raise self._replayer.diverged
         self._check_live()
         if self.closing and not self._is_compensating():
             raise self.suspend("the workflow function has ended")
-        return self.replayer.next_seq()
+        return self._replayer.next_seq()
 
     def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
         """The journal's entry for this call, delivering a requested cancellation here.
@@ -309,9 +463,9 @@ class Run:
         final in the journal, and journaled there so a replay raises it at the
         same seq.
         """
-        entry = self.replayer.lookup(seq, kind, name)
+        entry = self._replayer.lookup(seq, kind, name)
         if entry is not None and entry.kind == journal.Kind.CANCEL:
-            self.cancel_delivered = True
+            self.cancellation.delivered = True
             raise errors.Cancelled(f"workflow {self.workflow_id!r} was cancelled (seq {seq})")
         if entry is None or entry.status not in _FINAL:
             self.cancel_point(seq)
@@ -319,20 +473,20 @@ class Run:
 
     def cancel_point(self, seq: int) -> None:
         """Raise Cancelled at ``seq`` if cancellation was requested and not yet delivered."""
-        if not self.cancel_requested or self.cancel_delivered or self._cancel_in_journal:
+        cancellation = self.cancellation
+        if not cancellation.requested or not cancellation.due:  # the first test is the usual
             return
-        self.cancel_delivered = True
-        now = self.services.clock()
+        self.cancellation.delivered = True
+        now = self._services.clock()
         marker = journal.Entry(
             seq, journal.Kind.CANCEL, "", journal.EntryStatus.COMPLETED, 1, None, now, now
         )
-        self.pending.append(marker)
-        self.replayer.record(marker)
+        self.stage(marker)
         raise errors.Cancelled(f"workflow {self.workflow_id!r} was cancelled (seq {seq})")
 
     def request_cancel(self) -> None:
         """Cancellation was requested while this run is live: wake its waits to deliver it."""
-        self.cancel_requested = True
+        self.cancellation.requested = True
         self.poke()
 
     # --- blocking and parking -------------------------------------------------------
@@ -372,14 +526,14 @@ class Run:
 
     async def block(self, kind: str, key: str, wake_at: float | None) -> None:
         """Wait until poked, until ``wake_at``, or until the run parks (raises Suspended)."""
-        if self.parked or self.retired:
+        if not self.listening:
             raise self.suspend("this run has let go of the workflow")
         loop = asyncio.get_running_loop()
         block = Block(loop.create_future(), kind, key, wake_at)
         self._blocks.append(block)
         timer = None
         if wake_at is not None:
-            timer = loop.call_later(max(0.0, wake_at - self.services.clock()), _wake, block.future)
+            timer = loop.call_later(max(0.0, wake_at - self._services.clock()), _wake, block.future)
         if self.inflight == 0:
             self._schedule_park()
         try:
@@ -396,21 +550,22 @@ class Run:
                 _wake(block.future)
 
     def _schedule_park(self) -> None:
-        if self._park_timer is not None or self.parked or self._parking:
+        if self._park_timer is not None or self._state is State.PARKED or self._parking:
             return
         wakes = [b.wake_at for b in self._blocks]
-        now = self.services.clock()
-        urgent = self.services.stopping.is_set() or any(b.kind == REVIEW for b in self._blocks)
-        hold = 0.0 if urgent else self.services.hold_seconds
+        now = self._services.clock()
+        urgent = self._services.stopping.is_set() or any(b.kind == REVIEW for b in self._blocks)
+        hold = 0.0 if urgent else self._services.hold_seconds
         if wakes and all(w is not None and w - now <= hold for w in wakes):
             return  # every wait ends soon: cheaper to stay than to park and replay
         self._park_timer = asyncio.get_running_loop().call_later(hold, self._start_park)
 
     def _start_park(self) -> None:
         self._park_timer = None
-        if self.parked or self.retired or self.inflight or not self._blocks or self._parking:
+        if not self.listening or self.inflight or not self._blocks or self._parking:
             return
-        self._parking = True
+        if self._state in (State.RUNNING, State.CLOSING):
+            self._resume, self._state = self._state, State.PARKING
         self._settled.clear()
         planned = list(self._blocks)
         self._park_task = asyncio.get_running_loop().create_task(self._park(planned))
@@ -419,7 +574,8 @@ class Run:
         try:
             await self._park_now(planned)
         finally:
-            self._parking = False
+            if self._state is State.PARKING:  # the park did not happen: go on as before
+                self._state = self._resume
             self._settled.set()
 
     async def _park_now(self, planned: list[Block]) -> None:
@@ -439,13 +595,8 @@ class Run:
         wake_at = min((b.wake_at for b in waits if b.wake_at is not None), default=None)
         signals = sorted({b.key for b in waits if b.kind == journal.Kind.SIGNAL})
         children = sorted({b.key for b in waits if b.kind == journal.Kind.JOIN})
-        batch = self.take_pending()
-        store, wid, epoch = self.services.store.store, self.workflow_id, self.epoch
         try:
-            parked = await self.store_op(
-                lambda now: store.park(wid, epoch, status, wake_at, batch, signals, children, now),
-                internal=True,
-            )
+            parked = await self.write("park", status, wake_at, signals, children, internal=True)
         except (errors.FencedError, Abandoned):
             parked = True  # nothing more can be written: let the waits unwind
         except errors.StorageDataError as exc:
@@ -458,20 +609,24 @@ class Run:
         if not parked:  # a signal or a child arrived meanwhile (entries are written): look again
             self.poke()
             return
-        self.parked = True
+        self._state = State.PARKED
         for block in waits:
             if not block.future.done():
                 block.future.set_exception(self.suspend(f"parked {status}"))
-        self.services.on_park(wake_at)
+        self._services.on_park(wake_at)
 
     async def close(self) -> None:
         """The workflow function ended: start nothing new, let running steps commit."""
-        self.closing = True
+        if self._state is State.RUNNING:
+            self._state = State.CLOSING
+        elif self._state is State.PARKING:
+            self._resume = State.CLOSING
         await self.wait_idle()
 
     def retire(self) -> None:
         """The workflow task ended: refuse every later write of this run."""
-        self.retired = True
+        if self._state is not State.PARKED:
+            self._state = State.RETIRED
         if self._park_timer is not None:
             self._park_timer.cancel()
             self._park_timer = None
@@ -482,6 +637,8 @@ REVIEW = "review"
 
 #: Journaled values a step could observe: committed before any step starts.
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
+
+_COMPLETED = journal.EntryStatus.COMPLETED
 
 _FINAL = journal.FINAL_ENTRY_STATUSES
 

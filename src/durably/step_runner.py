@@ -22,13 +22,26 @@ import json
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from durably import codec, context, errors, faults, journal, runtime, steps, telemetry, watchdog
+from durably import (
+    codec,
+    context,
+    errors,
+    faults,
+    journal,
+    replay,
+    runtime,
+    steps,
+    telemetry,
+    watchdog,
+)
 
 if TYPE_CHECKING:
     from durably.runtime import Run
 
 _STEP = journal.Kind.STEP
 _S = journal.EntryStatus
+_A = replay.Action
+_RUN = replay.Action.RUN
 
 REVIEW = runtime.REVIEW
 
@@ -47,21 +60,21 @@ async def _run(
     entry = run.lookup(seq, _STEP, step.name)
     where = f"step {step.name!r} (workflow {run.workflow_id!r}, seq {seq})"
     key = f"{run.workflow_id}:{seq}"
-    attempt = 1
-    if entry is not None:
-        if entry.status == _S.COMPLETED:
+    plan = replay.plan_step(entry, reconciles=step.reconcile is not None)
+    action, attempt = plan.action, plan.attempt
+    if action is not _RUN:
+        assert entry is not None  # a new call always runs
+        if action is _A.RETURN:
             return codec.decode(entry.payload or "null", where=f"{where} result")
-        if entry.status == _S.FAILED:
+        if action is _A.RAISE:
             raise recorded_error(entry, where)
-        if entry.status == _S.RETRYING:
-            attempt = entry.attempt + 1
-            if entry.wake_at is not None:
-                await _backoff(run, seq, entry.wake_at)
-        if entry.status == _S.STARTED:  # an intent without a receipt: outcome unknown
+        if action is _A.BACKOFF:
+            assert plan.wake_at is not None
+            await _backoff(run, seq, plan.wake_at)
+        else:  # an intent without a receipt: the outcome is unknown
             found = await _unknown_outcome(run, seq, step, entry, args, kwargs, key, where)
             if found is not None:
                 return found[0]
-            attempt = entry.attempt + 1
     await run.flush()
     while True:
         await run.ready()  # not while a park is on its way: the run may be letting go
@@ -72,7 +85,7 @@ async def _run(
             await run.commit(intent)
             faults.reached("after_intent", step.name)
         faults.reached("before_call", step.name)
-        started = run.services.clock()
+        started = run.clock()
         ctx = context.StepContext(run.workflow_id, seq, step.name, attempt, key)
         try:
             with telemetry.step_span(run.workflow_id, seq, step.name, attempt) as span:
@@ -81,7 +94,7 @@ async def _run(
             # a result that cannot be stored fails this attempt like any error of the step
             payload = codec.encode(result, where=f"{where} result")
         except Exception as exc:
-            finished = run.services.clock()
+            finished = run.clock()
             delay = step.retry.delay_after(attempt, exc) if step.retry else None
             status = _S.FAILED if delay is None else _S.RETRYING
             wake = None if delay is None else finished + delay
@@ -94,7 +107,7 @@ async def _run(
             await _backoff(run, seq, finished + delay)
             attempt += 1
             continue
-        finished = run.services.clock()
+        finished = run.clock()
         faults.reached("after_call", step.name)
         receipt = _entry(run, seq, step, _S.COMPLETED, attempt, payload, started, finished)
         await _commit_receipt(run, receipt, where)
@@ -157,7 +170,7 @@ def _entry(
     wake_at: float | None = None,
 ) -> journal.Entry:
     if started is None:
-        started = run.services.clock()
+        started = run.clock()
     return journal.Entry(
         seq, _STEP, step.name, status, attempt, payload, started, finished, wake_at
     )
@@ -184,28 +197,27 @@ async def _unknown_outcome(
     Parks the workflow in ``needs_review`` when nothing can decide.
     """
     if step.reconcile is not None:
-        verdict: Any
+        verdict: Any = None
+        raised: Exception | None = None
         ctx = context.StepContext(run.workflow_id, seq, step.name, intent.attempt, key)
         try:
             verdict = await _call(run, step.reconcile, (key, *args), kwargs, ctx)
         except Exception as exc:
-            verdict, reason = steps.Unknown, f"reconcile raised {type(exc).__name__}: {exc}"
-        else:
-            reason = f"reconcile answered {verdict!r}"
-        if isinstance(verdict, steps.Found):
+            raised = exc
+        action, reason = replay.judge_reconcile(verdict, raised)
+        if action is _A.RETURN:
+            assert isinstance(verdict, steps.Found)
             payload = codec.encode(verdict.result, where=f"{where} reconciled result")
-            now = run.services.clock()
+            now = run.clock()
             receipt = dataclasses.replace(
                 intent, status=_S.COMPLETED, payload=payload, finished_at=now
             )
             await _commit_receipt(run, receipt, where)
             return (codec.decode(payload, where=f"{where} result"),)
-        if verdict is steps.NotFound:
+        if action is _A.RUN:
             return None
-        if verdict is not steps.Unknown:
-            reason = f"reconcile returned {verdict!r}, not Found(...), NotFound or Unknown"
     else:
-        reason = "an at-most-once step was interrupted; its outcome is unknown"
+        reason = replay.AT_MOST_ONCE_REASON
     await _await_review(run, seq, step, intent, key, reason)
     raise AssertionError("unreachable: a review wait ends by parking")  # pragma: no cover
 
@@ -213,11 +225,7 @@ async def _unknown_outcome(
 async def _await_review(
     run: Run, seq: int, step: steps.StepDefinition, intent: journal.Entry, key: str, reason: str
 ) -> None:
-    store = run.services.store.store
-    batch = run.take_pending()
-    await run.store_op(
-        functools.partial(store.open_review, run.workflow_id, run.epoch, intent, key, reason, batch)
-    )
+    await run.write("open_review", intent, key, reason)
     with run.not_active():
         while True:
             await run.block(REVIEW, key, None)
@@ -259,9 +267,7 @@ async def _call(
         else:
             loop = asyncio.get_running_loop()
             call = functools.partial(fn, *args, **kwargs)
-            awaitable = loop.run_in_executor(
-                run.services.step_threads, contextvars.copy_context().run, call
-            )
+            awaitable = loop.run_in_executor(run.step_threads, contextvars.copy_context().run, call)
         with watchdog.async_step(ctx, on_loop):  # named if it blocks the event loop
             result = await awaitable
             if inspect.isawaitable(result):  # a sync callable that returned a coroutine
@@ -277,7 +283,7 @@ async def _backoff(run: Run, seq: int, wake_at: float) -> None:
     A long back-off parks the workflow like ``durably.sleep``; a short one stays.
     """
     with run.not_active():
-        while run.services.clock() < wake_at:
+        while run.clock() < wake_at:
             await run.block(journal.Kind.SLEEP, "", wake_at)
             run.cancel_point(seq)
 

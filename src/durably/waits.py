@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import json
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from durably import codec, context, errors, journal, validate, workflows
 from durably.storage import base
@@ -52,7 +51,7 @@ async def _sleep(run: Run, seq: int, wake: Callable[[float], float]) -> None:
     entry = run.lookup(seq, journal.Kind.SLEEP, "")
     if entry is not None and entry.status == _COMPLETED:
         return
-    clock = run.services.clock
+    clock = run.clock
     if entry is None:
         now = clock()
         entry = journal.Entry(seq, journal.Kind.SLEEP, "", _STARTED, 1, None, now, None, wake(now))
@@ -61,9 +60,7 @@ async def _sleep(run: Run, seq: int, wake: Callable[[float], float]) -> None:
     while clock() < wake_at:
         await run.block(journal.Kind.SLEEP, "", wake_at)
         run.cancel_point(seq)
-    done = dataclasses.replace(entry, status=_COMPLETED, finished_at=clock())
-    run.pending.append(done)
-    run.replayer.record(done)
+    run.stage(dataclasses.replace(entry, status=_COMPLETED, finished_at=clock()))
 
 
 def wait_for_signal(
@@ -83,12 +80,12 @@ def wait_for_signal(
 async def _wait_for_signal(run: Run, seq: int, name: str, timeout: float | None) -> Any:
     entry = run.lookup(seq, journal.Kind.SIGNAL, name)
     if entry is None:
-        now = run.services.clock()
+        now = run.clock()
         deadline = None if timeout is None else now + timeout
         entry = journal.Entry(
             seq, journal.Kind.SIGNAL, name, _STARTED, 1, None, now, None, deadline
         )
-    entry = await _until_final(run, entry, run.services.store.store.receive_signal)
+    entry = await _until_final(run, entry, "receive_signal")
     if entry.status == journal.EntryStatus.TIMED_OUT:
         return None
     return codec.decode(entry.payload or "null", where=f"signal {name!r} payload")
@@ -104,11 +101,9 @@ def set_event(key: str, value: Any) -> None:
     seq = run.take_seq()
     if run.lookup(seq, journal.Kind.EVENT, key) is not None:
         return
-    now = run.services.clock()
+    now = run.clock()
     payload = codec.encode(value, where=f"event {key!r}")
-    entry = journal.Entry(seq, journal.Kind.EVENT, key, _COMPLETED, 1, payload, now, now)
-    run.pending.append(entry)
-    run.replayer.record(entry)
+    run.stage(journal.Entry(seq, journal.Kind.EVENT, key, _COMPLETED, 1, payload, now, now))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,29 +150,25 @@ async def _start_child(
     new = base.NewWorkflow(
         child_id, definition.name, payload, definition.version, definition.source_hash
     )
-    now = run.services.clock()
+    now = run.clock()
     started = journal.Entry(
         seq, journal.Kind.CHILD, definition.name, _COMPLETED, 1, json.dumps(child_id), now, now
     )
-    store, wid = run.services.store.store, run.workflow_id
-    batch = [*run.take_pending(), started]
-    info = await run.store_op(lambda now: store.start_child(wid, run.epoch, batch, new, now))
-    for e in batch:
-        run.replayer.record(e)
+    info: journal.WorkflowInfo = await run.write("start_child", new, entries=[started])
     if info.name != definition.name:
         raise errors.WorkflowIdConflict(
             f"child id {child_id!r} already names a {info.name!r} workflow, not {definition.name!r}"
         )
-    run.services.on_child(child_id)
+    run.child_started(child_id)
     return ChildHandle(child_id)
 
 
 async def _join(run: Run, seq: int, child_id: str) -> Any:
     entry = run.lookup(seq, journal.Kind.JOIN, child_id)
     if entry is None:
-        now = run.services.clock()
+        now = run.clock()
         entry = journal.Entry(seq, journal.Kind.JOIN, child_id, _STARTED, 1, None, now)
-    entry = await _until_final(run, entry, run.services.store.store.join_child)
+    entry = await _until_final(run, entry, "join_child")
     outcome = codec.decode(entry.payload or "{}", where=f"outcome of child {child_id!r}")
     if not isinstance(outcome, dict):
         raise errors.DecodeError(f"outcome of child {child_id!r} is not an object")
@@ -201,21 +192,15 @@ def finished_outcome(where: str, status: str | None, output: str | None, error: 
     raise errors.WorkflowFailed(f"{where} ended {status}")
 
 
-Receive = Callable[[str, int, journal.Entry, list[journal.Entry], float], journal.Entry]
-
-
-async def _until_final(run: Run, entry: journal.Entry, receive: Receive) -> journal.Entry:
+async def _until_final(
+    run: Run, entry: journal.Entry, receive: Literal["receive_signal", "join_child"]
+) -> journal.Entry:
     """Ask the store (``receive_signal`` or ``join_child``) until the wait is final.
 
     Between asks the branch blocks until a poke, its deadline, or the run parks.
     """
     while entry.status == _STARTED:
-        wait, batch = entry, run.take_pending()
-        entry = await run.store_op(
-            functools.partial(receive, run.workflow_id, run.epoch, wait, batch)
-        )
-        for committed in (*batch, entry):
-            run.replayer.record(committed)
+        entry = await run.write(receive, entry)
         if entry.status == _STARTED:
             await run.block(entry.kind, entry.name, entry.wake_at)
             run.cancel_point(entry.seq)

@@ -20,7 +20,6 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import weakref
 from collections.abc import Coroutine, Sequence
 from typing import Any, Literal
 
@@ -116,15 +115,9 @@ class _RunApprovals:
     pending: dict[str, JSON] = dataclasses.field(default_factory=dict)
 
 
-_runs: weakref.WeakKeyDictionary[Any, _RunApprovals] = weakref.WeakKeyDictionary()
-
-
 def _state() -> tuple[str, _RunApprovals]:
     run = context.require_run("an approval-gated tool call")
-    state = _runs.get(run)
-    if state is None:
-        state = _runs[run] = _RunApprovals()
-    return run.workflow_id, state
+    return run.workflow_id, run.local(_RunApprovals, _RunApprovals)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

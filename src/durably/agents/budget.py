@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import weakref
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -73,13 +72,18 @@ class Limits:
         return None
 
 
-_raised: weakref.WeakKeyDictionary[Any, Limits] = weakref.WeakKeyDictionary()
+@dataclasses.dataclass(slots=True)
+class _Raised:
+    """The last raise a person sent in this run (``Run.local``)."""
+
+    limits: Limits | None = None
 
 
 def effective(limits: Limits) -> Limits:
     """The limits in force in the current run: the last raise a person sent, else ``limits``."""
     run = context.current_run.get()
-    return _raised.get(run, limits) if run is not None else limits
+    raised = None if run is None else run.local(_Raised, _Raised).limits
+    return limits if raised is None else raised
 
 
 async def ensure(limits: Limits) -> None:
@@ -116,7 +120,7 @@ async def park(limits: Limits, why: str, spent: usage.Tokens) -> None:
         max_tokens=_integer(decision.get("max_tokens"), current.max_tokens),
     )
     if run is not None:
-        _raised[run] = raised
+        run.local(_Raised, _Raised).limits = raised
 
 
 def refuse_if_reached(

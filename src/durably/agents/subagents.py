@@ -94,8 +94,8 @@ class SubAgentTool(tools.Tool[..., Any]):
             run_subagent, self.name, str(kwargs.get("input") or ""), workflow_id=child_id
         )
         joining = waits.ChildHandle(child_id).result()
-        join_seq = run.replayer.last_seq
-        recorded = run.replayer.lookup(join_seq, journal.Kind.JOIN, child_id)
+        join_seq = run.last_seq
+        recorded = run.recorded(join_seq, journal.Kind.JOIN, child_id)
         replayed = recorded is not None and recorded.status == journal.EntryStatus.COMPLETED
         meters = (usage.run_meter(), usage.agent_meter.get())
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -223,8 +222,6 @@ class Meter:
         return Usage(self.billed, self.replayed, self.interrupted)
 
 
-_run_meters: weakref.WeakKeyDictionary[Any, Meter] = weakref.WeakKeyDictionary()
-
 #: The meter of the agent run now executing, for what rolls up into it (sub-agents).
 agent_meter: contextvars.ContextVar[Meter | None] = contextvars.ContextVar(
     "durably_agent_meter", default=None
@@ -236,10 +233,7 @@ def run_meter() -> Meter | None:
     run = context.current_run.get()
     if run is None:
         return None
-    meter = _run_meters.get(run)
-    if meter is None:
-        meter = _run_meters[run] = Meter()
-    return meter
+    return run.local(Meter, Meter)
 
 
 def run_usage() -> Usage:

@@ -237,6 +237,9 @@ STATUSES = (
             Param("status", "string", "Only this status", STATUSES),
             Param("name", "string", "Only workflows of this name"),
             Param("queue", "string", "Only workflows enqueued on this queue"),
+            Param("id_prefix", "string", "Only ids that start with this (no wildcards)"),
+            Param("parent_id", "string", "Only children of this workflow"),
+            Param("order", "string", "desc (newest first, the default) or asc", ("desc", "asc")),
             Param("created_after", "number", "Created at or after (epoch seconds)"),
             Param("created_before", "number", "Created before (epoch seconds)"),
             Param("cursor", "string", "The next_cursor of the previous page"),
@@ -251,10 +254,16 @@ async def list_workflows(request: Request, ctx: Context) -> Any:
     if not 1 <= limit <= MAX_LIMIT:
         raise BadInput(f"the query parameter 'limit' must be between 1 and {MAX_LIMIT}")
     cursor = query_text(request, "cursor")
+    order = query_text(request, "order") or "desc"
+    if order not in ("desc", "asc"):
+        raise BadInput(f"the query parameter 'order' must be 'desc' or 'asc', not {order!r}")
     query = WorkflowQuery(
         status=query_text(request, "status"),
         name=query_text(request, "name"),
         queue=query_text(request, "queue"),
+        id_prefix=query_text(request, "id_prefix"),
+        parent_id=query_text(request, "parent_id"),
+        order=order,
         created_after=query_number(request, "created_after", float),
         created_before=query_number(request, "created_before", float),
         after=views.decode_cursor(cursor) if cursor else None,

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from durably import errors, journal
+from durably import errors, journal, replay
 from durably.storage import base, bulk
 
 
@@ -88,6 +88,7 @@ class SqlStore(bulk.BulkVerbs):
             priority=new.priority,
             deduplication_id=new.deduplication_id,
             started_at=now if owner else None,
+            max_recoveries=new.max_recoveries,
         )
         return bool(cursor.rowcount == 1)
 
@@ -110,20 +111,33 @@ class SqlStore(bulk.BulkVerbs):
 
     def search_workflows(self, query: base.WorkflowQuery) -> list[journal.WorkflowInfo]:
         after_created, after_id = query.after if query.after is not None else (None, None)
-        rows = _all(
-            self._q(
-                "search_workflows",
-                status=query.status,
-                name=query.name,
-                queue=query.queue,
-                created_after=query.created_after,
-                created_before=query.created_before,
-                after_created=after_created,
-                after_id=after_id,
-                limit=query.limit,
-            )
-        )
-        return [_workflow(r) for r in rows]
+        params = {
+            "status": query.status,
+            "name": query.name,
+            "queue": query.queue,
+            "parent_id": query.parent_id,
+            "id_prefix": query.id_prefix,
+            "created_after": query.created_after,
+            "created_before": query.created_before,
+            "after_created": after_created,
+            "after_id": after_id,
+            "workflow_id": None,
+            "limit": query.limit,
+            "offset": query.offset,
+        }
+        sql_name = "search_workflows_oldest_first" if query.order == "asc" else "search_workflows"
+        if query.ids is None:
+            return [_workflow(r) for r in _all(self._q(sql_name, **params))]
+        # Given ids: one primary-key read each (a list parameter is not portable SQL), then
+        # ordered and paged here; there are at most as many rows as ids.
+        rows = [
+            _workflow(r)
+            for wid in dict.fromkeys(query.ids)
+            for r in _all(self._q(sql_name, **{**params, "workflow_id": wid, "offset": 0}))
+        ]
+        rows.sort(key=lambda w: w.workflow_id)
+        rows.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
+        return rows[query.offset : query.offset + query.limit]
 
     def count_by_status(self) -> dict[str, int]:
         return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
@@ -453,14 +467,7 @@ class SqlStore(bulk.BulkVerbs):
             found = self._q("next_signal", workflow_id=workflow_id, name=wait.name).fetchone()
             if found is not None:
                 self._q("consume_signal", workflow_id=workflow_id, num=found[0], seq=wait.seq)
-                return dataclasses.replace(
-                    wait, status=journal.EntryStatus.COMPLETED, payload=found[1], finished_at=now
-                )
-            if wait.wake_at is not None and now >= wait.wake_at:
-                return dataclasses.replace(
-                    wait, status=journal.EntryStatus.TIMED_OUT, finished_at=now
-                )
-            return wait
+            return replay.signal_outcome(wait, None if found is None else found[1], now)
 
         return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
 
@@ -527,16 +534,7 @@ class SqlStore(bulk.BulkVerbs):
         now: float,
     ) -> journal.Entry:
         def outcome() -> journal.Entry:
-            child = self.get_workflow(wait.name)
-            if child is None or not child.finished:
-                return wait
-            result = {"status": child.status, "output": child.output, "error": child.error}
-            return dataclasses.replace(
-                wait,
-                status=journal.EntryStatus.COMPLETED,
-                payload=json.dumps(result, separators=(",", ":")),
-                finished_at=now,
-            )
+            return replay.join_outcome(wait, self.get_workflow(wait.name), now)
 
         return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
 
@@ -556,43 +554,20 @@ class SqlStore(bulk.BulkVerbs):
         return cancelled
 
     def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:
-        info = self.get_workflow(workflow_id)
+        info = self._lock_workflow(workflow_id)
         if info is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
-        if info.status not in (
-            journal.Status.FAILED,
-            journal.Status.CANCELLED,
-            journal.Status.DIVERGED,
-        ):
-            raise errors.NotResumable(
-                f"workflow {workflow_id!r} is {info.status}; only a failed, cancelled or "
-                "diverged workflow can be resumed"
-            )
-        history = self.load_history(workflow_id)
-        cancels = [e.seq for e in history if e.kind == journal.Kind.CANCEL]
-        if cancels:  # continue from where the cancellation stopped it
-            after = [
-                e
-                for e in history
-                if e.seq > min(cancels)
-                and e.kind == journal.Kind.STEP
-                and e.status == journal.EntryStatus.COMPLETED
-            ]
-            if after:
-                raise errors.NotResumable(
-                    f"workflow {workflow_id!r} ran {len(after)} step(s) after its cancellation "
-                    f"(cleanup or compensations, e.g. {after[0].name!r} at seq {after[0].seq}); "
-                    "resuming would forget them: fork it instead"
-                )
-            self._q("delete_entries_from", workflow_id=workflow_id, seq=min(cancels))
-        elif info.status == journal.Status.FAILED:
-            failed = [
-                e.seq
-                for e in history
-                if e.kind == journal.Kind.STEP and e.status == journal.EntryStatus.FAILED
-            ]
-            if failed:  # give the step that failed the workflow another try
-                self._q("retry_entry", workflow_id=workflow_id, seq=max(failed), now=now)
+        if info.status == journal.Status.PENDING and info.queue is not None:
+            self._q("dequeue", workflow_id=workflow_id, now=now)  # not started: start it now
+            self._wake("work")
+            started = self.get_workflow(workflow_id)
+            assert started is not None
+            return started
+        edit = replay.plan_reopen(workflow_id, info.status, self.load_history(workflow_id))
+        if edit.delete_from is not None:
+            self._q("delete_entries_from", workflow_id=workflow_id, seq=edit.delete_from)
+        if edit.retry_seq is not None:
+            self._q("retry_entry", workflow_id=workflow_id, seq=edit.retry_seq, now=now)
         self._q("reopen", workflow_id=workflow_id, now=now)
         self._wake("work")
         reopened = self.get_workflow(workflow_id)
@@ -605,13 +580,22 @@ class SqlStore(bulk.BulkVerbs):
         info = self.get_workflow(workflow_id)
         if info is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
-        new = base.NewWorkflow(new_id, info.name, info.input, info.version, info.source_hash)
+        new = base.NewWorkflow(
+            new_id,
+            info.name,
+            info.input,
+            info.version,
+            info.source_hash,
+            max_recoveries=info.max_recoveries,
+        )
         forked, created = self.create_workflow(new, None, None, now)
         if not created:
             raise errors.WorkflowIdConflict(f"workflow id {new_id!r} is already taken")
         self._q("copy_entries", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
+        self._q("copy_events", new_id=new_id, workflow_id=workflow_id, seq=from_seq, now=now)
+        self._q("mark_fork", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
         self._wake("work")
-        return forked
+        return dataclasses.replace(forked, forked_from=workflow_id, forked_from_seq=from_seq)
 
     def open_review(
         self,
@@ -658,22 +642,7 @@ class SqlStore(bulk.BulkVerbs):
         if info.status != journal.Status.NEEDS_REVIEW or not open_:
             raise self._nothing_to_resolve(workflow_id, seq, info.status)
         review = open_[0]
-        status = {
-            "result": journal.EntryStatus.COMPLETED,
-            "retry": journal.EntryStatus.RETRYING,
-            "fail": journal.EntryStatus.FAILED,
-        }[decision]
-        entry = journal.Entry(
-            seq,
-            journal.Kind.STEP,
-            review.step,
-            status,
-            review.attempt,
-            outcome if decision != "retry" else review.intent,
-            review.opened_at,
-            now,
-            now if decision == "retry" else None,
-        )
+        entry = replay.resolved_entry(review, decision, outcome, now)
         decided = self._q(
             "decide_review",
             workflow_id=workflow_id,
