@@ -92,9 +92,12 @@ async def test_outside_a_workflow_it_is_a_plain_call(server: FakeModelServer) ->
         reply = await llm.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "x"}]
         )
-        with pytest.raises(ValueError, match=r"create\(stream=True\) is not supported"):
-            llm.chat.completions.create(model="m", messages=[], stream=True)
+        stream = await llm.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "y"}], stream=True
+        )
+        pieces = [c.choices[0].delta.content async for c in stream if c.choices]
     assert reply.choices[0].message.content == "echo x"
+    assert "".join(p or "" for p in pieces) == "echo y" and not stream.replayed
 
 
 async def test_a_client_that_retries_on_its_own_is_warned_about(server: FakeModelServer) -> None:

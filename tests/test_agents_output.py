@@ -6,13 +6,15 @@ Against the fake model server with the real openai client, on both backends.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pydantic
 import pytest
 
 from durably import agents
-from durably.testing.models import call, text, tool_calls
+from durably.testing.models import FakeModelServer, by_turn, call, read_log, text, tool_calls
+from tests.agentkit import harness
 from tests.agentkit.live import live
 
 
@@ -99,3 +101,42 @@ class _Client:
             @staticmethod
             async def create(**_: Any) -> Any:
                 raise AssertionError("not called")
+
+
+WRONG = [
+    text("Refund 12 dollars for A1."),  # not JSON
+    text(json.dumps({"order_id": "A1", "refund_cents": "lots"})),  # the first retry: wrong too
+    text(json.dumps({"order_id": "A1", "refund_cents": 1200})),
+]
+
+
+@pytest.mark.parametrize(
+    ("crash", "asked"),
+    [
+        # the retry's answer journaled, then killed: only the next retry is asked
+        ("after_receipt:llm:chat.completions@2", [0, 1, 2]),
+        # the retry answered, killed before its receipt: that retry alone is asked again
+        ("after_call:llm:chat.completions@2", [0, 1, 1, 2]),
+    ],
+)
+def test_killed_after_a_validation_retry_no_completed_turn_is_asked_again(
+    tmp_path: Path, crash: str, asked: list[int]
+) -> None:
+    db, effects, log = tmp_path / "agent.db", tmp_path / "effects.jsonl", tmp_path / "model.jsonl"
+    with FakeModelServer(by_turn(WRONG), log_path=log) as server:
+        env = harness.child_env(server.url, effects, {"DURABLY_CRASH_AT": crash})
+        assert harness.runner(db, "v-1", "refund?", env, "--flow", "verdict") is None
+        assert [r["turn"] for r in read_log(log)] == [0, 1]
+        done = harness.runner(
+            db, "v-1", "refund?", harness.child_env(server.url, effects), "--flow", "verdict"
+        )
+
+    assert done["status"] == "completed", done
+    assert done["result"]["output"] == {"order_id": "A1", "refund_cents": 1200}
+    requests = read_log(log)
+    assert [r["turn"] for r in requests] == asked
+    # the last request carries both corrections, rebuilt from the journal
+    last = requests[-1]["body"]["messages"]
+    assert [m["role"] for m in last[-4:]] == ["assistant", "user", "assistant", "user"]
+    result = done["result"]
+    assert result["billed"]["calls"] + result["replayed"]["calls"] == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from click.testing import CliRunner
@@ -20,6 +21,14 @@ def run(url: str, *args: str) -> str:
 
 def lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def documented(command: str) -> set[str]:
+    """The keys docs/dashboard.md lists for ``durably <command> --json``."""
+    text = (harness.ROOT / "docs" / "dashboard.md").read_text(encoding="utf-8")
+    section = text.split(f"### `durably {command} --json`", 1)[1].split("\n### ", 1)[0]
+    keys = section.split("keys:", 1)[1].split("\n\n", 1)[0]
+    return set(re.findall(r"`(\w+)`", keys))
 
 
 def test_list_show_workers_and_reviews_print_json(store_url: str) -> None:
@@ -48,9 +57,42 @@ def test_list_show_workers_and_reviews_print_json(store_url: str) -> None:
     [review] = lines(run(store_url, "review", "list", "--json"))
     assert (review["workflow_id"], review["seq"], review["step"]) == ("t1", 1, "transfer")
     assert review["intent"]["args"] == ["ORD-1"]
+    # the documented keys are exactly the printed ones
+    assert set(by_id["w1"]) == documented("list")
+    assert set(shown) == documented("show ID")
+    assert set(worker) == documented("workers")
+    assert set(review) == documented("review list")
 
 
 def test_show_json_of_an_unknown_workflow_fails_with_the_message(sqlite_url: str) -> None:
     assert CliRunner().invoke(cli.main, ["--database", sqlite_url, "migrate"]).exit_code == 0
     result = CliRunner().invoke(cli.main, ["--database", sqlite_url, "show", "nope", "--json"])
     assert result.exit_code == 1 and "no workflow with id 'nope'" in result.output
+
+
+def test_approvals_json_prints_the_api_shape_keys_sorted(store_url: str) -> None:
+    from starlette.testclient import TestClient
+
+    from durably.server import app, auth
+
+    client = durably.Client(store_url)
+    client.start("srv-refund", "A1", 12_000, workflow_id="r1")
+    client.start("srv-wait", workflow_id="w1")
+    with harness.engine_thread(store_url):
+        harness.until(lambda: client.get_workflow("r1").status == "waiting", "r1 to wait")
+    printed = run(store_url, "approvals", "--json")
+    [line] = printed.splitlines()
+    [approval] = lines(printed)
+    assert list(approval) == sorted(approval)  # keys sorted: stable text for scripts
+    assert line == json.dumps(approval, sort_keys=True)
+    assert approval["workflow_id"] == "r1" and approval["tool"] == "refund"
+    assert approval["arguments"] == {"order_id": "A1", "cents": 12_000}
+    assert approval["call"] == "refund(order_id='A1', cents=12000)"
+    assert set(approval) == documented("approvals")
+    tokens = auth.parse_tokens(harness.TOKEN, "test")
+    with TestClient(app.create_app(store_url, tokens)) as http:
+        bearer = {"Authorization": f"Bearer {harness.SECRET}"}
+        served = http.get("/api/approvals", headers=bearer).json()["approvals"]
+    assert served == [approval]  # the same shape as GET /api/approvals
+    assert run(store_url, "approvals", "w1", "--json") == ""  # nothing pending: no line
+    assert lines(run(store_url, "approvals", "r1", "--json")) == [approval]

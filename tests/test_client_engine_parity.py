@@ -212,7 +212,8 @@ async def test_events_cancel_resume_and_fork_alike(both: Any) -> None:
     kind, message = await same(lambda: client.resume("w2"), lambda: engine.resume("w2"))
     assert (kind, message) == (
         "NotResumable",
-        "workflow 'w2' is completed; only a failed, cancelled or diverged workflow can be resumed",
+        "workflow 'w2' is completed; only a failed, cancelled or diverged workflow, or a "
+        "pending one waiting on its queue, can be resumed",
     )
 
     fork_id = client.fork("w1", 0)

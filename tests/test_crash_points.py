@@ -176,6 +176,26 @@ def test_dead_owner_on_this_host_is_replaced_without_waiting_for_its_lease(
     assert count_by_step(read_effects(wf.effects)) == dict.fromkeys(LINEAR_STEPS, 1)
 
 
+def test_a_workflow_s_own_max_recoveries_ends_it_after_its_sigkills(tmp_path: Path) -> None:
+    """@durably.workflow(max_recoveries=1) on an engine allowing 5: two SIGKILLs, then failed."""
+    wf = Workflow(
+        db=tmp_path / "durably.db",
+        workflow="crashes_executor_limited",
+        workflow_id="wf-limited",
+        args=[1],
+        effects=tmp_path / "effects.jsonl",
+        max_recoveries=5,
+    )
+    exits = run_until_done(wf, max_runs=5)
+    assert [e.returncode for e in exits] == [-9, -9, 0]
+    out = exits[-1].output()
+    assert (
+        out["error_type"] == "WorkflowFailed" and "crashed its executor 2 times" in out["message"]
+    )
+    assert workflow_row(wf.db, wf.workflow_id)["status"] == "failed"
+    assert count_by_step(read_effects(wf.effects)) == {"step_a": 1, "kill_self": 2}
+
+
 def test_a_workflow_that_keeps_killing_its_executor_is_failed(tmp_path: Path) -> None:
     max_recoveries = 2
     wf = Workflow(

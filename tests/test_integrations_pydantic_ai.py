@@ -212,3 +212,30 @@ def test_the_public_surface_is_deliberate() -> None:
     from durably.integrations import pydantic_ai
 
     assert pydantic_ai.__all__ == ["DurableAgent", "DurableModel", "DurableToolset"]
+
+
+async def test_streamed_text_reaches_the_event_handler_while_the_model_step_runs(
+    store_url: str, effects: Path
+) -> None:
+    long = "Both orders shipped on Monday and should arrive before the weekend."
+    server = _serve([text(long, chunk_delay=0.05)])
+    try:
+        async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.1) as engine:
+            handle = await engine.start(pai_flows.support_live_events, "orders?", workflow_id="wf")
+            result = await handle.result(timeout=20)
+            history = await engine.history("wf")
+            fork = await engine.fork("wf", from_seq=len(history), workflow_id_new="wf-replay")
+            replayed = await fork.result(timeout=20)
+    finally:
+        server.stop()
+    assert result["output"] == replayed["output"] == long
+    pieces = result["deltas"]
+    assert len(pieces) > 3 and "".join(p for p, _ in pieces) == long
+    # live: the first piece reached the handler before the turn's step had finished
+    # (later ones may be handled after it, when the handler lags behind the stream)
+    assert pieces[0][1] == 0
+    assert [e.name for e in history] == ["llm:pydantic_ai"]  # one journal entry for the turn
+    # a replayed turn comes from the journal after its step, whole, without a request
+    assert "".join(p for p, _ in replayed["deltas"]) == long
+    assert {done for _, done in replayed["deltas"]} == {1}
+    assert len(server.requests) == 1

@@ -69,6 +69,7 @@ FROZEN = [
     "WorkflowHandle",
     "WorkflowIdConflict",
     "WorkflowInfo",
+    "WorkflowNotFinished",
     "WorkflowNotFound",
     "WorkflowNotRegistered",
     "compensate",
@@ -88,6 +89,7 @@ FROZEN = [
     "uuid4",
     "wait_for_signal",
     "workflow",
+    "workflow_id",
 ]
 
 

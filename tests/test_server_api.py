@@ -240,6 +240,20 @@ def test_list_filters_and_pages_without_repeating_a_row(http: TestClient, store_
     assert http.get("/api/workflows", params={"status": "failed"}).json()["workflows"] == []
     summary = http.get("/api/summary").json()
     assert summary["counts"]["pending"] == 6 and summary["total"] == 6
+    seen, cursor = [], None
+    while True:  # oldest first, a page at a time, by id prefix
+        params = {
+            "limit": 2,
+            "id_prefix": "a",
+            "order": "asc",
+            **({"cursor": cursor} if cursor else {}),
+        }
+        page = http.get("/api/workflows", params=params).json()
+        seen += [w["workflow_id"] for w in page["workflows"]]
+        if (cursor := page["next_cursor"]) is None:
+            break
+    assert seen == ids
+    assert http.get("/api/workflows", params={"parent_id": "a1"}).json()["workflows"] == []
 
 
 @pytest.mark.parametrize(
@@ -250,6 +264,7 @@ def test_list_filters_and_pages_without_repeating_a_row(http: TestClient, store_
         ({"limit": "x"}, "limit"),
         ({"created_after": "yesterday"}, "created_after"),
         ({"cursor": "!!!"}, "cursor"),
+        ({"order": "up"}, "order"),
     ],
 )
 def test_bad_list_parameters_are_422_naming_the_parameter(
@@ -609,6 +624,32 @@ def test_no_input_makes_a_route_answer_5xx(
     method, path = route
     sqlite_http.post("/api/workflows", json={"workflow": "srv-wait", "workflow_id": "w"})
     url = path.replace("{workflow_id}", wid).replace("{seq}", seq)
+    if path == "/api/events":
+        query = {**query, "seconds": "0"}  # a stream that ends after its first event
     r = sqlite_http.request(method, url, params=query, json=body)
     assert r.status_code < 500, (method, url, query, body, r.text)
-    assert "error" in r.json() or r.is_success
+    if r.headers["content-type"].startswith("text/event-stream"):
+        assert r.is_success and r.text.startswith("retry:"), r.text
+    else:
+        assert "error" in r.json() or r.is_success
+
+
+def test_pages_show_values_readably_and_mark_bookkeeping_rows(sqlite_url: str) -> None:
+    """A newcomer reads times, not codec tags; engine bookkeeping rows are marked quiet."""
+    client = durably.Client(sqlite_url)
+    client.start("srv-refund", "A1", 12_000, workflow_id="r")
+    with harness.engine_thread(sqlite_url):
+        harness.until(lambda: client.list_approvals("r"), "the refund approval")
+    with make(sqlite_url) as c:
+        c.post("/login", data={"token": harness.SECRET})
+        page = c.get("/workflows/r").text
+        timeline = c.get("/api/workflows/r/history", headers=BEARER).json()["timeline"]
+        listing = c.get("/").text
+    now_row = next(r for r in timeline if r["kind"] == "now")
+    assert "__durably__" not in now_row["preview"] and now_row["preview"].startswith("20")
+    assert now_row["quiet"] is True
+    assert next(r for r in timeline if r["kind"] == "signal")["quiet"] is False
+    assert "__durably__" not in page
+    assert 'class="st-completed quiet"' in page
+    assert re.search(r"asked \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page), "a readable time"
+    assert "<th>queue</th>" not in listing  # no workflow has a queue: no empty column

@@ -131,6 +131,8 @@ def test_approve_resolve_and_the_gap_in_a_real_browser(
         page.wait_for_selector(".approval")
         assert "12000" in page.inner_text(".approval pre.args")
         page.evaluate("window.__same_page = true")
+        # live updates come by server-sent events, not by polling
+        assert page.evaluate("document.body.dataset.live") == "events"
         page.screenshot(path=str(artifacts / "03-approval.png"), full_page=True)
         page.click(".approval button:has-text('Approve')")
         page.wait_for_selector("#status .s-completed")

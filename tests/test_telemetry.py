@@ -1,15 +1,211 @@
-"""OpenTelemetry: one span per real step execution; a recovery replays without spans."""
+"""OpenTelemetry: spans for workflow segments, steps, model calls and waits, never for replay.
+
+The in-process tests set the SDK's tracer provider once for the test process
+and read an in-memory exporter; the kill-and-recover test runs real worker
+processes whose spans are written to a file as they end.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 import durably
+from durably import agents, telemetry
+from durably.testing.models import FakeModelServer, text
 from tests.serverkit import harness
+
+
+class _Exporter(InMemorySpanExporter):
+    """Keeps spans only while a test of this module asks (the provider outlives the test)."""
+
+    active = False
+
+    def export(self, spans: Any) -> SpanExportResult:
+        return super().export(spans) if self.active else SpanExportResult.SUCCESS
+
+
+_EXPORTER = _Exporter()
+_LOG = logging.getLogger("tests.telemetry")
+
+
+@pytest.fixture
+def exported() -> Iterator[InMemorySpanExporter]:
+    """The in-memory exporter of the process's tracer provider (set once), emptied."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+        trace.set_tracer_provider(provider)
+    _EXPORTER.clear()
+    _EXPORTER.active = True
+    try:
+        yield _EXPORTER
+    finally:
+        _EXPORTER.active = False
+        _EXPORTER.clear()
+
+
+def _named(spans: tuple[ReadableSpan, ...], prefix: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name.startswith(prefix)]
+
+
+def _attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+@durably.step
+async def note(text: str) -> str:
+    _LOG.info("note %s", text)
+    return text
+
+
+@durably.workflow(name="otel-parks")
+async def parks_flow() -> Any:
+    a = await note("a")
+    got = await durably.wait_for_signal("go")
+    await durably.sleep(0.01)  # shorter than the hold: waited in memory
+    b = await note("b")
+    return [a, got, b]
+
+
+async def _until_status(engine: durably.Engine, wid: str, status: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 20
+    while (await engine.get_workflow(wid)).status != status:
+        assert asyncio.get_running_loop().time() < deadline, f"{wid} never became {status}"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_parked_and_resumed_workflow_has_one_span_per_segment_step_and_wait(
+    store_url: str, exported: InMemorySpanExporter
+) -> None:
+    async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.05) as engine:
+        handle = await engine.start(parks_flow, workflow_id="p")
+        await _until_status(engine, "p", "waiting")
+        parked = exported.get_finished_spans()
+        await engine.send_signal("p", "go", 7)
+        assert await handle.result(timeout=20) == ["a", 7, "b"]
+        await _until_status(engine, "p", "completed")
+    spans = exported.get_finished_spans()
+    # before the signal: one segment that parked, its step; the wait has not ended
+    [first] = _named(parked, "workflow ")
+    assert _attrs(first)["durably.outcome"] == "parked"
+    assert _attrs(first)["durably.replayed_entries"] == 0
+    assert [s.name for s in _named(parked, "step ")] == ["step note"]
+    assert _named(parked, "wait ") == [] and _named(parked, "sleep") == []
+    # in all: two segments; each step ran once (replayed "a" has no second span)
+    segments = _named(spans, "workflow ")
+    assert [_attrs(s)["durably.outcome"] for s in segments] == ["parked", "finished"]
+    second = segments[1]
+    assert _attrs(second)["durably.replayed_entries"] == 2  # note("a") and the open wait
+    steps = _named(spans, "step ")
+    assert [(_attrs(s)["durably.seq"], _attrs(s)["durably.attempt"]) for s in steps] == [
+        (1, 1),
+        (4, 1),
+    ]
+    # one span per wait, from when it began (in the first segment) to its end
+    [wait] = _named(spans, "wait signal go")
+    assert _attrs(wait) == {
+        "durably.workflow_id": "p",
+        "durably.seq": 2,
+        "durably.wait": "signal",
+        "durably.wait.key": "go",
+        "durably.wait.outcome": "completed",
+    }
+    assert wait.start_time is not None and first.start_time is not None
+    assert first.start_time <= wait.start_time <= (first.end_time or 0)
+    [sleep] = _named(spans, "sleep")
+    assert (_attrs(sleep)["durably.seq"], _attrs(sleep)["durably.wait.outcome"]) == (3, "elapsed")
+    # steps and waits are children of the segment that ran them
+    assert steps[0].parent is not None and steps[0].parent.span_id == first.context.span_id
+    for child in (steps[1], wait, sleep):
+        assert child.parent is not None and child.parent.span_id == second.context.span_id
+    assert {_attrs(s)["durably.workflow_id"] for s in spans} == {"p"}
+
+
+LLM: list[agents.DurableLLM] = []
+
+
+@durably.workflow(name="otel-model")
+async def model_flow() -> Any:
+    create = LLM[0].chat.completions.create
+    first = await create(model="gpt-4.1-mini", messages=[{"role": "user", "content": "hi"}])
+    await durably.wait_for_signal("go")  # parks: the resumed run replays the model call
+    return first.choices[0].message.content
+
+
+async def test_a_model_call_has_one_genai_span_and_none_when_replayed(
+    sqlite_url: str, exported: InMemorySpanExporter
+) -> None:
+    reply = text("hello", usage={"prompt_tokens": 12, "completion_tokens": 3})
+    with FakeModelServer(lambda body: reply) as server:
+        async with openai.AsyncOpenAI(base_url=server.url, api_key="t", max_retries=0) as client:
+            LLM[:] = [agents.llm(client)]
+            async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.05) as engine:
+                handle = await engine.start(model_flow, workflow_id="m")
+                await _until_status(engine, "m", "waiting")
+                await engine.send_signal("m", "go")
+                assert await handle.result(timeout=20) == "hello"
+        assert len(server.requests) == 1
+    spans = exported.get_finished_spans()
+    assert len(_named(spans, "workflow ")) == 2  # parked, then resumed and finished
+    [chat] = _named(spans, "chat ")
+    assert chat.name == "chat gpt-4.1-mini" and chat.kind == trace.SpanKind.CLIENT
+    attrs = _attrs(chat)
+    assert attrs["gen_ai.system"] == "openai"
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.request.model"] == "gpt-4.1-mini"
+    assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (12, 3)
+    assert (attrs["durably.workflow_id"], attrs["durably.seq"], attrs["durably.attempt"]) == (
+        "m",
+        1,
+        1,
+    )
+    [step] = _named(spans, "step llm:")
+    assert chat.parent is not None and chat.parent.span_id == step.context.span_id
+    # token counts sit on the model span only: summing them over spans counts each once
+    assert not any(k.startswith("gen_ai.") for k in _attrs(step))
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+async def test_log_records_inside_a_run_carry_its_workflow_id_and_seq(store_url: str) -> None:
+    handler = _Records()
+    handler.addFilter(telemetry.LogContextFilter())
+    _LOG.addHandler(handler)
+    _LOG.setLevel(logging.INFO)
+    try:
+        async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.05) as engine:
+            handle = await engine.start(parks_flow, workflow_id="logs")
+            await _until_status(engine, "logs", "waiting")
+            await engine.send_signal("logs", "go", 1)
+            await handle.result(timeout=20)
+        _LOG.info("outside")
+    finally:
+        _LOG.removeHandler(handler)
+    seen = [(r.getMessage(), r.workflow_id, r.seq) for r in handler.records]  # type: ignore[attr-defined]
+    # "note a" once: the resumed run replayed it without running the step
+    assert seen == [("note a", "logs", 1), ("note b", "logs", 4), ("outside", None, None)]
 
 
 def spans(path: Path) -> list[dict[str, Any]]:
@@ -32,21 +228,26 @@ def test_a_killed_and_recovered_workflow_emits_one_span_per_step_execution(
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     before = spans(out)
+    # the killed worker's segment never ended: its span is lost with it
     assert [s["name"] for s in before] == ["step fetch_order"]
     flag.unlink()
     with harness.process(worker):
         harness.until(lambda: client.get_workflow("otel").status == "completed", "the recovery", 60)
-        harness.until(lambda: len(spans(out)) > len(before), "the second worker's span")
+        harness.until(lambda: len(spans(out)) >= len(before) + 2, "the second worker's spans")
     after = spans(out)[len(before) :]
     # fetch_order was replayed from the journal: no span; slow_charge ran for real: one.
-    assert [s["name"] for s in after] == ["step slow_charge"]
-    [charge] = after
+    assert [s["name"] for s in after] == ["step slow_charge", "workflow srv-crash"]
+    charge, segment = after
     assert (charge["durably.workflow_id"], charge["durably.seq"]) == ("otel", 2)
     assert charge["durably.attempt"] == 1 and charge["pid"] != before[0]["pid"]
     assert before[0]["durably.seq"] == 1 and before[0]["durably.step"] == "fetch_order"
+    assert charge["parent_id"] == segment["span_id"]
+    assert segment["durably.workflow_id"] == "otel" and segment["durably.outcome"] == "finished"
+    assert segment["durably.replayed_entries"] == 1  # fetch_order's receipt
+    assert segment["durably.crash_count"] >= 1
 
 
-def test_a_model_step_span_carries_the_genai_model_and_token_counts() -> None:
+def test_record_result_sets_the_genai_model_and_token_counts_of_a_model_call() -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

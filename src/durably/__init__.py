@@ -8,7 +8,7 @@ recorded results. See README.md and docs/.
 import typing
 
 from durably.client import Client
-from durably.context import idempotency_key, step_info
+from durably.context import idempotency_key, step_info, workflow_id
 from durably.engine import Engine, WorkflowHandle, run
 from durably.errors import (
     AlreadyResolved,
@@ -37,6 +37,7 @@ from durably.errors import (
     WorkflowFailed,
     WorkflowFinished,
     WorkflowIdConflict,
+    WorkflowNotFinished,
     WorkflowNotFound,
     WorkflowNotRegistered,
 )
@@ -132,6 +133,7 @@ __all__ = [
     "WorkflowHandle",
     "WorkflowIdConflict",
     "WorkflowInfo",
+    "WorkflowNotFinished",
     "WorkflowNotFound",
     "WorkflowNotRegistered",
     "compensate",
@@ -151,4 +153,5 @@ __all__ = [
     "uuid4",
     "wait_for_signal",
     "workflow",
+    "workflow_id",
 ]

@@ -160,10 +160,12 @@ def _workflow(obj: dict[str, Any], where: str) -> bulk.ArchivedWorkflow:
     return bulk.ArchivedWorkflow(rows, where)
 
 
-def _row(value: Any, table: str, where: str) -> dict[str, Any]:
+def _row(given: Any, table: str, where: str) -> dict[str, Any]:
     columns = bulk.COLUMNS[table]
-    if not isinstance(value, dict):
+    if not isinstance(given, dict):
         raise errors.ArchiveError(f"{where}: a {table} row is not an object")
+    later = bulk.LATER_COLUMNS.get(table, frozenset())
+    value: dict[str, Any] = {**dict.fromkeys(later - set(given)), **given}
     if set(value) != set(columns):
         extra = sorted(set(value) - set(columns))
         missing = sorted(set(columns) - set(value))

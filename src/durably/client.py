@@ -9,8 +9,9 @@ call is the Engine's too, written once in :mod:`durably.operations`.
 
 from __future__ import annotations
 
+import datetime
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from durably import journal, operations, step_runner
@@ -69,10 +70,42 @@ class Client:
         return self._run(self._ops.get_workflow(workflow_id))
 
     def list_workflows(
-        self, status: str | None = None, name: str | None = None, limit: int = 100
+        self,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        *,
+        ids: Iterable[str] | None = None,
+        id_prefix: str | None = None,
+        parent_id: str | None = None,
+        queue: str | None = None,
+        created_after: float | datetime.datetime | None = None,
+        created_before: float | datetime.datetime | None = None,
+        offset: int = 0,
+        order: str = "desc",
+        after: str | tuple[float, str] | None = None,
     ) -> list[journal.WorkflowInfo]:
-        """Workflows, newest first, optionally filtered by status and workflow name."""
-        return self._run(self._ops.list_workflows(status, name, limit))
+        """Workflows, newest first (``order="asc"``: oldest first), filtered.
+
+        Every filter given must hold: ``status``, workflow ``name``, ``ids`` (a
+        list), ``id_prefix`` (a plain prefix), ``parent_id`` (its children),
+        ``queue``, ``created_after`` (inclusive) and ``created_before``
+        (exclusive), as datetimes or epoch seconds. Page with ``limit`` and
+        ``offset``, or with ``after``: the id of the last row of the previous
+        page (a cursor that never repeats or skips a row).
+        """
+        filters = dict(
+            ids=ids,
+            id_prefix=id_prefix,
+            parent_id=parent_id,
+            queue=queue,
+            created_after=created_after,
+            created_before=created_before,
+            offset=offset,
+            order=order,
+            after=after,
+        )
+        return self._run(self._ops.list_workflows(status, name, limit, **filters))
 
     def search_workflows(self, query: WorkflowQuery) -> list[journal.WorkflowInfo]:
         """One page of workflows, newest first, matching ``query`` (for paging dashboards)."""
@@ -96,14 +129,22 @@ class Client:
 
     # --- starting -------------------------------------------------------------------
 
-    def start(self, wf: Any, *args: Any, workflow_id: str | None = None, **kwargs: Any) -> str:
+    def start(
+        self,
+        wf: Any,
+        *args: Any,
+        workflow_id: str | None = None,
+        max_recoveries: int | None = None,
+        **kwargs: Any,
+    ) -> str:
         """Commit a pending workflow for a worker to run; return its id.
 
         ``wf`` is a decorated workflow or a workflow name, which need not be
         registered in this process (a service that does not import the
         workflow code). Idempotent on ``workflow_id`` like ``Engine.start``.
+        ``max_recoveries`` overrides the workflow's and the engine's limit.
         """
-        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id)
+        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries)
         self._run(self._ops.start(new))
         return new.workflow_id
 
@@ -126,6 +167,16 @@ class Client:
         """
         return self._run(self._ops.send_signal(workflow_id, name, payload, idempotency_key))
 
+    def send_signals(self, signals: Sequence[tuple[Any, ...]]) -> list[bool]:
+        """Send several signals in one transaction: all are kept, or none is.
+
+        Each is ``(workflow_id, name)``, ``(workflow_id, name, payload)`` or
+        ``(workflow_id, name, payload, idempotency_key)``; the answer says, for
+        each, whether it was kept (False: its key was used before). An unknown
+        or finished workflow refuses the whole batch.
+        """
+        return self._run(self._ops.send_signals(signals))
+
     def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
         """The value the workflow published under ``key``, waiting up to ``timeout`` for it."""
         return self._run(self._ops.get_event(workflow_id, key, timeout))
@@ -135,12 +186,40 @@ class Client:
         return self._run(self._ops.cancel(workflow_id))
 
     def resume(self, workflow_id: str) -> None:
-        """Make a failed, cancelled or diverged workflow run again from where it stopped."""
+        """Make a failed, cancelled or diverged workflow run again from where it stopped.
+
+        A pending workflow waiting on its queue leaves the queue: any worker with
+        its code starts it now, whatever the queue's limits.
+        """
         self._run(self._ops.resume(workflow_id))
 
     def fork(self, workflow_id: str, from_seq: int, new_id: str | None = None) -> str:
         """A new workflow with the first ``from_seq`` journal entries of this one; its id."""
         return self._run(self._ops.fork(workflow_id, from_seq, new_id))
+
+    def cancel_workflows(self, **filters: Any) -> list[str]:
+        """Cancel every workflow the filters select (those of ``list_workflows`` but the
+        paging ones; at least one), in one transaction; the ids asked to stop."""
+        return self._run(self._ops.cancel_many(filters))
+
+    def resume_workflows(self, **filters: Any) -> list[str]:
+        """Resume every workflow the filters select (at least one), all or none; the ids.
+
+        Each must be resumable: filter by ``status`` (``failed``, ``cancelled``...).
+        """
+        return self._run(self._ops.resume_many(filters))
+
+    def delete(self, *workflow_ids: str, force: bool = False) -> list[str]:
+        """Remove workflows with their children, journals and every row naming them.
+
+        All or none; the ids removed. An unfinished one raises WorkflowNotFinished
+        (cancel it first) unless ``force``: its owner, if running, is fenced out.
+        """
+        return self._run(self._ops.delete(workflow_ids, force))
+
+    def delete_workflows(self, *, force: bool = False, **filters: Any) -> list[str]:
+        """``delete`` every workflow the filters select (at least one), all or none."""
+        return self._run(self._ops.delete_many(filters, force))
 
     def signals(self, workflow_id: str) -> list[dict[str, Any]]:
         """Every signal sent to the workflow, consumed or not."""

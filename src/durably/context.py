@@ -47,6 +47,20 @@ def require_run(what: str) -> Run:
     return run
 
 
+def workflow_id() -> str:
+    """The id of the workflow whose code (or step) is running: for logs, keys, messages."""
+    step = current_step.get()
+    if step is not None:
+        return step.workflow_id
+    run = current_run.get()
+    if run is None:
+        raise errors.NotInWorkflow(
+            "durably.workflow_id() was called outside a workflow; it is valid in a "
+            "workflow's code and in its steps"
+        )
+    return run.workflow_id
+
+
 def idempotency_key() -> str:
     """The idempotency key of the step now running: stable across its attempts and recoveries.
 

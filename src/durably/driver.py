@@ -19,6 +19,7 @@ from durably import (
     runtime,
     step_runner,
     steps,
+    telemetry,
     workflows,
 )
 
@@ -32,7 +33,18 @@ async def drive(
     history: list[journal.Entry],
     max_recoveries: int,
 ) -> None:
-    """Run the workflow function under ``run`` and record its end."""
+    """Run the workflow function under ``run`` and record its end (one telemetry segment)."""
+    with telemetry.workflow_span(run, definition.name, len(history), info.crash_count):
+        await _drive(run, info, definition, history, max_recoveries)
+
+
+async def _drive(
+    run: runtime.Run,
+    info: journal.WorkflowInfo,
+    definition: workflows.WorkflowDefinition,
+    history: list[journal.Entry],
+    max_recoveries: int,
+) -> None:
     wid = info.workflow_id
     try:
         if info.crash_count > max_recoveries:

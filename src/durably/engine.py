@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from durably import (
     driver,
+    engine_many,
     errors,
     faults,
     journal,
@@ -122,7 +123,7 @@ def outcome(info: journal.WorkflowInfo) -> Any:
     )
 
 
-class Engine:
+class Engine(engine_many.ManyWorkflows):
     """Runs durable workflows against one database (an async context manager).
 
     ``url`` is ``sqlite:///path`` or ``postgresql://...`` (default:
@@ -354,7 +355,12 @@ class Engine:
     # --- starting and reading workflows -------------------------------------------
 
     async def start(
-        self, wf: Any, *args: Any, workflow_id: str | None = None, **kwargs: Any
+        self,
+        wf: Any,
+        *args: Any,
+        workflow_id: str | None = None,
+        max_recoveries: int | None = None,
+        **kwargs: Any,
     ) -> WorkflowHandle:
         """Start a workflow; return once its id and input are committed.
 
@@ -363,13 +369,14 @@ class Engine:
         once; ``Client.start`` commits names for workers that have the code).
         It starts running here at once. Starting an id that exists returns the
         existing workflow and runs nothing; a different workflow under that id
-        raises WorkflowIdConflict.
+        raises WorkflowIdConflict. ``max_recoveries``, recorded with the workflow,
+        overrides the decorator's and this engine's limit on crashes in a row.
         """
         services = self._require_open()
         if isinstance(wf, str):
             validate.name(wf, "workflow name")
             workflows.definition_of(wf)  # WorkflowNotRegistered, naming what is known
-        new, definition = operations.new_workflow(wf, args, kwargs, workflow_id)
+        new, definition = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries)
         owner = None if definition is None else self.executor_id
         info, created = await self._run(self._ops.start(new, owner, self.lease_seconds))
         if created and definition is not None:
@@ -416,12 +423,6 @@ class Engine:
     async def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo:
         """The workflow's row; WorkflowNotFound if there is none."""
         return await self._run(self._ops.get_workflow(workflow_id))
-
-    async def list_workflows(
-        self, status: str | None = None, name: str | None = None, limit: int = 100
-    ) -> list[journal.WorkflowInfo]:
-        """Workflows, newest first, optionally filtered by status and workflow name."""
-        return await self._run(self._ops.list_workflows(status, name, limit))
 
     async def history(self, workflow_id: str) -> list[journal.Entry]:
         """The workflow's journal, in seq order."""
@@ -479,7 +480,8 @@ class Engine:
         return asked
 
     async def resume(self, workflow_id: str) -> WorkflowHandle:
-        """Run a failed, cancelled or diverged workflow again from where it stopped."""
+        """Run a failed, cancelled or diverged workflow again from where it stopped; start
+        a pending one waiting on its queue now, past the queue's limits (as DBOS does)."""
         await self._run(self._ops.resume(workflow_id))
         self._kick_recovery()
         return WorkflowHandle(self, workflow_id)
@@ -818,7 +820,12 @@ class Engine:
         self._runs[wid] = live
         self._leases.track(live)
         try:
-            await driver.drive(live, info, definition, history, self.max_recoveries)
+            limit = next(
+                n
+                for n in (info.max_recoveries, definition.max_recoveries, self.max_recoveries)
+                if n is not None
+            )
+            await driver.drive(live, info, definition, history, limit)
         finally:
             if self._runs.get(wid) is live:
                 del self._runs[wid]

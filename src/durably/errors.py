@@ -124,6 +124,10 @@ class WorkflowFinished(DurablyError):
     """The workflow has ended, so what was sent to it can never be received (a signal)."""
 
 
+class WorkflowNotFinished(DurablyError):
+    """The workflow has not finished, so it is not removed (``delete`` without ``force``)."""
+
+
 class WorkflowIdConflict(DurablyError):
     """The workflow id is already taken by a different workflow."""
 

@@ -124,6 +124,9 @@ class WorkflowInfo:
     cancel_requested: int = 0
     queue: str | None = None  # the queue it was enqueued on, if any
     priority: int = 0  # within its queue, higher is claimed first
+    forked_from: str | None = None  # the workflow this one is a fork of, if it is one
+    forked_from_seq: int | None = None  # the last seq of the prefix the fork copied
+    max_recoveries: int | None = None  # crashes in a row it may survive; None: the engine's
 
     @property
     def finished(self) -> bool:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
 from durably import codec, errors, journal, step_runner, validate, workflows
@@ -69,13 +70,20 @@ def check_name(found: journal.WorkflowInfo, name: str) -> None:
 
 
 def new_workflow(
-    wf: Any, args: tuple[Any, ...], kwargs: dict[str, Any], workflow_id: str | None
+    wf: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    workflow_id: str | None,
+    max_recoveries: int | None = None,
 ) -> tuple[base.NewWorkflow, workflows.WorkflowDefinition | None]:
     """What ``start`` commits, and the definition behind it if this process has one.
 
     ``wf`` is a decorated workflow or a workflow name; a name registered in no
     module of this process is committed as it is, for a worker that has it.
+    ``max_recoveries`` (else the decorator's) is recorded with the workflow.
     """
+    if max_recoveries is not None:
+        validate.count(max_recoveries, "max_recoveries", low=0)
     definition: workflows.WorkflowDefinition | None = None
     if isinstance(wf, str) and workflows.registered(wf) is None:
         if not wf.strip():
@@ -88,7 +96,10 @@ def new_workflow(
         workflows.check_arguments(definition, args, kwargs)
     wid = workflows.new_workflow_id(workflow_id)
     payload = codec.encode({"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input")
-    return base.NewWorkflow(wid, name, payload, version, source_hash), definition
+    if max_recoveries is None and definition is not None:
+        max_recoveries = definition.max_recoveries
+    new = base.NewWorkflow(wid, name, payload, version, source_hash, max_recoveries=max_recoveries)
+    return new, definition
 
 
 def _workflow_id(workflow_id: object) -> None:
@@ -113,16 +124,73 @@ class Operations:
         return info
 
     def list_workflows(
-        self, status: str | None, name: str | None, limit: int
+        self, status: str | None, name: str | None, limit: int, **filters: Any
     ) -> Plan[list[journal.WorkflowInfo]]:
+        """One page of workflows: ``status``, ``name`` and the filters of
+        :func:`workflow_query` (ids, id prefix, parent, queue, time, offset, order, after)."""
+        query = yield from self.workflow_query(status=status, name=name, limit=limit, **filters)
+        rows: list[journal.WorkflowInfo] = yield from self.search_workflows(query)
+        return rows
+
+    def workflow_query(
+        self,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        ids: Iterable[str] | None = None,
+        id_prefix: str | None = None,
+        parent_id: str | None = None,
+        queue: str | None = None,
+        created_after: float | datetime.datetime | None = None,
+        created_before: float | datetime.datetime | None = None,
+        offset: int = 0,
+        order: str = "desc",
+        after: str | tuple[float, str] | None = None,
+    ) -> Plan[base.WorkflowQuery]:
+        """The store query for these filters, each checked; ``after`` may be the id of
+        the last row of the previous page (read here for its creation time)."""
         if status is not None:
             status = journal.Status(status).value  # ValueError names the valid ones
-        if name is not None:
-            validate.name(name, "workflow name")
-        rows: list[journal.WorkflowInfo] = yield Call(
-            self.store.list_workflows, (status, name, limit)
+        for value, what in (
+            (name, "workflow name"),
+            (id_prefix, "id_prefix"),
+            (parent_id, "parent_id"),
+            (queue, "queue"),
+        ):
+            if value is not None:
+                validate.name(value, what)
+        chosen: tuple[str, ...] | None = None
+        if ids is not None:
+            if isinstance(ids, str):
+                raise ValueError(f"ids must be a list of workflow ids, not the string {ids!r}")
+            chosen = tuple(ids)
+            for wid in chosen:
+                _workflow_id(wid)
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be a whole number of rows, 0 or more, not {offset!r}")
+        cursor: tuple[float, str] | None = None
+        if isinstance(after, str):
+            last = yield from self.get_workflow(after)
+            cursor = (last.created_at, last.workflow_id)
+        elif after is not None:
+            cursor = (validate.number(after[0], "after[0]", low=float("-inf")), str(after[1]))
+        return base.WorkflowQuery(
+            status=status,
+            name=name,
+            queue=queue,
+            created_after=_epoch(created_after, "created_after"),
+            created_before=_epoch(created_before, "created_before"),
+            after=cursor,
+            limit=limit,
+            ids=chosen,
+            id_prefix=id_prefix,
+            parent_id=parent_id,
+            offset=offset,
+            order=order,
         )
-        return rows
 
     def search_workflows(self, query: base.WorkflowQuery) -> Plan[list[journal.WorkflowInfo]]:
         if query.status is not None:
@@ -131,6 +199,31 @@ class Operations:
             raise ValueError(f"limit must be at least 1, not {query.limit}")
         rows: list[journal.WorkflowInfo] = yield Call(self.store.search_workflows, (query,))
         return rows
+
+    def select_ids(self, filters: dict[str, Any]) -> Plan[list[str]]:
+        """Every id the filters select (paged through, oldest first), for a bulk call.
+
+        At least one filter: a bulk call on every workflow is refused, never guessed.
+        """
+        paging = sorted(set(filters) & {"limit", "offset", "order", "after"})
+        if paging:
+            raise ValueError(f"a bulk call acts on every workflow selected: no {paging[0]!r}")
+        given = {k: v for k, v in filters.items() if v is not None}
+        if not given:
+            raise ValueError(
+                "a bulk call needs at least one filter (status, name, queue, parent_id, "
+                "id_prefix, ids, created_after, created_before)"
+            )
+        query = yield from self.workflow_query(**given, order="asc", limit=BULK_PAGE)
+        found: list[str] = []
+        while True:
+            page = yield from self.search_workflows(query)
+            found.extend(w.workflow_id for w in page)
+            if len(page) < BULK_PAGE:
+                return found
+            query = dataclasses.replace(
+                query, after=(page[-1].created_at, page[-1].workflow_id), offset=0
+            )
 
     def count_by_status(self) -> Plan[dict[str, int]]:
         counts: dict[str, int] = yield Call(self.store.count_by_status, ())
@@ -203,10 +296,67 @@ class Operations:
         sent: bool = yield Call(self.store.send_signal, args, True)
         return sent
 
+    def send_signals(self, signals: Any) -> Plan[list[bool]]:
+        """Several signals in one transaction: each ``(workflow_id, name[, payload[,
+        idempotency_key]])``; all are kept or none (an unknown or finished workflow)."""
+        batch: list[tuple[str, str, str, str | None]] = []
+        for i, given in enumerate(signals):
+            where = f"send_signals: signals[{i}]"
+            if not isinstance(given, tuple | list) or not 2 <= len(given) <= 4:
+                raise ValueError(
+                    f"{where} is {given!r}; each signal is (workflow_id, name[, payload[, "
+                    "idempotency_key]])"
+                )
+            workflow_id, name, payload, key = (*given, None, None)[:4]
+            validate.name(workflow_id, f"{where} workflow id")
+            validate.name(name, f"{where} signal name")
+            if key is not None:
+                validate.name(key, f"{where} idempotency_key")
+            data = codec.encode(payload, where=f"{where} payload")
+            batch.append((workflow_id, name, data, key))
+        sent: list[bool] = yield Call(self.store.send_signals, (batch, self.clock()), True)
+        return sent
+
     def cancel(self, workflow_id: str) -> Plan[list[str]]:
         _workflow_id(workflow_id)
         asked: list[str] = yield Call(self.store.request_cancel, (workflow_id, self.clock()), True)
         return asked
+
+    def cancel_many(self, filters: dict[str, Any]) -> Plan[list[str]]:
+        """Ask every workflow the filters select (and their children) to stop, in one
+        transaction; the ids asked (those already finished are left as they are)."""
+        chosen = yield from self.select_ids(filters)
+        asked: list[list[str]] = yield Call(
+            _each, (self.store.request_cancel, chosen, self.clock()), True
+        )
+        return list(dict.fromkeys(wid for ids in asked for wid in ids))
+
+    def resume_many(self, filters: dict[str, Any]) -> Plan[list[str]]:
+        """Resume every workflow the filters select, all or none (one transaction); the ids.
+
+        Each must be resumable (pending on a queue, failed, cancelled or diverged):
+        filter by status to select only those.
+        """
+        chosen = yield from self.select_ids(filters)
+        yield Call(_each, (self.store.reopen, chosen, self.clock()), True)
+        return chosen
+
+    def delete(self, workflow_ids: Iterable[str], force: bool) -> Plan[list[str]]:
+        """Remove the workflows with their children and every row naming them (all or
+        none); without ``force`` only finished ones."""
+        chosen = list(workflow_ids)
+        for wid in chosen:
+            _workflow_id(wid)
+        deleted: list[str] = yield Call(self.store.delete_workflows, (chosen, bool(force)), True)
+        return deleted
+
+    def delete_many(self, filters: dict[str, Any], force: bool) -> Plan[list[str]]:
+        """Delete every workflow the filters select, as :meth:`delete` (all or none)."""
+        chosen = yield from self.select_ids(filters)
+        if not chosen:
+            return []
+        deleted: list[str] = yield from self.delete(chosen, force)
+        return deleted
 
     def resume(self, workflow_id: str) -> Plan[journal.WorkflowInfo]:
         _workflow_id(workflow_id)
@@ -232,6 +382,25 @@ class Operations:
         args = (workflow_id, seq, decision, outcome, by, self.clock())
         review: journal.Review = yield Call(self.store.resolve, args, True)
         return review
+
+
+#: How many rows a bulk call's selection reads at a time.
+BULK_PAGE = 500
+
+
+def _each(verb: Callable[..., T], workflow_ids: list[str], now: float) -> list[T]:
+    """Run a store verb on each workflow inside one verb (one savepoint: all or none),
+    in id order: two bulk calls lock their rows in the same order, never in a cycle."""
+    return [verb(wid, now) for wid in sorted(workflow_ids)]
+
+
+def _epoch(when: float | datetime.datetime | None, what: str) -> float | None:
+    """Epoch seconds from a number or a datetime (a naive one is local time)."""
+    if when is None:
+        return None
+    if isinstance(when, datetime.datetime):
+        return when.timestamp()
+    return validate.number(when, what, low=float("-inf"))
 
 
 # --- running a plan -----------------------------------------------------------------------

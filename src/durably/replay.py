@@ -227,7 +227,7 @@ def plan_reopen(workflow_id: str, status: str, history: Sequence[journal.Entry])
     if status not in _REOPENABLE:
         raise errors.NotResumable(
             f"workflow {workflow_id!r} is {status}; only a failed, cancelled or "
-            "diverged workflow can be resumed"
+            "diverged workflow, or a pending one waiting on its queue, can be resumed"
         )
     cancels = [e.seq for e in history if e.kind == journal.Kind.CANCEL]
     if cancels:  # continue from where the cancellation stopped it

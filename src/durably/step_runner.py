@@ -88,9 +88,8 @@ async def _run(
         started = run.clock()
         ctx = context.StepContext(run.workflow_id, seq, step.name, attempt, key)
         try:
-            with telemetry.step_span(run.workflow_id, seq, step.name, attempt) as span:
+            with telemetry.step_span(run.workflow_id, seq, step.name, attempt):
                 result = await invoke(run, step, args, kwargs, ctx)
-                telemetry.record_result(span, step.name, result)
             # a result that cannot be stored fails this attempt like any error of the step
             payload = codec.encode(result, where=f"{where} result")
         except Exception as exc:

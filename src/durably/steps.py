@@ -12,12 +12,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import logging
 import math
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from durably import context, errors, validate
+
+log = logging.getLogger("durably")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -32,8 +35,11 @@ class Retry:
     ``jitter`` (a fraction, 0.1 = plus or minus 10%). The wake-up time is
     journaled, so a crash during the back-off waits only what is left of it.
     Only exceptions that are instances of ``retry_on`` and not of
-    ``dont_retry_on`` are retried. ``delay_from(exc)`` may name the delay
-    itself (an HTTP 429's Retry-After), capped at ``max_delay``.
+    ``dont_retry_on`` are retried, and, with ``should_retry``, only those
+    for which ``should_retry(exc)`` is true (an HTTP error's status code, say).
+    A ``should_retry`` that raises counts as false: the step fails with its own
+    error, not the predicate's. ``delay_from(exc)`` may name the delay itself
+    (an HTTP 429's Retry-After), capped at ``max_delay``.
     """
 
     max_attempts: int = 3
@@ -44,9 +50,14 @@ class Retry:
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     dont_retry_on: tuple[type[BaseException], ...] = ()
     delay_from: Callable[[BaseException], float | None] | None = None
+    should_retry: Callable[[BaseException], bool] | None = None
 
     def __post_init__(self) -> None:
         bad = errors.DefinitionError
+        for option in ("should_retry", "delay_from"):
+            given = getattr(self, option)
+            if given is not None and not callable(given):
+                raise bad(f"Retry({option}) must be a function of the exception, not {given!r}")
         validate.count(self.max_attempts, "Retry(max_attempts)", error=bad)
         validate.number(self.initial, "Retry(initial)", error=bad)
         validate.number(self.backoff, "Retry(backoff)", low=1.0, error=bad)
@@ -59,12 +70,24 @@ class Retry:
             return None
         if not isinstance(exc, self.retry_on) or isinstance(exc, self.dont_retry_on):
             return None
+        if self.should_retry is not None and not _asks_retry(self.should_retry, exc):
+            return None
         asked = self.delay_from(exc) if self.delay_from is not None else None
         if asked is not None and not math.isnan(asked):  # NaN: use the usual back-off
             return min(max(0.0, asked), self.max_delay)
         base = min(self.initial * self.backoff ** (attempt - 1), self.max_delay)
         spread = base * self.jitter
         return max(0.0, base + random.uniform(-spread, spread))
+
+
+def _asks_retry(should_retry: Callable[[BaseException], bool], exc: BaseException) -> bool:
+    """What the predicate says; one that raises says no (the step's error stays the one
+    raised; the predicate's is logged)."""
+    try:
+        return bool(should_retry(exc))
+    except Exception:
+        log.exception("Retry(should_retry) raised on %r: not retrying", exc)
+        return False
 
 
 class _Verdict:

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal
 
-from durably import codec, context, errors, journal, validate, workflows
+from durably import codec, context, errors, journal, telemetry, validate, workflows
 from durably.storage import base
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ async def _sleep(run: Run, seq: int, wake: Callable[[float], float]) -> None:
         await run.block(journal.Kind.SLEEP, "", wake_at)
         run.cancel_point(seq)
     run.stage(dataclasses.replace(entry, status=_COMPLETED, finished_at=clock()))
+    telemetry.wait_ended(run.workflow_id, seq, entry.kind, "", entry.started_at, "elapsed")
 
 
 def wait_for_signal(
@@ -198,10 +199,16 @@ async def _until_final(
     """Ask the store (``receive_signal`` or ``join_child``) until the wait is final.
 
     Between asks the branch blocks until a poke, its deadline, or the run parks.
+    A wait that turns final here emits its span (one already final emits none).
     """
+    waited = entry.status == _STARTED
     while entry.status == _STARTED:
         entry = await run.write(receive, entry)
         if entry.status == _STARTED:
             await run.block(entry.kind, entry.name, entry.wake_at)
             run.cancel_point(entry.seq)
+    if waited:
+        telemetry.wait_ended(
+            run.workflow_id, entry.seq, entry.kind, entry.name, entry.started_at, entry.status
+        )
     return entry

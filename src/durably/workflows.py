@@ -32,6 +32,7 @@ class WorkflowDefinition:
     name: str
     version: str | None
     source_hash: str | None
+    max_recoveries: int | None = None  # crashes in a row a run may survive; None: the engine's
 
     @property
     def origin(self) -> str:
@@ -75,7 +76,7 @@ def _source_hash(fn: Callable[..., Any]) -> str | None:
 
 
 def _register(
-    fn: Callable[..., Any], name: str | None, version: str | None
+    fn: Callable[..., Any], name: str | None, version: str | None, max_recoveries: int | None
 ) -> WorkflowFunction[Any, Any]:
     if isinstance(fn, WorkflowFunction):
         raise errors.DefinitionError(f"{fn!r} is already a workflow")
@@ -84,7 +85,11 @@ def _register(
             f"@durably.workflow needs an async def; {getattr(fn, '__qualname__', fn)!r} is not"
         )
     definition = WorkflowDefinition(
-        fn=fn, name=name or fn.__qualname__, version=version, source_hash=_source_hash(fn)
+        fn=fn,
+        name=name or fn.__qualname__,
+        version=version,
+        source_hash=_source_hash(fn),
+        max_recoveries=max_recoveries,
     )
     existing = _registry.get(definition.name)
     if existing is not None and existing.origin != definition.origin:
@@ -100,25 +105,36 @@ def _register(
 def workflow(fn: Callable[P, Coroutine[Any, Any, R]], /) -> WorkflowFunction[P, R]: ...
 @overload
 def workflow(
-    *, name: str | None = None, version: str | None = None
+    *, name: str | None = None, version: str | None = None, max_recoveries: int | None = None
 ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], WorkflowFunction[P, R]]: ...
 
 
 def workflow(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, version: str | None = None
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    version: str | None = None,
+    max_recoveries: int | None = None,
 ) -> Any:
     """Make an ``async def`` a durable workflow, registered under ``name`` (default: its qualname).
 
     With ``version``, recovery resumes it only on code that declares the same
     version; without, any code may resume it and the replay check guards it.
+    ``max_recoveries`` overrides the engine's: how many crashes in a row
+    (executor deaths mid-run) a run survives before it is failed.
     """
     if name is not None:
         validate.name(name, "workflow name")
     if version is not None:
         validate.name(version, "workflow version")
+    if max_recoveries is not None:
+        validate.count(
+            max_recoveries, "workflow(max_recoveries)", low=0, error=errors.DefinitionError
+        )
     if fn is not None:
-        return _register(fn, name, version)
-    return lambda f: _register(f, name, version)
+        return _register(fn, name, version, max_recoveries)
+    return lambda f: _register(f, name, version, max_recoveries)
 
 
 def new_workflow_id(workflow_id: str | None) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import anthropic
 import openai
+import pydantic
 
 import durably
 from durably import agents
@@ -108,4 +109,33 @@ async def support(question: str) -> dict[str, Any]:
         "replayed": dataclasses.asdict(result.usage.replayed),
         "summary": result.usage.summary(),
         "tool_messages": [m for m in result.messages if m["role"] == "tool"],
+    }
+
+
+class Verdict(pydantic.BaseModel):
+    """The structured answer of ``support_verdict``."""
+
+    order_id: str
+    refund_cents: int
+
+
+verdict_agent = agents.Agent(
+    client=client,
+    model="gpt-4.1-mini",
+    instructions="You decide refunds.",
+    output_type=Verdict,
+    output_retries=3,
+    name="verdict",
+)
+
+
+@durably.workflow(name="agentkit-support-verdict")
+async def support_verdict(question: str) -> dict[str, Any]:
+    """A structured answer (validated, asked again when it does not fit)."""
+    result = await verdict_agent.run(question)
+    return {
+        "output": result.output.model_dump(),
+        "turns": result.turns,
+        "billed": dataclasses.asdict(result.usage.billed),
+        "replayed": dataclasses.asdict(result.usage.replayed),
     }

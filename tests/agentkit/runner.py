@@ -27,6 +27,7 @@ async def run(ns: argparse.Namespace) -> dict[str, Any]:
             flow = {
                 "anthropic": flows.support_anthropic,
                 "team": flows.support_team,
+                "verdict": flows.support_verdict,
             }.get(ns.flow, flows.support)
             handle = await engine.start(flow, ns.input, workflow_id=ns.id)
             if ns.until:
@@ -53,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id", required=True)
     parser.add_argument("--input", default="help")
     parser.add_argument("--until", default=None)
-    parser.add_argument("--flow", default="openai", choices=["openai", "anthropic", "team"])
+    parser.add_argument(
+        "--flow", default="openai", choices=["openai", "anthropic", "team", "verdict"]
+    )
     parser.add_argument("--timeout", type=float, default=30.0)
     ns = parser.parse_args(argv)
     out = asyncio.run(run(ns))

@@ -155,6 +155,12 @@ async def crashes_executor(x: int) -> int:
     return await kill_self(a)
 
 
+@durably.workflow(max_recoveries=1)  # its own limit, below the engine's
+async def crashes_executor_limited(x: int) -> int:
+    a = await step_a(x)
+    return await kill_self(a)
+
+
 # --- steps called in an order read from a file (the test rewrites it) -------------------
 
 

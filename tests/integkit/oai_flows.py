@@ -17,7 +17,9 @@ from agents import (
     OpenAIChatCompletionsModel,
     OpenAIProvider,
     RunConfig,
+    RunContextWrapper,
     function_tool,
+    handoff,
     set_tracing_disabled,
 )
 from openai import AsyncOpenAI
@@ -107,3 +109,22 @@ async def support_dict_config(question: str) -> dict[str, Any]:
     """The run config as a dict, as ``Runner.run`` also takes it."""
     config = {"model_provider": provider(), "workflow_name": "support"}
     return _report(await DurableRunner.run(support_agent, question, run_config=config))
+
+
+def _notify_billing(ctx: RunContextWrapper[Any]) -> None:
+    """An ``on_handoff`` callback with an effect (a page to the billing team)."""
+    effect("handoff", to="billing")
+
+
+escalating_triage = Agent(
+    name="triage",
+    instructions="Look orders up; hand refunds to billing.",
+    model=_chat_model(),
+    tools=[lookup_order],
+    handoffs=[handoff(billing_agent, on_handoff=_notify_billing)],
+)
+
+
+@durably.workflow(name="oai-triage-on-handoff")
+async def triage_on_handoff(question: str) -> dict[str, Any]:
+    return _report(await DurableRunner.run(escalating_triage, question))

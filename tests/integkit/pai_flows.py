@@ -12,13 +12,14 @@ from typing import Any
 
 from openai import AsyncOpenAI
 from pydantic_ai import Agent
+from pydantic_ai.messages import PartDeltaEvent, PartStartEvent, TextPart, TextPartDelta
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 import durably
 from durably.agents import run_usage
 from durably.integrations.pydantic_ai import DurableAgent
-from tests.agentkit.harness import MODEL_URL_ENV
+from tests.agentkit.harness import MAX_TOKENS_ENV, MODEL_URL_ENV
 from tests.agentkit.tools import effect
 
 client = AsyncOpenAI(
@@ -69,3 +70,32 @@ async def support_streamed(question: str) -> str:
 
     result = await durable.run(question, event_stream_handler=handler)
     return f"{result.output} ({len(seen)} events)"
+
+
+@durably.workflow(name="pai-support-budget")
+async def support_budget(question: str) -> dict[str, Any]:
+    """``support`` with ``max_tokens`` from ``AGENTKIT_MAX_TOKENS`` for this run."""
+    max_tokens = int(os.environ[MAX_TOKENS_ENV])
+    result = await durable.run(question, max_tokens=max_tokens)
+    return {"output": result.output}
+
+
+@durably.workflow(name="pai-support-live-events")
+async def support_live_events(question: str) -> dict[str, Any]:
+    """Each text delta with the number of model turns the journal had finished when it came."""
+    deltas: list[tuple[str, int]] = []
+
+    async def handler(ctx: Any, events: Any) -> None:
+        async for event in events:
+            if isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+                piece: Any = event.part.content
+            elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+                piece = event.delta.content_delta
+            else:
+                continue
+            if piece:
+                usage = run_usage()
+                deltas.append((piece, usage.billed.calls + usage.replayed.calls))
+
+    result = await durable.run(question, event_stream_handler=handler)
+    return {"output": result.output, "deltas": deltas}

@@ -24,7 +24,13 @@ class FileExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         with open(self.path, "a", encoding="utf-8") as f:
             for span in spans:
-                record = {"name": span.name, "pid": os.getpid(), **dict(span.attributes or {})}
+                record = {
+                    "name": span.name,
+                    "pid": os.getpid(),
+                    "span_id": span.context.span_id if span.context else None,
+                    "parent_id": span.parent.span_id if span.parent else None,
+                    **dict(span.attributes or {}),
+                }
                 f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())

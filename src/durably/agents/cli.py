@@ -17,6 +17,7 @@ import click
 from durably import client as client_module
 from durably import errors
 from durably.agents import budget, decisions, exceptions
+from durably.server import views
 
 
 def _client(database: str) -> client_module.Client:
@@ -31,10 +32,17 @@ def _fail(exc: Exception) -> None:
 
 @click.command("approvals")
 @click.argument("workflow_id", required=False)
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per line (as GET /api/approvals)."
+)
 @click.pass_obj
 def approvals_cmd(database: str, workflow_id: str | None, as_json: bool) -> None:
-    """List tool calls waiting for approval (of one workflow, or of all)."""
+    """List tool calls waiting for approval (of one workflow, or of all).
+
+    With ``--json``, each line is one approval with its keys sorted, in the shape
+    the API answers (:func:`durably.server.views.approval`): scripts read it
+    rather than the text.
+    """
     try:
         with _client(database) as client:
             pending = decisions.list_approvals(client, workflow_id)
@@ -43,7 +51,7 @@ def approvals_cmd(database: str, workflow_id: str | None, as_json: bool) -> None
         return
     for p in pending:
         if as_json:
-            click.echo(json.dumps({**dataclasses.asdict(p), "signal": p.signal}))
+            click.echo(json.dumps(views.approval(p), sort_keys=True, default=str))
         else:
             deadline = f"  (until {p.deadline})" if p.deadline else ""
             click.echo(f"{p.workflow_id}  {p.approval_id}  {p.describe()}{deadline}")

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
-from durably import context, errors, steps, validate
+from durably import context, errors, steps, telemetry, validate
 from durably.agents import budget, events, exceptions, messages_api, usage
 
 STEP_NAME = usage.MODEL_STEP_PREFIX + "chat.completions"
@@ -163,6 +163,7 @@ class Call:
         self.params: JSON = params
         self.native = False  # params already in the provider's own shape (llm() on Anthropic)
         self.on_delta: Callable[[str], None] | None = None  # streamed text, live only
+        self.on_chunk: Callable[[JSON], None] | None = None  # streamed chunks, live only
         self.live = False
         self.limits = limits
         self.prices: Mapping[str, usage.Price] = usage.DEFAULT_PRICES if prices is None else prices
@@ -204,6 +205,7 @@ def model_step(
     stream is consumed inside the step and journaled as one completion.
     """
     anthropic = messages_api.is_anthropic(client)
+    system = "anthropic" if anthropic else "openai"  # gen_ai.system of its spans
     create = _create_of(client)
 
     def request(call: Call) -> JSON:
@@ -228,14 +230,17 @@ def model_step(
 
         async def call_async(call: Call) -> JSON:
             params = request(call)
-            response = await create(**params)
-            if params.get("stream"):
-                async with response as stream:
-                    result = assemble([_seen(call, _dump(chunk)) async for chunk in stream])
-            else:
-                result = _dump(response)
-            call.live = True
-            return _noted(messages_api.turn(result) if anthropic else result)
+            with telemetry.model_span(system, call.model) as span:
+                response = await create(**params)
+                if params.get("stream"):
+                    async with response as stream:
+                        result = assemble([_seen(call, _dump(chunk)) async for chunk in stream])
+                else:
+                    result = _dump(response)
+                call.live = True
+                answer = messages_api.turn(result) if anthropic else result
+                telemetry.record_result(span, name, answer)
+            return _noted(answer)
 
         return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(
             call_async
@@ -243,20 +248,25 @@ def model_step(
 
     def call_sync(call: Call) -> JSON:
         params = request(call)
-        response = create(**params)
-        if params.get("stream"):
-            with response as stream:
-                result = assemble([_seen(call, _dump(chunk)) for chunk in stream])
-        else:
-            result = _dump(response)
-        call.live = True
-        return _noted(messages_api.turn(result) if anthropic else result)
+        with telemetry.model_span(system, call.model) as span:
+            response = create(**params)
+            if params.get("stream"):
+                with response as stream:
+                    result = assemble([_seen(call, _dump(chunk)) for chunk in stream])
+            else:
+                result = _dump(response)
+            call.live = True
+            answer = messages_api.turn(result) if anthropic else result
+            telemetry.record_result(span, name, answer)
+        return _noted(answer)
 
     return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(call_sync)
 
 
 def _seen(call: Call, chunk: JSON) -> JSON:
-    """Pass a streamed chunk's text to the caller (live), and keep the chunk."""
+    """Pass a streamed chunk (or its text) to the caller (live), and keep the chunk."""
+    if call.on_chunk is not None:
+        call.on_chunk(chunk)
     if call.on_delta is not None:
         piece = events.delta_text(chunk)
         if piece:
@@ -319,6 +329,7 @@ def call_model(
     limits: budget.Limits | None = None,
     native: bool = False,
     on_text: Callable[[str, bool], None] | None = None,
+    on_chunk: Callable[[JSON], None] | None = None,
 ) -> Coroutine[Any, Any, JSON]:
     """Take the model call's seq now (program order) and return the awaitable that makes it.
 
@@ -330,7 +341,9 @@ def call_model(
     seq after a person raised the budget. ``native`` says ``params`` are
     already in the provider's own shape (``llm()`` on an Anthropic client).
     ``on_text(text, replayed)`` gets a streamed turn's text as it arrives, or
-    the turn's whole text once it ends (``replayed`` when from the journal).
+    the turn's whole text once it ends (``replayed`` when from the journal);
+    ``on_chunk`` each chunk of a streamed turn as it arrives (live only, called
+    from the step's thread for a sync client).
     """
 
     if context.current_run.get() is not None and context.current_step.get() is not None:
@@ -346,6 +359,7 @@ def call_model(
         call.native = native
         if on_text is not None and params.get("stream"):
             call.on_delta = lambda piece: on_text(piece, False)
+        call.on_chunk = on_chunk
         return call
 
     if limits is None or not limits.set or context.current_run.get() is None:

@@ -10,10 +10,12 @@ journaled response comes back without a request to the provider.
 
 The call is always awaited, whether the client is ``OpenAI`` or ``AsyncOpenAI``:
 a durable call in a workflow is awaited like every step, and a sync client's
-request runs in a step thread so the event loop never blocks. ``stream=True``
-is refused: a journal holds whole responses, so a replay could not be a stream;
-use ``Agent(stream=True)``, which streams inside the step and journals the
-assembled completion.
+request runs in a step thread so the event loop never blocks. With
+``stream=True`` the awaited value is a :class:`~durably.agents.streams.DurableStream`
+of chunks delivered while the step runs; the journal keeps the assembled
+completion, and a replayed turn yields its recorded message once, with
+``stream.replayed`` True. Streaming is for chat completions; an Anthropic
+client's ``messages.create(stream=True)`` is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from durably import steps
-from durably.agents import budget, completions, messages_api, usage
+from durably.agents import budget, completions, messages_api, streams, usage
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletion
@@ -35,20 +37,20 @@ class DurableCompletions:
     def __init__(self, owner: DurableLLM) -> None:
         self._owner = owner
 
-    def create(self, **params: Any) -> Coroutine[Any, Any, ChatCompletion]:
-        """Make (or replay) one chat completion; await the result.
+    def create(self, **params: Any) -> Coroutine[Any, Any, Any]:
+        """Make (or replay) one chat completion; await the ``ChatCompletion``.
 
         Takes the same keyword arguments as the client's ``create``. The seq is
         taken now, so ``asyncio.gather`` over several calls replays in order.
+        With ``stream=True`` await a :class:`~durably.agents.streams.DurableStream`.
         """
-        if params.get("stream"):
-            raise ValueError(
-                "durably.llm(...).chat.completions.create(stream=True) is not supported: the "
-                "journal holds whole responses, so a replay cannot be a stream. Call it "
-                "without stream=True, or use durably.Agent(stream=True), which streams "
-                "inside the step and journals the assembled completion."
-            )
         owner = self._owner
+        if params.get("stream"):
+            stream = streams.DurableStream()
+            pending = completions.call_model(
+                owner.step, params, owner.price_table, limits=owner.limits, on_chunk=stream.feed
+            )
+            return stream.start(pending)
         pending = completions.call_model(owner.step, params, owner.price_table, limits=owner.limits)
         return _as_completion(pending)
 

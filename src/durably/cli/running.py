@@ -172,7 +172,9 @@ def serve(database: str, host: str, port: int, token_file: str | None) -> None:
     console.print(f"serving {database} on http://{shown}:{port}/", soft_wrap=True)
     if made is not None:
         console.print(f"no API token configured; this run's token: {made}", soft_wrap=True)
-    uvicorn.run(application, host=host, port=port, log_level="warning")
+    # An open dashboard keeps an event stream open: on Ctrl-C, give requests a
+    # moment to finish, then close what is left rather than wait for the streams.
+    uvicorn.run(application, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
 
 
 @main.command()

@@ -17,6 +17,7 @@ import durably
 from durably import receipts, serving
 from durably import workflows as workflow_registry
 from durably.agents import usage as agent_usage
+from durably.cli import selection
 from durably.cli.base import (
     _client,
     _fail,
@@ -33,22 +34,32 @@ from durably.cli.base import (
 
 
 @main.command("list")
-@click.option("--status", type=click.Choice([s.value for s in durably.Status]), default=None)
-@click.option("--name", default=None, help="Only workflows of this name.")
+@selection.filter_options
+@click.option("--offset", default=0, show_default=True, help="Skip this many rows first.")
+@click.option("--after", default=None, help="Start after this workflow id (the last one seen).")
+@click.option("--order", type=click.Choice(["desc", "asc"]), default="desc", show_default=True)
 @click.option("--limit", default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_obj
 def list_cmd(
-    database: str, status: str | None, name: str | None, limit: int, as_json: bool
+    database: str,
+    /,
+    offset: int,
+    after: str | None,
+    order: str,
+    limit: int,
+    as_json: bool,
+    **options: Any,
 ) -> None:
-    """List workflows, newest first.
+    """List workflows, newest first (--order asc: oldest first), filtered.
 
     The note column says why an unfinished workflow may not move: no running
     worker serves its workflow or its queue, or the workers run other code
     than the code that started it.
     """
+    chosen = selection.filters(**options)
     with _client(database, create=False) as client:
-        rows = client.list_workflows(status=status, name=name, limit=limit)
+        rows = client.list_workflows(limit=limit, offset=offset, order=order, after=after, **chosen)
         executors = client.executors()
     now = time.time()
     found = {info.workflow_id: serving.notes(info, executors, now) for info in rows}
@@ -136,6 +147,11 @@ def print_receipts(
             _status(info.status),
             f"  started {_when(info.created_at)}",
             *([f"  queue {info.queue}"] if info.queue else []),
+            *(
+                [f"  forked from {info.forked_from} at seq {info.forked_from_seq}"]
+                if info.forked_from
+                else []
+            ),
         ),
         soft_wrap=True,
     )
@@ -260,13 +276,24 @@ def signal_cmd(
 
 
 @main.command()
-@click.argument("workflow_id")
+@click.argument("workflow_id", required=False)
+@selection.filter_options
 @click.pass_obj
-def cancel(database: str, workflow_id: str) -> None:
-    """Cancel a workflow and its unfinished children (at their next durable call)."""
+def cancel(database: str, /, workflow_id: str | None, **options: Any) -> None:
+    """Cancel a workflow and its unfinished children (at their next durable call), or
+    every workflow the filters select (in one transaction; prints the ids asked)."""
+    chosen = selection.filters(**options)
+    if workflow_id is None and not selection.selected(chosen):
+        raise click.UsageError("give a workflow ID or a filter (--status, --name, ...)")
     with _client(database, create=False) as client:
-        asked = client.cancel(workflow_id)
-    _say(f"cancellation requested: {', '.join(asked) or 'nothing unfinished'}")
+        if not selection.selected(chosen):
+            asked = client.cancel(str(workflow_id))
+            _say(f"cancellation requested: {', '.join(asked) or 'nothing unfinished'}")
+            return
+        if workflow_id is not None:
+            chosen["ids"] = [workflow_id, *(chosen["ids"] or [])]
+        for wid in client.cancel_workflows(**chosen):
+            _say(wid)
 
 
 _IN_PLACE = (
@@ -278,17 +305,33 @@ _IN_PLACE = (
 
 @main.command(
     help=f"""Run a failed, cancelled or diverged workflow again from where it
-stopped.
+stopped, or a pending one waiting on its queue now (it leaves the queue).
 
-{_IN_PLACE}"""
+{_IN_PLACE}
+
+With filters (--status, --name, ...) and no ID, every workflow they select is
+made pending for the workers, all or none, and its id printed."""
 )
-@click.argument("workflow_id")
+@click.argument("workflow_id", required=False)
 @click.argument("modules", nargs=-1)
 @click.option(
     "--wait/--no-wait", default=True, help="Run it here to the end, or leave it to a worker."
 )
+@selection.filter_options
 @click.pass_obj
-def resume(database: str, workflow_id: str, modules: tuple[str, ...], wait: bool) -> None:
+def resume(
+    database: str, /, workflow_id: str | None, modules: tuple[str, ...], wait: bool, **options: Any
+) -> None:
+    chosen = selection.filters(**options)
+    if selection.selected(chosen):
+        if workflow_id is not None:
+            raise click.UsageError("give a workflow ID or filters, not both")
+        with _client(database, create=False) as client:
+            for wid in client.resume_workflows(**chosen):
+                _say(wid)
+        return
+    if workflow_id is None:
+        raise click.UsageError("give a workflow ID or a filter (--status, --name, ...)")
     if not wait:
         with _client(database, create=False) as client:
             client.resume(workflow_id)

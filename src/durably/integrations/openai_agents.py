@@ -21,7 +21,10 @@ Built on the SDK's public extension points, not on its internals:
   rejection reaches the model as the tool's output.
 
 Handoffs are function calls in a model response, so they replay in the
-recorded order with it. Function tools run one at a time
+recorded order with it; a handoff built by ``agents.handoff()`` is invoked as
+the step ``handoff:<tool name>``, so its ``on_handoff`` callback runs once.
+An agent with ``mcp_servers`` is refused (DefinitionError): MCP tool listings
+and calls are not journaled here. Function tools run one at a time
 (``max_function_tool_concurrency=1``) so their steps take their seqs in the
 model's order on every replay. Usage feeds the run's billed/replayed meter.
 """
@@ -53,7 +56,7 @@ from agents.tool_context import ToolContext
 from agents.usage import Usage
 
 from durably import context, errors, steps
-from durably.agents import approvals, completions, usage
+from durably.agents import approvals, budget, completions, usage
 from durably.integrations import _common
 
 __all__ = ["DurableModel", "DurableModelProvider", "DurableRunner"]
@@ -161,19 +164,21 @@ class DurableModel(Model):
 
         if not _in_workflow_code():
             return await call(model_settings)
-        turn = _common.Turn()
 
         async def model_step() -> JSON:
             headers = dict(model_settings.extra_headers or {})
             headers.setdefault(completions.IDEMPOTENCY_HEADER, context.idempotency_key())
             response = await call(dataclasses.replace(model_settings, extra_headers=headers))
-            turn.live = True
             return response_record(response, self.model_name)
 
-        record: JSON = await steps.run_step(
-            model_step, name=MODEL_STEP, retry=self.retry, reconcile=turn.lost_answer
+        record = await _common.model_turn(
+            model_step,
+            name=MODEL_STEP,
+            retry=self.retry,
+            prices=self.price_table,
+            model=self.model_name,
+            request=input,
         )
-        _common.count_turn(record, turn, self.price_table)
         return response_from(record, f"step {MODEL_STEP!r}")
 
     def stream_response(
@@ -289,6 +294,14 @@ class _Wrapper:
         done = self.clones.get(id(agent))
         if done is not None:
             return done
+        if agent.mcp_servers:  # their tools are listed and called outside any step
+            names = ", ".join(repr(getattr(s, "name", "?")) for s in agent.mcp_servers)
+            raise errors.DefinitionError(
+                f"agent {agent.name!r} uses MCP server {names}: DurableRunner does not journal "
+                "MCP tool listings or calls, so they would run again on every replay. Wrap "
+                "each MCP tool you need as a function_tool (its call is then a step), or run "
+                "this agent with Runner.run outside a workflow"
+            )
         model = self.provider.wrap(agent.model) if isinstance(agent.model, Model) else agent.model
         tools = [
             durable_tool(t, self.approval_timeout) if isinstance(t, FunctionTool) else t
@@ -302,11 +315,37 @@ class _Wrapper:
         return clone
 
     def handoff(self, handoff: Handoff[Any, Any]) -> Handoff[Any, Any]:
+        """``handoff`` whose invocation (its ``on_handoff`` callback) is the step
+        ``handoff:<tool name>``, journaling the target agent's name.
+
+        On replay the callback does not run again: the target is the agent
+        ``agents.handoff(agent)`` was built with (the SDK keeps it, weakly, in
+        ``Handoff._agent_ref``), checked against the journaled name. A Handoff
+        built by hand has no such reference: its ``on_invoke_handoff`` is
+        called again on replay (documented in docs/agents.md).
+        """
         invoke = handoff.on_invoke_handoff
+        reference = getattr(handoff, "_agent_ref", None)
+        target_of = reference if callable(reference) else None
 
         async def on_invoke_handoff(ctx: Any, input_json: str) -> Any:
-            target = await invoke(ctx, input_json)
-            return self.agent(target) if isinstance(target, Agent) else target
+            known = target_of() if target_of is not None else None
+            if not _in_workflow_code() or not isinstance(known, Agent):
+                target = await invoke(ctx, input_json)
+                return self.agent(target) if isinstance(target, Agent) else target
+
+            async def handoff_step() -> str:
+                target = await invoke(ctx, input_json)
+                return str(getattr(target, "name", ""))
+
+            step = f"handoff:{handoff.tool_name}"
+            name: str = await steps.run_step(handoff_step, name=step)
+            if name != known.name:
+                raise errors.DecodeError(
+                    f"step {step!r}: the journal recorded a handoff to agent {name!r}, but the "
+                    f"handoff now targets {known.name!r}"
+                )
+            return self.agent(known)
 
         return dataclasses.replace(handoff, on_invoke_handoff=on_invoke_handoff)
 
@@ -328,6 +367,8 @@ class DurableRunner:
         retry: steps.Retry | None = None,
         price_table: Mapping[str, usage.Price] | None = None,
         approval_timeout: float | None = None,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
         **options: Any,
     ) -> RunResult:
         """Run ``starting_agent`` on ``input`` like ``Runner.run``, every model call and
@@ -336,8 +377,12 @@ class DurableRunner:
         ``options`` are ``Runner.run``'s (``context=``, ``max_turns=``, ``hooks=``,
         ...). ``retry`` is the model calls' retry policy, ``price_table`` prices
         their usage, ``approval_timeout`` (seconds) bounds the wait for an
-        approval, after which the call is rejected.
+        approval, after which the call is rejected. ``max_cost`` (dollars, by
+        ``price_table``) and ``max_tokens`` bound the run's model calls,
+        counted from the journal: when reached the run parks for a person
+        (see :mod:`durably.agents.budget`).
         """
+        run_limits = budget.Limits(max_cost, max_tokens)
         _common.require_workflow("DurableRunner.run()")
         if not isinstance(starting_agent, Agent):
             raise errors.DefinitionError(
@@ -356,4 +401,5 @@ class DurableRunner:
             config, model_provider=provider, model=model, tool_execution=tool_execution
         )
         agent = _Wrapper(provider, approval_timeout).agent(starting_agent)
-        return await Runner.run(agent, input, run_config=durable_config, **options)
+        with _common.budgeted(run_limits):
+            return await Runner.run(agent, input, run_config=durable_config, **options)

@@ -9,7 +9,9 @@ Built on Pydantic AI's public wrapper classes, as its own DBOS and Temporal
 wrappers are:
 
 - :class:`DurableModel` (a ``WrapperModel``): every model request, streamed or
-  not, is the step ``llm:pydantic_ai``. Its result is the response in Pydantic
+  not, is the step ``llm:pydantic_ai`` (a streamed request's events reach the
+  caller's ``event_stream_handler`` while the step runs; a replayed turn's
+  parts come once, after it). Its result is the response in Pydantic
   AI's own serialization (``ModelMessagesTypeAdapter``), never a class path,
   with its usage in the shape :mod:`durably.agents.usage` reads; on replay the
   response comes back from the journal and the provider is not asked.
@@ -27,6 +29,7 @@ run's billed/replayed meter (:func:`durably.agents.run_usage`).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -34,7 +37,12 @@ from typing import Any, cast
 
 import pydantic_core
 from pydantic_ai import Agent, ApprovalRequired, ModelRetry
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    ModelResponseStreamEvent,
+)
 from pydantic_ai.models import (
     CompletedStreamedResponse,
     Model,
@@ -50,7 +58,7 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 
 from durably import context, errors, steps
-from durably.agents import approvals, completions, usage
+from durably.agents import approvals, budget, completions, usage
 from durably.integrations import _common
 
 __all__ = ["DurableAgent", "DurableModel", "DurableToolset"]
@@ -108,11 +116,15 @@ class DurableModel(WrapperModel):
         self.retry = completions.ModelRetry() if retry is None else retry
         self.price_table = usage.DEFAULT_PRICES if price_table is None else price_table
 
-    async def _journaled(self, turn: _common.Turn, body: Any) -> ModelResponse:
-        record: JSON = await steps.run_step(
-            body, name=MODEL_STEP, retry=self.retry, reconcile=turn.lost_answer
+    async def _journaled(self, ask: Any, messages: list[ModelMessage]) -> ModelResponse:
+        record = await _common.model_turn(
+            ask,
+            name=MODEL_STEP,
+            retry=self.retry,
+            prices=self.price_table,
+            model=self.model_name,
+            request=messages,
         )
-        _common.count_turn(record, turn, self.price_table)
         return response_from(record, f"step {MODEL_STEP!r}")
 
     async def request(
@@ -124,16 +136,14 @@ class DurableModel(WrapperModel):
         """Make (or replay from the journal) one model request."""
         if not _in_workflow_code():
             return await self.wrapped.request(messages, model_settings, model_request_parameters)
-        turn = _common.Turn()
 
         async def request_step() -> JSON:
             response = await self.wrapped.request(
                 messages, _with_key(model_settings), model_request_parameters
             )
-            turn.live = True
             return response_record(response)
 
-        return await self._journaled(turn, request_step)
+        return await self._journaled(request_step, messages)
 
     @asynccontextmanager
     async def request_stream(
@@ -143,10 +153,12 @@ class DurableModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
         run_context: RunContext[Any] | None = None,
     ) -> AsyncIterator[StreamedResponse]:
-        """A streamed request: consumed inside the step, journaled whole, replayed as events.
+        """A streamed request: consumed inside the step, journaled whole.
 
-        The events reach the caller after the step commits (live or replayed
-        alike), so what the caller sees is what the journal holds.
+        The step runs in a task while the caller iterates: the events of a
+        request made now reach the caller as they arrive (live only); a turn
+        served from the journal yields its recorded parts once, after the step.
+        Either way the response the run continues with is the journaled one.
         """
         if not _in_workflow_code():
             async with self.wrapped.request_stream(
@@ -154,21 +166,69 @@ class DurableModel(WrapperModel):
             ) as live:
                 yield live
             return
-        turn = _common.Turn()
+        stream = _LiveStream(model_request_parameters)
 
         async def stream_step() -> JSON:
             async with self.wrapped.request_stream(
                 messages, _with_key(model_settings), model_request_parameters, run_context
             ) as streamed:
-                async for _ in streamed:
-                    pass
-            turn.live = True
+                async for event in streamed:
+                    stream.feed(event)
             return response_record(streamed.get())
 
-        response = await self._journaled(turn, stream_step)
-        yield CompletedStreamedResponse(
-            response, model_request_parameters=model_request_parameters, replay_events=True
-        )
+        stream.step = asyncio.ensure_future(self._journaled(stream_step, messages))
+        stream.step.add_done_callback(lambda _: stream.queue.put_nowait(_END))
+        try:
+            yield stream
+        finally:
+            if not stream.step.done():  # the caller stopped early: the step still ends
+                await stream.step
+
+
+_END = object()
+
+
+class _LiveStream(CompletedStreamedResponse):
+    """A streamed response whose events come from the model step while it runs.
+
+    Built on ``CompletedStreamedResponse`` (which the graph accepts in place of
+    a live stream): ``response`` is set to the journaled response when the step
+    ends, so ``get()`` and ``usage`` are what the journal holds. Live events are
+    the wrapped stream's own (its part ends and final-result events included),
+    so they are passed on as they are; a replayed turn's events are
+    synthesized from the journaled parts, as the SDK does for a completed
+    response.
+    """
+
+    def __init__(self, model_request_parameters: ModelRequestParameters) -> None:
+        super().__init__(ModelResponse(parts=[]), model_request_parameters=model_request_parameters)
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+        self.step: asyncio.Future[ModelResponse] = asyncio.get_running_loop().create_future()
+        self.fed = False
+
+    def feed(self, event: ModelResponseStreamEvent) -> None:
+        """Take one event of the live request (from the step's task)."""
+        self.fed = True
+        self.queue.put_nowait(event)
+
+    def __aiter__(self) -> AsyncIterator[ModelResponseStreamEvent]:
+        if self._event_iterator is None:
+            self._event_iterator = self._events()
+        return self._event_iterator
+
+    async def _events(self) -> AsyncIterator[ModelResponseStreamEvent]:
+        while (item := await self.queue.get()) is not _END:
+            yield cast(ModelResponseStreamEvent, item)
+        response = await self.step  # the step's error, if any, is the caller's
+        self.response = response
+        self.state = response.state
+        if not self.fed:
+            replay = CompletedStreamedResponse(
+                response, model_request_parameters=self.model_request_parameters, replay_events=True
+            )
+            async for event in replay:
+                yield event
+        self._finished = True
 
 
 def _with_key(model_settings: ModelSettings | None) -> ModelSettings:
@@ -250,7 +310,11 @@ class DurableAgent:
 
     ``retry`` is the model requests' retry policy; ``price_table`` prices their
     usage; ``approval_timeout`` (seconds) bounds the wait for an approval, after
-    which the call is rejected.
+    which the call is rejected. ``max_cost`` (dollars, by ``price_table``) and
+    ``max_tokens`` bound the model requests of the workflow run, counted from
+    the journal: when reached the run parks for a person (see
+    :mod:`durably.agents.budget`); ``run(max_cost=..., max_tokens=...)``
+    replaces them for one run.
     """
 
     def __init__(
@@ -260,7 +324,10 @@ class DurableAgent:
         retry: steps.Retry | None = None,
         price_table: Mapping[str, usage.Price] | None = None,
         approval_timeout: float | None = None,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
     ) -> None:
+        self.limits = budget.Limits(max_cost, max_tokens)
         if not isinstance(agent, Agent):
             raise errors.DefinitionError(
                 f"DurableAgent wraps a pydantic_ai.Agent, got {type(agent).__name__}"
@@ -284,8 +351,17 @@ class DurableAgent:
     def __repr__(self) -> str:
         return f"<durably DurableAgent {self.wrapped.name or 'agent'}>"
 
-    async def run(self, user_prompt: Any = None, **options: Any) -> AgentRunResult[Any]:
+    async def run(
+        self,
+        user_prompt: Any = None,
+        *,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
+        **options: Any,
+    ) -> AgentRunResult[Any]:
         """Run the agent durably; the arguments are those of ``Agent.run``.
+
+        ``max_cost`` / ``max_tokens`` replace the wrapper's budget for this run.
 
         Raises NotInWorkflow outside a workflow's own code: there the run
         could not be journaled, and a silent non-durable run is what wrapping
@@ -301,5 +377,6 @@ class DurableAgent:
         with (
             self.wrapped.override(model=self.model, toolsets=[*self.toolsets, *extra], tools=[]),
             Agent.parallel_tool_call_execution_mode("sequential"),
+            _common.budgeted(_common.limits(self.limits, max_cost, max_tokens)),
         ):
             return await self.wrapped.run(user_prompt, **options)

@@ -10,16 +10,17 @@ without its CSRF token 403, and durably's errors become JSON with a status
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from durably import client as client_module
@@ -54,6 +55,7 @@ class Spec:
     body: dict[str, Any] | None = None  # JSON schema of the request body
     ok: int = 200
     errors: tuple[int, ...] = ()
+    media: str = "application/json"  # what a successful answer is
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -154,6 +156,8 @@ def _endpoint(spec: Spec, handler: Handler) -> Callable[[Request], Awaitable[Res
             result = await handler(request, Context(state.client, identity))
         except (errors.DurablyError, ValueError, TypeError) as exc:
             return error(status_of(exc), type(exc).__name__, str(exc))
+        if isinstance(result, Response):  # a stream (the events route)
+            return result
         return JSONResponse(result, status_code=spec.ok)
 
     return endpoint
@@ -237,6 +241,9 @@ STATUSES = (
             Param("status", "string", "Only this status", STATUSES),
             Param("name", "string", "Only workflows of this name"),
             Param("queue", "string", "Only workflows enqueued on this queue"),
+            Param("id_prefix", "string", "Only ids that start with this (no wildcards)"),
+            Param("parent_id", "string", "Only children of this workflow"),
+            Param("order", "string", "desc (newest first, the default) or asc", ("desc", "asc")),
             Param("created_after", "number", "Created at or after (epoch seconds)"),
             Param("created_before", "number", "Created before (epoch seconds)"),
             Param("cursor", "string", "The next_cursor of the previous page"),
@@ -251,10 +258,16 @@ async def list_workflows(request: Request, ctx: Context) -> Any:
     if not 1 <= limit <= MAX_LIMIT:
         raise BadInput(f"the query parameter 'limit' must be between 1 and {MAX_LIMIT}")
     cursor = query_text(request, "cursor")
+    order = query_text(request, "order") or "desc"
+    if order not in ("desc", "asc"):
+        raise BadInput(f"the query parameter 'order' must be 'desc' or 'asc', not {order!r}")
     query = WorkflowQuery(
         status=query_text(request, "status"),
         name=query_text(request, "name"),
         queue=query_text(request, "queue"),
+        id_prefix=query_text(request, "id_prefix"),
+        parent_id=query_text(request, "parent_id"),
+        order=order,
         created_after=query_number(request, "created_after", float),
         created_before=query_number(request, "created_before", float),
         after=views.decode_cursor(cursor) if cursor else None,
@@ -305,6 +318,7 @@ async def history(request: Request, ctx: Context) -> Any:
         "/api/approvals",
         "Tool calls waiting for a person's approval, with their exact arguments",
         query=(Param("workflow_id", "string", "Only this workflow's"),),
+        errors=(404,),
     )
 )
 async def approvals(request: Request, ctx: Context) -> Any:
@@ -344,6 +358,86 @@ async def workers(request: Request, ctx: Context) -> Any:
 async def poll(request: Request, ctx: Context) -> Any:
     wid = query_text(request, "workflow_id")
     return {"version": await call(version, ctx.client, wid)}
+
+
+EVENTS_INTERVAL = 0.5  # seconds between two looks at the store, per open stream
+EVENTS_KEEPALIVE = 15.0  # seconds of silence after which a comment line is sent
+EVENTS_DEFAULT_SECONDS = 300.0  # how long a stream lasts before the browser reconnects
+EVENTS_MAX_SECONDS = 3600.0
+
+
+@route(
+    Spec(
+        "GET",
+        "/api/events",
+        "Server-sent events: a 'version' event now and whenever what a dashboard page shows "
+        "may have changed (the /api/poll version, pushed)",
+        query=(
+            Param("workflow_id", "string", "The workflow a page shows, if one"),
+            Param(
+                "seconds",
+                "number",
+                f"How long the stream stays open (default {EVENTS_DEFAULT_SECONDS:.0f}, "
+                f"at most {EVENTS_MAX_SECONDS:.0f}); an EventSource reconnects by itself",
+            ),
+        ),
+        errors=(404, 422),
+        media="text/event-stream",
+    )
+)
+async def events(request: Request, ctx: Context) -> Any:
+    wid = query_text(request, "workflow_id")
+    seconds = query_number(request, "seconds", float)
+    if seconds is None:
+        seconds = EVENTS_DEFAULT_SECONDS
+    if not 0 <= seconds <= EVENTS_MAX_SECONDS:
+        raise BadInput(
+            f"the query parameter 'seconds' must be between 0 and {EVENTS_MAX_SECONDS:.0f}"
+        )
+    # The first version is read before the stream starts, so an unknown workflow
+    # is a 404 rather than a stream that ends at once.
+    first = await call(version, ctx.client, wid)
+    return StreamingResponse(
+        _event_stream(request, ctx.client, wid, first, seconds),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _event_stream(
+    request: Request,
+    client: client_module.Client,
+    workflow_id: str | None,
+    first: str,
+    seconds: float,
+) -> AsyncIterator[str]:
+    """Yields a ``version`` event at once and after every change, until ``seconds`` pass.
+
+    Each open stream looks at the store every :data:`EVENTS_INTERVAL` seconds
+    (the same cheap reads as /api/poll); any number of server processes may
+    serve one database because the change is read from the database itself.
+    """
+    loop_time = asyncio.get_running_loop().time
+    end = loop_time() + seconds
+    last = first
+    spoke = loop_time()
+    yield f"retry: 2000\nevent: version\ndata: {json.dumps({'version': first})}\n\n"
+    while loop_time() < end:
+        await asyncio.sleep(min(EVENTS_INTERVAL, max(0.0, end - loop_time())))
+        if await request.is_disconnected():
+            return
+        try:
+            now = await call(version, client, workflow_id)
+        except errors.WorkflowNotFound:
+            return  # deleted (retention): the page's next load says so
+        except errors.StoreError:
+            continue  # the database is away for a moment: look again
+        if now != last:
+            last, spoke = now, loop_time()
+            yield f"event: version\ndata: {json.dumps({'version': now})}\n\n"
+        elif loop_time() - spoke > EVENTS_KEEPALIVE:
+            spoke = loop_time()
+            yield ": keep-alive\n\n"
 
 
 def version(client: client_module.Client, workflow_id: str | None) -> str:

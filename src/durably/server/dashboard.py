@@ -39,6 +39,7 @@ def templates() -> jinja2.Environment:
     env.filters["when"] = _when
     env.filters["ago"] = _ago
     env.filters["seconds"] = _seconds
+    env.filters["iso"] = _iso
     env.filters["money"] = lambda cost: f"${cost:.4f}" if cost < 0.01 else f"${cost:.2f}"
     return env
 
@@ -373,6 +374,19 @@ def _when(ts: float | None) -> str:
     if ts is None:
         return ""
     return datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _iso(text: str | None) -> str:
+    """An ISO 8601 time (as approvals record them) shown to the second, in UTC."""
+    if not text:
+        return ""
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S") + " UTC"
 
 
 def _ago(ts: float | None) -> str:

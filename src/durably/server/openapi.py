@@ -74,13 +74,23 @@ def _operation(spec: api.Spec, operation_id: str) -> dict[str, Any]:
                 "schema": schema,
             }
         )
+    ok_schema: dict[str, Any] = (
+        {"type": "object"} if spec.media == "application/json" else {"type": "string"}
+    )
     responses: dict[str, Any] = {
         str(spec.ok): {
             "description": _REASONS[spec.ok],
-            "content": {"application/json": {"schema": {"type": "object"}}},
+            "content": {spec.media: {"schema": ok_schema}},
         }
     }
-    codes = sorted({401, *spec.errors, *((403,) if spec.method != "GET" else ())})
+    codes = sorted(
+        {
+            401,
+            *spec.errors,
+            *((403,) if spec.method != "GET" else ()),
+            *((422,) if spec.body is not None else ()),  # a body that is not a JSON object
+        }
+    )
     for code in codes:
         responses[str(code)] = {
             "description": _REASONS[code],

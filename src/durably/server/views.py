@@ -21,6 +21,8 @@ from durably.agents import usage as agent_usage
 PREVIEW = 120
 # Calls that record a value and take no time worth showing.
 _INSTANT = frozenset({"now", "random", "uuid4", "event", "child", "cancel"})
+# Values the engine journals for its own replay: shown quieter than the work itself.
+_QUIET = frozenset({"now", "random", "uuid4", "event"})
 
 
 def payload(text: str | None) -> Any:
@@ -102,13 +104,25 @@ def timeline(
                 "status": row.status,
                 "attempt": row.attempt,
                 "duration": row.duration if row.kind not in _INSTANT else None,
-                "preview": receipts.preview(row.payload, PREVIEW),
+                "preview": readable_preview(row.payload),
                 "tokens": tokens.tokens if tokens.calls else None,
                 "cost": tokens.cost if tokens.calls else None,
                 "replayed": last_recovery is not None and written < last_recovery,
+                "quiet": row.kind in _QUIET,
             }
         )
     return rows
+
+
+def readable_preview(text: str | None, width: int = PREVIEW) -> str:
+    """A one-line preview of a journaled payload; a value the codec tagged (a datetime,
+    a UUID) shows as its text rather than as the tag."""
+    value = payload(text)
+    if isinstance(value, dict) and isinstance(value.get("__durably__"), str):
+        shown = value.get("iso") or value.get("hex")
+        if isinstance(shown, str):
+            return shown
+    return receipts.preview(text, width)
 
 
 def usage_line(entries: Sequence[journal.Entry], claims: Sequence[journal.Claim]) -> str | None:

@@ -34,9 +34,14 @@ class Op:
 class WorkflowQuery:
     """Which workflows :meth:`Store.search_workflows` returns: every filter given must hold.
 
-    ``created_after`` is inclusive, ``created_before`` exclusive (epoch seconds).
-    ``after`` is the ``(created_at, workflow_id)`` of the last row of the previous
-    page: the order is newest first, then by id, so a page never repeats a row.
+    ``ids`` keeps only those ids (an empty tuple: none), ``id_prefix`` the ids
+    that start with it (a plain prefix, no wildcards), ``parent_id`` the
+    children of that workflow. ``created_after`` is inclusive,
+    ``created_before`` exclusive (epoch seconds). ``order`` is ``desc``
+    (newest first, the default) or ``asc`` (oldest first), then by id either
+    way. ``after`` is the ``(created_at, workflow_id)`` of the last row of the
+    previous page (a cursor: a page never repeats a row); ``offset`` skips
+    that many rows first.
     """
 
     status: str | None = None
@@ -46,6 +51,11 @@ class WorkflowQuery:
     created_before: float | None = None
     after: tuple[float, str] | None = None
     limit: int = 100
+    ids: tuple[str, ...] | None = None
+    id_prefix: str | None = None
+    parent_id: str | None = None
+    offset: int = 0
+    order: str = "desc"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -61,6 +71,7 @@ class NewWorkflow:
     queue: str | None = None
     priority: int = 0
     deduplication_id: str | None = None
+    max_recoveries: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -180,7 +191,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def search_workflows(self, query: WorkflowQuery) -> list[journal.WorkflowInfo]:
-        """One page of workflows, newest first, matching ``query`` (one read)."""
+        """One page of workflows matching ``query``, in its order (one read)."""
 
     @abc.abstractmethod
     def count_by_status(self) -> dict[str, int]:
@@ -321,6 +332,21 @@ class Store(abc.ABC):
     ) -> bool:
         """Keep a signal for the workflow and wake it if it waits; False for a repeated key."""
 
+    def send_signals(
+        self, signals: Sequence[tuple[str, str, str, str | None]], now: float
+    ) -> list[bool]:
+        """Keep several ``(workflow_id, name, payload, idempotency_key)`` signals, all or
+        none (one verb: one savepoint); each as ``send_signal``, in the order given.
+
+        Rows are locked in workflow id order (a stable sort: signals of one workflow
+        keep their order), so two batches never wait for each other in a cycle.
+        """
+        order = sorted(range(len(signals)), key=lambda i: signals[i][0])
+        sent = [False] * len(signals)
+        for i in order:
+            sent[i] = self.send_signal(*signals[i], now)
+        return sent
+
     @abc.abstractmethod
     def get_event(self, workflow_id: str, key: str) -> str | None:
         """The value the workflow last published under ``key``, or None."""
@@ -358,7 +384,10 @@ class Store(abc.ABC):
         """Make a failed, cancelled or diverged workflow pending again (``resume``).
 
         A cancelled one continues from where the cancellation reached it; a
-        failed one gives the step that failed it one more attempt.
+        failed one gives the step that failed it one more attempt. A pending one
+        waiting on its queue leaves the queue, to be claimed now by any executor
+        with its code, whatever the queue's limits (as DBOS does); any other
+        raises NotResumable. Decided under the workflow's row lock.
         """
 
     @abc.abstractmethod
@@ -457,6 +486,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def import_workflows(self, workflows: Sequence[Any]) -> list[str]:
         """Insert exported workflows, all or none, without owners; an existing id refuses."""
+
+    @abc.abstractmethod
+    def delete_workflows(self, workflow_ids: Sequence[str], force: bool) -> list[str]:
+        """Remove the workflows, their children (recursively) and every row naming them,
+        all or none (one verb); the ids removed.
+
+        Without ``force`` an unfinished one (or a child whose unfinished parent
+        would wait for it) refuses the whole call with WorkflowNotFinished; an
+        unknown id raises WorkflowNotFound. With ``force`` an owner still running
+        one is fenced out at its next write.
+        """
 
     @abc.abstractmethod
     def prune(self, before: float, status: str | None, limit: int) -> list[str]:

@@ -10,10 +10,10 @@
 -- Without a conflict target: a taken id and a taken (queue, deduplication_id) both do nothing.
 INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, owner, epoch,
                        lease_expires_at, crash_count, parent_id, created_at, updated_at,
-                       queue, priority, deduplication_id, started_at)
+                       queue, priority, deduplication_id, started_at, max_recoveries)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :owner, :epoch,
         :lease_expires_at, 0, :parent_id, :now, :now,
-        :queue, :priority, :deduplication_id, :started_at)
+        :queue, :priority, :deduplication_id, :started_at, :max_recoveries)
 ON CONFLICT DO NOTHING
 
 -- name: deduplicated
@@ -26,14 +26,14 @@ WHERE queue = :queue AND deduplication_id = :deduplication_id
 -- One workflow's row.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: list_workflows
 -- Workflows newest first, by status and name if given.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -41,22 +41,48 @@ ORDER BY created_at DESC, workflow_id
 LIMIT :limit
 
 -- name: search_workflows
--- One page of workflows, newest first, filtered by status, name, queue and creation time;
--- a page after another starts past the (created_at, workflow_id) of the other's last row.
+-- One page of workflows, newest first, filtered by status, name, queue, parent, id (or
+-- its prefix) and creation time; a page after another starts past the
+-- (created_at, workflow_id) of the other's last row.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
   AND (CAST(:queue AS TEXT) IS NULL OR queue = :queue)
+  AND (CAST(:parent_id AS TEXT) IS NULL OR parent_id = :parent_id)
+  AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = :workflow_id)
+  AND (CAST(:id_prefix AS TEXT) IS NULL
+       OR SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix)
   AND (CAST(:created_after AS DOUBLE PRECISION) IS NULL OR created_at >= :created_after)
   AND (CAST(:created_before AS DOUBLE PRECISION) IS NULL OR created_at < :created_before)
   AND (CAST(:after_created AS DOUBLE PRECISION) IS NULL
        OR created_at < :after_created
        OR (created_at = :after_created AND workflow_id > :after_id))
 ORDER BY created_at DESC, workflow_id
-LIMIT :limit
+LIMIT :limit OFFSET :offset
+
+-- name: search_workflows_oldest_first
+-- As search_workflows, oldest first: the cursor moves the other way.
+SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
+       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
+FROM workflows
+WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+  AND (CAST(:name AS TEXT) IS NULL OR name = :name)
+  AND (CAST(:queue AS TEXT) IS NULL OR queue = :queue)
+  AND (CAST(:parent_id AS TEXT) IS NULL OR parent_id = :parent_id)
+  AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = :workflow_id)
+  AND (CAST(:id_prefix AS TEXT) IS NULL
+       OR SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix)
+  AND (CAST(:created_after AS DOUBLE PRECISION) IS NULL OR created_at >= :created_after)
+  AND (CAST(:created_before AS DOUBLE PRECISION) IS NULL OR created_at < :created_before)
+  AND (CAST(:after_created AS DOUBLE PRECISION) IS NULL
+       OR created_at > :after_created
+       OR (created_at = :after_created AND workflow_id > :after_id))
+ORDER BY created_at, workflow_id
+LIMIT :limit OFFSET :offset
 
 -- name: count_by_status
 -- How many workflows are in each status (statuses with none are absent).
@@ -359,6 +385,12 @@ SET status = 'pending', owner = NULL, lease_expires_at = NULL, output = NULL, er
     crash_count = 0, cancel_requested = 0, wake_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id
 
+-- name: dequeue
+-- Resume of a workflow still waiting on its queue: it leaves the queue, so any executor
+-- running its code claims it now, whatever the queue's limits.
+UPDATE workflows SET queue = NULL, updated_at = :now
+WHERE workflow_id = :workflow_id AND status = 'pending' AND queue IS NOT NULL
+
 -- name: delete_entries_from
 -- Drop a workflow's journal from seq on.
 DELETE FROM journal WHERE workflow_id = :workflow_id AND seq >= :seq
@@ -374,6 +406,21 @@ INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, sta
                      finished_at, wake_at)
 SELECT :new_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
 FROM journal WHERE workflow_id = :workflow_id AND seq <= :seq
+
+-- name: copy_events
+-- A fork's events: of each key, the value its prefix (seq <= :seq) published last.
+INSERT INTO events (workflow_id, key, value, seq, updated_at)
+SELECT :new_id, j.name, j.payload, j.seq, :now
+FROM journal j
+WHERE j.workflow_id = :workflow_id AND j.kind = 'event' AND j.payload IS NOT NULL
+  AND j.seq = (SELECT MAX(k.seq) FROM journal k
+               WHERE k.workflow_id = j.workflow_id AND k.kind = 'event' AND k.name = j.name
+                 AND k.payload IS NOT NULL AND k.seq <= :seq)
+
+-- name: mark_fork
+-- Record on the fork the workflow and the last seq it was copied from.
+UPDATE workflows SET forked_from = :workflow_id, forked_from_seq = :seq
+WHERE workflow_id = :new_id
 
 -- name: open_review
 -- Open a review of a step whose outcome nothing could decide.
@@ -430,7 +477,8 @@ SELECT workflow_id FROM workflows WHERE parent_id = :workflow_id ORDER BY create
 -- The workflows rows of one workflow, for an archive.
 SELECT workflow_id, name, version, source_hash, status, input, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, signal_count, queue, priority, deduplication_id, started_at
+       cancel_requested, signal_count, queue, priority, deduplication_id, started_at,
+       forked_from, forked_from_seq, max_recoveries
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: export_journal
@@ -465,11 +513,12 @@ FROM reviews WHERE workflow_id = :workflow_id ORDER BY seq, attempt
 INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, output, error,
                        owner, epoch, lease_expires_at, crash_count, wake_at, parent_id,
                        created_at, updated_at, cancel_requested, signal_count, queue, priority,
-                       deduplication_id, started_at)
+                       deduplication_id, started_at, forked_from, forked_from_seq,
+                       max_recoveries)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :error,
         NULL, :epoch, NULL, :crash_count, :wake_at, :parent_id,
         :created_at, :updated_at, :cancel_requested, :signal_count, :queue, :priority,
-        :deduplication_id, :started_at)
+        :deduplication_id, :started_at, :forked_from, :forked_from_seq, :max_recoveries)
 
 -- name: import_journal
 -- Insert one archived journal row.
@@ -533,6 +582,12 @@ DELETE FROM events WHERE workflow_id = :workflow_id
 -- name: prune_reviews
 -- Delete the reviews rows of one pruned workflow.
 DELETE FROM reviews WHERE workflow_id = :workflow_id
+
+-- name: delete_workflow
+-- delete_workflows: without :force only a finished workflow (checked again as it goes).
+DELETE FROM workflows
+WHERE workflow_id = :workflow_id
+  AND (:force = 1 OR status IN ('completed', 'failed', 'cancelled', 'diverged'))
 
 -- name: prune_workflows
 -- The status is checked again: only a finished workflow is ever removed.

@@ -88,6 +88,7 @@ class SqlStore(bulk.BulkVerbs):
             priority=new.priority,
             deduplication_id=new.deduplication_id,
             started_at=now if owner else None,
+            max_recoveries=new.max_recoveries,
         )
         return bool(cursor.rowcount == 1)
 
@@ -110,20 +111,33 @@ class SqlStore(bulk.BulkVerbs):
 
     def search_workflows(self, query: base.WorkflowQuery) -> list[journal.WorkflowInfo]:
         after_created, after_id = query.after if query.after is not None else (None, None)
-        rows = _all(
-            self._q(
-                "search_workflows",
-                status=query.status,
-                name=query.name,
-                queue=query.queue,
-                created_after=query.created_after,
-                created_before=query.created_before,
-                after_created=after_created,
-                after_id=after_id,
-                limit=query.limit,
-            )
-        )
-        return [_workflow(r) for r in rows]
+        params = {
+            "status": query.status,
+            "name": query.name,
+            "queue": query.queue,
+            "parent_id": query.parent_id,
+            "id_prefix": query.id_prefix,
+            "created_after": query.created_after,
+            "created_before": query.created_before,
+            "after_created": after_created,
+            "after_id": after_id,
+            "workflow_id": None,
+            "limit": query.limit,
+            "offset": query.offset,
+        }
+        sql_name = "search_workflows_oldest_first" if query.order == "asc" else "search_workflows"
+        if query.ids is None:
+            return [_workflow(r) for r in _all(self._q(sql_name, **params))]
+        # Given ids: one primary-key read each (a list parameter is not portable SQL), then
+        # ordered and paged here; there are at most as many rows as ids.
+        rows = [
+            _workflow(r)
+            for wid in dict.fromkeys(query.ids)
+            for r in _all(self._q(sql_name, **{**params, "workflow_id": wid, "offset": 0}))
+        ]
+        rows.sort(key=lambda w: w.workflow_id)
+        rows.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
+        return rows[query.offset : query.offset + query.limit]
 
     def count_by_status(self) -> dict[str, int]:
         return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
@@ -540,9 +554,15 @@ class SqlStore(bulk.BulkVerbs):
         return cancelled
 
     def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:
-        info = self.get_workflow(workflow_id)
+        info = self._lock_workflow(workflow_id)
         if info is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        if info.status == journal.Status.PENDING and info.queue is not None:
+            self._q("dequeue", workflow_id=workflow_id, now=now)  # not started: start it now
+            self._wake("work")
+            started = self.get_workflow(workflow_id)
+            assert started is not None
+            return started
         edit = replay.plan_reopen(workflow_id, info.status, self.load_history(workflow_id))
         if edit.delete_from is not None:
             self._q("delete_entries_from", workflow_id=workflow_id, seq=edit.delete_from)
@@ -560,13 +580,22 @@ class SqlStore(bulk.BulkVerbs):
         info = self.get_workflow(workflow_id)
         if info is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
-        new = base.NewWorkflow(new_id, info.name, info.input, info.version, info.source_hash)
+        new = base.NewWorkflow(
+            new_id,
+            info.name,
+            info.input,
+            info.version,
+            info.source_hash,
+            max_recoveries=info.max_recoveries,
+        )
         forked, created = self.create_workflow(new, None, None, now)
         if not created:
             raise errors.WorkflowIdConflict(f"workflow id {new_id!r} is already taken")
         self._q("copy_entries", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
+        self._q("copy_events", new_id=new_id, workflow_id=workflow_id, seq=from_seq, now=now)
+        self._q("mark_fork", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
         self._wake("work")
-        return forked
+        return dataclasses.replace(forked, forked_from=workflow_id, forked_from_seq=from_seq)
 
     def open_review(
         self,

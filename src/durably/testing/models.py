@@ -81,7 +81,8 @@ class Reply:
     out, it is computed from the request and reply sizes (the same request gets
     the same usage). A ``status`` other than 200 answers an OpenAI-style error
     with ``error`` as its message and ``headers`` (e.g. ``Retry-After``).
-    ``delay`` is slept before answering.
+    ``delay`` is slept before answering; ``chunk_delay`` between the chunks of a
+    streamed answer (so a test can kill its client mid-stream).
     """
 
     content: str | None = None
@@ -93,6 +94,7 @@ class Reply:
     error: str | None = None
     delay: float = 0.0
     model: str | None = None
+    chunk_delay: float = 0.0
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Reply:
@@ -111,6 +113,7 @@ class Reply:
             error=data.get("error"),
             delay=float(data.get("delay", 0.0)),
             model=data.get("model"),
+            chunk_delay=float(data.get("chunk_delay", 0.0)),
         )
 
 
@@ -255,7 +258,7 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.status != 200:
             self._json(reply.status, answer, reply.headers)
         elif body.get("stream"):
-            self._stream(answer, body)
+            self._stream(answer, body, reply.chunk_delay)
         else:
             self._json(200, answer)
 
@@ -269,13 +272,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _stream(self, completion: JSON, body: JSON) -> None:
+    def _stream(self, completion: JSON, body: JSON, pause: float = 0.0) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        for chunk in _chunks(completion, include_usage):
+        for i, chunk in enumerate(_chunks(completion, include_usage)):
+            if i and pause > 0:
+                time.sleep(pause)
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")

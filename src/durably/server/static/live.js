@@ -1,15 +1,20 @@
 // durably dashboard: live updates without reloading, and forms sent in place.
-// Polls /api/poll; when its version changes, fetches this page's HTML again
-// (X-Partial: 1 returns only the main part) and swaps it in.
+// Listens to /api/events (server-sent events); when the version it pushes
+// changes, fetches this page's HTML again (X-Partial: 1 returns only the main
+// part) and swaps it in. Without EventSource, or when the stream is refused,
+// polls /api/poll every second instead. body[data-live] says which is in use.
 (function () {
   "use strict";
   let version = null;
   let busy = false;
+  let polling = false;
 
-  function pollUrl() {
+  function query() {
     const wid = document.body.dataset.poll;
-    return "/api/poll" + (wid ? "?workflow_id=" + encodeURIComponent(wid) : "");
+    return wid ? "?workflow_id=" + encodeURIComponent(wid) : "";
   }
+
+  function pollUrl() { return "/api/poll" + query(); }
 
   async function refresh() {
     const response = await fetch(location.href, { headers: { "X-Partial": "1" }, credentials: "same-origin" });
@@ -25,13 +30,36 @@
     try {
       const response = await fetch(pollUrl(), { credentials: "same-origin" });
       if (response.status === 401) { location.href = "/login?next=" + encodeURIComponent(location.pathname); return; }
-      if (response.ok) {
-        const data = await response.json();
-        if (version !== null && data.version !== version) { await refresh(); }
-        version = data.version;
-      }
+      if (response.ok) { await changed((await response.json()).version); }
     } catch (e) { /* the server is restarting: try again at the next tick */ }
     finally { busy = false; }
+  }
+
+  async function changed(next) {
+    if (version !== null && next !== version) { await refresh(); }
+    version = next;
+  }
+
+  function poll() {
+    if (polling) { return; }
+    polling = true;
+    document.body.dataset.live = "poll";
+    tick();
+    setInterval(tick, 1000);
+  }
+
+  function listen() {
+    if (!window.EventSource) { poll(); return; }
+    const source = new EventSource("/api/events" + query());
+    document.body.dataset.live = "events";
+    source.addEventListener("version", function (event) {
+      changed(JSON.parse(event.data).version);
+    });
+    source.onerror = function () {
+      // CONNECTING: the stream ended or the server restarts; EventSource retries.
+      // CLOSED: refused (logged out, say): polling notices and goes to the login page.
+      if (source.readyState === EventSource.CLOSED) { poll(); }
+    };
   }
 
   function flash(text) {
@@ -55,6 +83,5 @@
     }
   });
 
-  tick();
-  setInterval(tick, 1000);
+  listen();
 })();

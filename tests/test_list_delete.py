@@ -1,0 +1,334 @@
+"""Operations at scale: list by ids, id prefix, time, parent and queue with paging and
+order; delete a workflow with every row that names it; cancel, resume and delete by
+filter. Through Client, Engine and the command line, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import time
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import durably
+from durably import cli
+from durably.queues import Queue
+from durably.storage import base, create_store
+
+RAN: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    RAN.clear()
+
+
+def engine(url: str, **kw: Any) -> durably.Engine:
+    kw.setdefault("hold_seconds", 0.05)
+    kw.setdefault("poll_interval", 0.1)
+    return durably.Engine(url, **kw)
+
+
+def run_cli(url: str, *args: str) -> Any:
+    return CliRunner().invoke(cli.main, ["--database", url, *args])
+
+
+@durably.step
+async def note(text: str) -> str:
+    RAN.append(text)
+    return text
+
+
+@durably.workflow(name="ld.item")
+async def item(text: str) -> str:
+    return await note(text)
+
+
+@durably.workflow(name="ld.waiter")
+async def waiter() -> Any:
+    durably.set_event("stage", "waiting")
+    return await durably.wait_for_signal("go")
+
+
+@durably.workflow(name="ld.boss")
+async def boss() -> list[str]:
+    kids = [await durably.start_child(item, f"kid {i}", workflow_id=f"b-kid-{i}") for i in (1, 2)]
+    return [await k.result() for k in kids]
+
+
+async def parked(e: durably.Engine, workflow_id: str) -> None:
+    """Wait until the workflow is parked waiting for its signal (fail after 10 s)."""
+    deadline = time.monotonic() + 10
+    while (await e.get_workflow(workflow_id)).status != "waiting":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{workflow_id} never parked")
+        await asyncio.sleep(0.02)
+
+
+def ids(rows: list[durably.WorkflowInfo]) -> list[str]:
+    return [w.workflow_id for w in rows]
+
+
+def fill(url: str) -> None:
+    """Workflows created one second apart (a clock given to the store), oldest a-1."""
+    store = create_store(url)
+    store.open()
+    try:
+        for i, (wid, queue, parent) in enumerate(
+            [
+                ("a-1", None, None),
+                ("a-2", "q1", None),
+                ("a_3", None, "a-1"),
+                ("b-1", "q1", "a-1"),
+                ("b-2", None, None),
+            ]
+        ):
+            new = base.NewWorkflow(
+                wid,
+                "ld.item",
+                '{"args":["x"],"kwargs":{}}',
+                None,
+                None,
+                parent_id=parent,
+                queue=queue,
+            )
+            op = base.Op(store.create_workflow, (new, None, None, 1000.0 + i), True)
+            store.run_batch([op])
+            assert op.error is None, op.error
+    finally:
+        store.close()
+
+
+def test_list_by_ids_prefix_time_parent_queue_with_order_and_paging(store_url: str) -> None:
+    fill(store_url)
+    with durably.Client(store_url) as c:
+        assert ids(c.list_workflows()) == ["b-2", "b-1", "a_3", "a-2", "a-1"]
+        assert ids(c.list_workflows(order="asc")) == ["a-1", "a-2", "a_3", "b-1", "b-2"]
+        assert ids(c.list_workflows(ids=["b-1", "a-1", "nope"])) == ["b-1", "a-1"]
+        assert ids(c.list_workflows(ids=[])) == []
+        assert ids(c.list_workflows(id_prefix="a-")) == ["a-2", "a-1"]  # "_" is no wildcard
+        assert ids(c.list_workflows(id_prefix="a_")) == ["a_3"]
+        assert ids(c.list_workflows(parent_id="a-1")) == ["b-1", "a_3"]
+        assert ids(c.list_workflows(queue="q1", order="asc")) == ["a-2", "b-1"]
+        assert ids(c.list_workflows(created_after=1001.0, created_before=1003.0)) == [
+            "a_3",
+            "a-2",
+        ]
+        since = datetime.datetime.fromtimestamp(1003.0, datetime.UTC)
+        assert ids(c.list_workflows(created_after=since)) == ["b-2", "b-1"]
+        assert ids(c.list_workflows(limit=2, offset=2)) == ["a_3", "a-2"]
+        page1 = c.list_workflows(limit=2, order="asc")
+        page2 = c.list_workflows(limit=2, order="asc", after=page1[-1].workflow_id)
+        page3 = c.list_workflows(limit=2, order="asc", after=page2[-1].workflow_id)
+        assert ids(page1 + page2 + page3) == ["a-1", "a-2", "a_3", "b-1", "b-2"]
+        back = c.list_workflows(limit=3, after="a_3")
+        assert ids(back) == ["a-2", "a-1"]
+        assert ids(c.list_workflows(ids=["a-1", "a-2", "b-2"], order="asc", limit=2)) == [
+            "a-1",
+            "a-2",
+        ]
+        with pytest.raises(ValueError, match="order"):
+            c.list_workflows(order="sideways")
+        with pytest.raises(ValueError, match="offset"):
+            c.list_workflows(offset=-1)
+        with pytest.raises(durably.WorkflowNotFound, match="ghost"):
+            c.list_workflows(after="ghost")
+
+
+async def test_engine_lists_with_the_same_filters(store_url: str) -> None:
+    fill(store_url)
+    async with engine(store_url) as e:
+        assert ids(await e.list_workflows(id_prefix="b", order="asc")) == ["b-1", "b-2"]
+        assert ids(await e.list_workflows(parent_id="a-1", limit=1)) == ["b-1"]
+
+
+def test_cli_list_filters(store_url: str) -> None:
+    fill(store_url)
+    out = run_cli(store_url, "list", "--json", "--prefix", "a", "--order", "asc")
+    assert out.exit_code == 0, out.output
+    assert [json.loads(line)["workflow_id"] for line in out.output.splitlines()] == [
+        "a-1",
+        "a-2",
+        "a_3",
+    ]
+    args = ["list", "--json", "--id", "b-2", "--id", "a-1", "--queue", "q1"]
+    assert run_cli(store_url, *args).output.strip() == ""
+    out = run_cli(store_url, "list", "--json", "--parent", "a-1", "--after", "b-1")
+    assert [json.loads(line)["workflow_id"] for line in out.output.splitlines()] == ["a_3"]
+    since = datetime.datetime.fromtimestamp(1003.0, datetime.UTC).isoformat()
+    out = run_cli(store_url, "list", "--json", "--since", since, "--offset", "1")
+    assert [json.loads(line)["workflow_id"] for line in out.output.splitlines()] == ["b-1"]
+    out = run_cli(store_url, "list", "--until", since, "--limit", "1")
+    assert out.exit_code == 0 and "a_3" in out.output and "a-2" not in out.output
+
+
+async def test_delete_removes_a_finished_workflow_and_every_row_naming_it(
+    store_url: str,
+) -> None:
+    async with engine(store_url) as e:
+        await e.start(waiter, workflow_id="w")
+        await e.send_signal("w", "go", "yes")
+        assert await e.handle("w").result(timeout=10) == "yes"
+        await e.start(item, "keep", workflow_id="keep")
+        assert await e.handle("keep").result(timeout=10) == "keep"
+        assert await e.delete("w") == ["w"]
+        with pytest.raises(durably.WorkflowNotFound):
+            await e.get_workflow("w")
+        assert await e.history("keep") != []
+        with pytest.raises(durably.WorkflowNotFound, match="w"):
+            await e.delete("w")
+    store = create_store(store_url)
+    store.open()
+    try:
+        op = base.Op(store.export_workflows, (["keep"],), False)
+        store.run_batch([op])
+        assert op.result[0].rows["journal"]
+        assert store.get_event("w", "stage") is None
+        assert store.list_signals("w") == [] and store.load_claims("w") == []
+        assert store.load_history("w") == []
+    finally:
+        store.close()
+
+
+async def test_delete_refuses_an_unfinished_workflow_unless_forced(store_url: str) -> None:
+    async with engine(store_url) as e:
+        await e.start(waiter, workflow_id="w")
+        assert await e.get_event("w", "stage", timeout=10) == "waiting"
+        with pytest.raises(durably.WorkflowNotFinished, match=r"'w' is (waiting|running)"):
+            await e.delete("w")
+        assert (await e.get_workflow("w")).status in ("waiting", "running")
+    with durably.Client(store_url) as client:
+        assert client.delete("w", force=True) == ["w"]
+        assert client.list_workflows() == []
+
+
+async def test_delete_of_a_parent_takes_its_children_along(store_url: str) -> None:
+    async with engine(store_url) as e:
+        assert await (await e.start(boss, workflow_id="boss")).result(timeout=10) == [
+            "kid 1",
+            "kid 2",
+        ]
+        with pytest.raises(durably.WorkflowNotFound):
+            await e.delete("b-kid-1", "nope")  # all or nothing: b-kid-1 stays
+        assert sorted(await e.delete("boss")) == ["b-kid-1", "b-kid-2", "boss"]
+        assert await e.list_workflows() == []
+
+
+async def test_cancel_resume_and_delete_by_filter(store_url: str) -> None:
+    q = Queue("ld-unserved")
+    async with engine(store_url) as e:
+        for i in range(3):
+            await e.start(waiter, workflow_id=f"w{i}")
+        await e.start(item, "done", workflow_id="done")
+        for i in range(3):
+            await parked(e, f"w{i}")
+        assert await e.handle("done").result(timeout=10) == "done"
+        cancelled = await e.cancel_workflows(status="waiting", name="ld.waiter")
+        assert sorted(cancelled) == ["w0", "w1", "w2"]
+        for i in range(3):
+            with pytest.raises(durably.Cancelled):
+                await e.handle(f"w{i}").result(timeout=10)
+        assert await e.handle("done").status() == "completed"
+        resumed = await e.resume_workflows(status="cancelled", id_prefix="w", ids=["w0", "w2"])
+        assert sorted(resumed) == ["w0", "w2"]
+        await e.send_signal("w0", "go", 0)
+        assert await e.handle("w0").result(timeout=10) == 0
+        assert await e.handle("w1").status() == "cancelled"
+        await q.enqueue(e, item, "queued", workflow_id="qd")
+    with durably.Client(store_url) as client:
+        assert client.resume_workflows(queue="ld-unserved") == ["qd"]
+        assert client.get_workflow("qd").queue is None
+        with pytest.raises(ValueError, match="at least one filter"):
+            client.delete_workflows()
+        with pytest.raises(ValueError, match="no 'limit'"):
+            client.cancel_workflows(status="waiting", limit=2)
+        assert sorted(client.delete_workflows(status="completed")) == ["done", "w0"]
+        assert sorted(ids(client.list_workflows())) == ["qd", "w1", "w2"]
+
+
+def test_cli_cancel_resume_and_delete_by_filter(store_url: str) -> None:
+    fill(store_url)
+    out = run_cli(store_url, "cancel", "--prefix", "a", "--queue", "q1")
+    assert out.exit_code == 0, out.output
+    assert out.output.split() == ["a-2"]
+    with durably.Client(store_url) as client:
+        assert client.get_workflow("a-2").cancel_requested == 1
+        assert client.get_workflow("b-1").cancel_requested == 0
+    refused = run_cli(store_url, "delete", "--prefix", "b")
+    assert refused.exit_code == 1
+    assert "b-1" in refused.output and "--force" in refused.output
+    missing = run_cli(store_url, "delete", "b-1", "ghost", "--force")
+    assert missing.exit_code == 1 and "ghost" in missing.output
+    out = run_cli(store_url, "delete", "b-1", "b-2", "--force")
+    assert out.exit_code == 0, out.output
+    assert sorted(out.output.split()) == ["b-1", "b-2"]
+    nothing = run_cli(store_url, "cancel")
+    assert nothing.exit_code != 0 and "ID or a filter" in nothing.output
+    out = run_cli(store_url, "resume", "--status", "pending", "--no-wait", "--queue", "q1")
+    assert out.exit_code == 0, out.output
+    assert out.output.split() == ["a-2"]
+
+
+GATE: dict[str, Any] = {}
+
+
+@durably.step
+async def gated(text: str) -> str:
+    RAN.append(text)
+    await GATE["open"].wait()
+    return text
+
+
+@durably.workflow(name="ld.busy")
+async def busy() -> str:
+    first = await gated("first")
+    return await note(first + " then")
+
+
+async def test_force_delete_of_a_running_workflow_fences_its_run_out(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    GATE["open"] = asyncio.Event()
+    async with engine(store_url) as e:
+        try:
+            await e.start(busy, workflow_id="busy")
+            deadline = time.monotonic() + 10
+            while RAN != ["first"]:
+                assert time.monotonic() < deadline, "the step never started"
+                await asyncio.sleep(0.02)
+            with durably.Client(store_url) as client:
+                with pytest.raises(durably.WorkflowNotFinished, match="running"):
+                    client.delete("busy")
+                assert client.delete("busy", force=True) == ["busy"]
+        finally:
+            GATE["open"].set()
+        deadline = time.monotonic() + 10
+        while "busy" in e._tasks:  # the run ends: its next write finds no workflow
+            assert time.monotonic() < deadline, "the run of a deleted workflow went on"
+            await asyncio.sleep(0.02)
+        assert await e.list_workflows() == []
+    assert RAN == ["first"]  # nothing ran after the delete
+
+
+@durably.workflow(name="ld.starter")
+async def starter() -> Any:
+    kid = await durably.start_child(item, "kid", workflow_id="s-kid")
+    got = await durably.wait_for_signal("go")
+    return [got, await kid.result()]
+
+
+async def test_a_child_of_an_unfinished_parent_is_not_deleted_alone(store_url: str) -> None:
+    async with engine(store_url) as e:
+        await e.start(starter, workflow_id="s")
+        await parked(e, "s")  # after it started its child
+        assert await e.handle("s-kid").result(timeout=10) == "kid"
+        with pytest.raises(durably.WorkflowNotFinished, match="child of 's'"):
+            await e.delete("s-kid")
+        assert await e.history("s-kid")  # still there, journal and all
+        await e.send_signal("s", "go", 1)
+        assert await e.handle("s").result(timeout=10) == [1, "kid"]
+        assert await e.delete("s-kid") == ["s-kid"]  # its parent has finished
+        assert ids(await e.list_workflows()) == ["s"]
