@@ -17,7 +17,6 @@ import click
 from durably import client as client_module
 from durably import errors
 from durably.agents import budget, decisions, exceptions
-from durably.server import views
 
 
 def _client(database: str) -> client_module.Client:
@@ -49,6 +48,8 @@ def approvals_cmd(database: str, workflow_id: str | None, as_json: bool) -> None
     except errors.DurablyError as exc:
         _fail(exc)
         return
+    from durably.server import views  # late: `durably --help` does not load the server
+
     for p in pending:
         if as_json:
             click.echo(json.dumps(views.approval(p), sort_keys=True, default=str))
