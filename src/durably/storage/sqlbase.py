@@ -14,6 +14,7 @@ each other's rows (``skip_locked``) and notifications sent on commit
 from __future__ import annotations
 
 import abc
+import functools
 import importlib.resources
 import json
 import re
@@ -33,21 +34,27 @@ CHANNEL = "durably"
 _MAX_PAYLOAD = 4000  # characters; PostgreSQL refuses a NOTIFY payload of 8000 bytes or more
 
 
+@functools.cache
 def load_queries() -> dict[str, str]:
-    """Every named query of queries.sql, with parameters still written ``:name``."""
+    """Every named query of queries.sql, with parameters still written ``:name``.
+
+    Read once per process: a store is opened many times, and a process that later
+    drops its privileges (or whose package files go away) still has its SQL.
+    """
     text = importlib.resources.files("durably.storage").joinpath("queries.sql").read_text()
     parts = _NAME.split(text)
     return {name: sql.strip() for name, sql in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-def load_migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) of every migration file, in order."""
+@functools.cache
+def load_migrations() -> tuple[tuple[int, str, str], ...]:
+    """(version, name, sql) of every migration file, in order (read once per process)."""
     found = []
     for res in importlib.resources.files("durably.storage.migrations").iterdir():
         match = _MIGRATION.match(res.name)
         if match:
             found.append((int(match.group(1)), match.group(2), res.read_text()))
-    return sorted(found)
+    return tuple(sorted(found))
 
 
 def split_statements(sql: str) -> Iterator[str]:
