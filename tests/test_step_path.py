@@ -23,7 +23,7 @@ NOW = 1_000_000.0
 
 
 def _entry(seq: int) -> journal.Entry:
-    return journal.Entry(seq, "step", "s", "completed", 1, '{"n":%d}' % seq, NOW, NOW)
+    return journal.Entry(seq, "step", "s", "completed", 1, f'{{"n":{seq}}}', NOW, NOW)
 
 
 @pytest.fixture
