@@ -3,11 +3,13 @@
 Speed is never asserted here (see benchmarks/); these tests pin the behaviour the
 fast path must keep: a SQLite commit runs its own statements and no others, a
 commit on the event loop's thread never waits for another process's write lock
-while the store thread still does, and a sync step runs off the event loop.
+while the store thread still does, and a sync step runs off the event loop, which
+only ever waits for it briefly.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import durably
 from durably import journal
 from durably.storage import base, create_store
 from durably.storage.sqlite import SqliteStore
@@ -124,3 +127,73 @@ def test_an_inline_commit_never_waits_for_a_lock_and_the_store_thread_still_does
     read = base.Op(store.load_history, ("wf",), write=False)
     store.run_batch([read])
     assert [e.seq for e in read.result] == [1, 2]
+
+
+# --- sync steps: on a step thread, the loop free, their outcome as it was ------------------
+
+_loop_threads: list[int] = []
+
+
+@durably.step
+def where_am_i(tag: str) -> dict[str, object]:
+    info = durably.step_info()  # the step's context reaches the thread
+    return {"thread": threading.get_ident(), "seq": info.seq, "tag": tag}
+
+
+@durably.step
+def nap(seconds: float) -> str:
+    time.sleep(seconds)  # blocks its thread, never the loop
+    return "rested"
+
+
+@durably.step
+def own_timeout() -> None:
+    raise TimeoutError("the step's own timeout, not the engine's")
+
+
+@durably.workflow(name="sp.sync")
+async def sync_flow() -> list[object]:
+    _loop_threads.append(threading.get_ident())
+    first = await where_am_i("a")
+    second = await where_am_i("b")
+    rested = await nap(0.6)
+    try:
+        await own_timeout()
+    except TimeoutError as exc:
+        caught = str(exc)
+    return [first, second, rested, caught]
+
+
+async def test_a_sync_step_runs_on_a_step_thread_and_leaves_the_loop_free(
+    store_url: str,
+) -> None:
+    """A sync step runs off the event loop's thread, with its step context, however
+    long it takes: a ticker on the loop keeps ticking through a 0.6 s step. Its
+    result, and an error it raises (even a TimeoutError of its own), come back as
+    they were."""
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0.01)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    _loop_threads.clear()
+    async with durably.Engine(store_url) as engine:
+        tick = asyncio.create_task(ticker())
+        try:
+            handle = await engine.start(sync_flow, workflow_id="sync-1")
+            first, second, rested, caught = await handle.result(timeout=60)
+        finally:
+            tick.cancel()
+    loop_thread = _loop_threads[0]
+    assert first["thread"] != loop_thread and second["thread"] != loop_thread
+    assert (first["seq"], first["tag"], second["seq"], second["tag"]) == (1, "a", 2, "b")
+    assert rested == "rested"
+    assert caught == "the step's own timeout, not the engine's"
+    assert len(gaps) > 20, gaps
+    assert max(gaps) < 0.3, f"the loop was held {max(gaps):.3f}s while a sync step slept"

@@ -162,6 +162,7 @@ class Run:
         self._settled.set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._activity = _Activity(self)
 
     # --- what the engine lends ---------------------------------------------------
 
@@ -174,6 +175,11 @@ class Run:
     def step_threads(self) -> concurrent.futures.ThreadPoolExecutor:
         """The pool that runs sync step functions."""
         return self._services.step_threads
+
+    def loop_is_quiet(self) -> bool:
+        """True when this run may hold the event loop's thread for a moment: inline
+        commits are allowed and no other callback waits to run on the loop."""
+        return self._services.inline_commits and _loop_is_quiet()
 
     def child_started(self, child_id: str) -> None:
         """Tell the engine a child workflow was committed, so it can run it at once."""
@@ -491,16 +497,15 @@ class Run:
 
     # --- blocking and parking -------------------------------------------------------
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
+    def active(self) -> contextlib.AbstractContextManager[None]:
         """Mark work in progress: a run with work in progress never parks."""
-        self._busier()
-        try:
-            yield
-        finally:
-            self._calmer()
-            if self.inflight == 0 and self._blocks:
-                self._schedule_park()
+        return self._activity
+
+    def _done_with(self) -> None:
+        """The end of a stretch of ``active()`` work: park if only waits are left."""
+        self._calmer()
+        if self.inflight == 0 and self._blocks:
+            self._schedule_park()
 
     def _busier(self) -> None:
         self.inflight += 1
@@ -641,6 +646,22 @@ _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUI
 _COMPLETED = journal.EntryStatus.COMPLETED
 
 _FINAL = journal.FINAL_ENTRY_STATUSES
+
+
+class _Activity:
+    """What ``Run.active()`` returns: a plain class, not a generator context manager,
+    since every step enters it twice (its call and its commit)."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def __enter__(self) -> None:
+        self._run._busier()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._run._done_with()
 
 
 def _loop_is_quiet() -> bool:
