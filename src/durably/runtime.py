@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -235,7 +236,10 @@ class Run:
         else:
             head = (self.workflow_id, self._epoch, *args[:at], batch, *args[at:])
         if not internal:  # the run's own park and final write skip the check
-            await self.ready()
+            if self._settled.is_set():  # the usual case, without a coroutine
+                self._check_live()
+            else:
+                await self.ready()
         delay, waited = 0.05, 0.0
         full_delay, full_waited = _FULL_DELAYS[0], 0.0
         services = self._services
@@ -410,9 +414,7 @@ class Run:
         self, step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Coroutine[Any, Any, Any]:
         """Take the step's seq now, in program order, and return the awaitable that runs it."""
-        from durably import step_runner
-
-        return step_runner.run_step(self, self.take_seq(), step, args, kwargs)
+        return _run_step()(self, self.take_seq(), step, args, kwargs)
 
     def check_stopping(self) -> None:
         """Raise Suspended when no new step may start: the engine or the workflow is ending."""
@@ -662,6 +664,14 @@ class _Activity:
 
     def __exit__(self, *exc_info: object) -> None:
         self._run._done_with()
+
+
+@functools.cache
+def _run_step() -> Callable[..., Coroutine[Any, Any, Any]]:
+    """``step_runner.run_step`` (that module imports this one): looked up once, not per step."""
+    from durably import step_runner
+
+    return step_runner.run_step
 
 
 def _loop_is_quiet() -> bool:
