@@ -56,6 +56,7 @@ PAYLOAD = {"ok": True, "n": 0, "text": "a small result"}
 
 _gate: asyncio.Event | None = None  # opened when every concurrent workflow has started
 _spans: list[tuple[float, float]] = []  # (first step began, last step ended) per workflow
+_cpu: list[float] = []  # CPU seconds of the event loop's thread over those steps, per workflow
 
 
 @durably.step
@@ -72,27 +73,30 @@ def sync_step(i: int) -> dict[str, Any]:
 async def async_workflow(steps: int, gated: bool) -> int:
     if gated and _gate is not None:
         await _gate.wait()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for i in range(steps):
         await async_step(i)
     _spans.append((t0, time.perf_counter()))
+    _cpu.append(time.thread_time() - c0)
     return steps
 
 
 @durably.workflow(name="bench-sync")
 async def sync_workflow(steps: int, gated: bool) -> int:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for i in range(steps):
         await sync_step(i)
     _spans.append((t0, time.perf_counter()))
+    _cpu.append(time.thread_time() - c0)
     return steps
 
 
 # --- measurements -----------------------------------------------------------------------
 
 
-def raw_commit_us(path: str, synchronous: str, n: int) -> float:
-    """Mean microseconds of one single-row INSERT+COMMIT, WAL, given synchronous.
+def raw_commit_us(path: str, synchronous: str, n: int) -> tuple[float, float]:
+    """Mean microseconds of one single-row INSERT+COMMIT, WAL, given synchronous: the
+    wall time and the CPU time of this thread.
 
     ``path`` is one warm file per mode, reused by every run (as a long-running
     engine uses its database): a fresh file's WAL grows while it is timed, which
@@ -114,12 +118,12 @@ def raw_commit_us(path: str, synchronous: str, n: int) -> float:
                 conn.execute("INSERT INTO journal VALUES ('warm', ?, ?)", (i, payload))
         for i in range(5):  # warm this connection's statement cache
             conn.execute("INSERT OR REPLACE INTO journal VALUES ('warm', ?, ?)", (i, payload))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for i in range(first, first + n):
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("INSERT INTO journal VALUES ('wf', ?, ?)", (i, payload))
             conn.execute("COMMIT")
-        return (time.perf_counter() - t0) / n * 1e6
+        return (time.perf_counter() - t0) / n * 1e6, (time.thread_time() - c0) / n * 1e6
     finally:
         conn.close()
 
@@ -127,6 +131,7 @@ def raw_commit_us(path: str, synchronous: str, n: int) -> float:
 @dataclass
 class DurablyResult:
     step_us: float
+    cpu_us: float = 0.0  # CPU of the event loop's thread per step (one workflow only)
     commits: int = 0
     wall: float = 0.0
     steps: int = 0
@@ -159,10 +164,12 @@ async def durably_run(url: str, kind: str, steps: int, workflows: int) -> Durabl
         # In-engine warm-up: thread pools, statement cache, WAL file.
         await (await engine.start(wf, 10, False)).result()
         _spans.clear()
+        _cpu.clear()
         if workflows == 1:
             await (await engine.start(wf, steps, False)).result()
             ((t0, t1),) = _spans
-            return DurablyResult((t1 - t0) / steps * 1e6, wall=t1 - t0, steps=steps)
+            cpu = _cpu[0] / steps * 1e6
+            return DurablyResult((t1 - t0) / steps * 1e6, cpu, wall=t1 - t0, steps=steps)
         _gate = asyncio.Event()
         handles = [await engine.start(wf, steps, True) for _ in range(workflows)]
         await asyncio.sleep(0)  # let every workflow reach the gate
@@ -253,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workflows > 1:
         kinds.append(("async", args.workflows))
     raw: dict[str, Series] = {m: Series() for m in MODES}
+    raw_cpu: dict[str, Series] = {m: Series() for m in MODES}
     dur: dict[tuple[str, str, int], Series] = {(m, k, w): Series() for m in MODES for k, w in kinds}
 
     def warm(name: str) -> str:
@@ -264,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for run in range(args.runs + 1):  # run 0 is the warm-up, not recorded
             for mode in MODES:
-                us = raw_commit_us(warm(f"raw-{mode}"), mode, max(args.steps, 100))
+                us, cpu = raw_commit_us(warm(f"raw-{mode}"), mode, max(args.steps, 100))
                 if run:
                     raw[mode].values.append(us)
+                    raw_cpu[mode].values.append(cpu)
                 for kind, wfs in kinds:
                     url = f"sqlite:///{warm(f'{kind}-{wfs}-{mode}')}?synchronous={mode}"
                     res = asyncio.run(durably_run(url, kind, args.steps, wfs))
@@ -310,6 +319,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"{mode.upper():<8} | {label:<16} | {r.median:7.1f} [{r.min:5.1f}] | "
                 f"{d.median:8.1f} [{d.min:6.1f}] | {d.median / r.median:5.2f}x"
             )
+    print()
+    print("CPU time of the event loop's thread per step, us (what load on a shared machine")
+    print("moves least; for the raw commit, its own thread's): median [min]")
+    head3 = (
+        f"{'mode':<8} | {'raw commit':>13} | {'async def':>13} | {'sync def':>13} | engine's own"
+    )
+    print(head3)
+    print("-" * len(head3))
+    for mode in MODES:
+        rc = raw_cpu[mode]
+        ac = Series([x.cpu_us for x in dur[(mode, "async", 1)].extra])
+        sc = Series([x.cpu_us for x in dur[(mode, "sync", 1)].extra])
+        print(
+            f"{mode.upper():<8} | {rc.median:6.1f} [{rc.min:5.1f}] "
+            f"| {ac.median:6.1f} [{ac.min:5.1f}] | {sc.median:6.1f} [{sc.min:5.1f}] "
+            f"| {ac.median - rc.median:6.1f} (async - raw)"
+        )
     if args.workflows > 1:
         print()
         print(f"group commit, {args.workflows} concurrent workflows (median of runs):")
