@@ -63,8 +63,9 @@ def _tracing() -> bool:
 
     Without a provider every span is a no-op that still costs a context attach and
     detach and a tracer lookup (10-15 µs, more than the rest of the engine's Python
-    for a step on SQLite NORMAL), so step spans are skipped then. It reads the global
-    OpenTelemetry's own ProxyTracer reads; should that name go, spans are always made.
+    for a step on SQLite NORMAL), so step spans are skipped then. It reads
+    OpenTelemetry's global ``_TRACER_PROVIDER``, as OpenTelemetry's own ProxyTracer
+    does; should that name ever go, spans are always made.
     """
     return trace is not None and (
         _PROVIDER_IN_ENV or getattr(trace, "_TRACER_PROVIDER", True) is not None
