@@ -179,7 +179,7 @@ class SqlBase(base.Store):
         return self._map_error(exc) if isinstance(exc, self.driver_errors) else exc
 
     def run_batch(self, ops: Sequence[base.Op]) -> None:
-        write = ops[0].write if len(ops) == 1 else any(op.write for op in ops)
+        write = any(op.write for op in ops)
         try:
             self._begin(write)
         except Exception as exc:
