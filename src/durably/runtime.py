@@ -163,7 +163,7 @@ class Run:
         self._settled.set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._activity = _Activity(self)
+        self._activity = _Activity(self._busier, self._done_with)
 
     # --- what the engine lends ---------------------------------------------------
 
@@ -654,16 +654,16 @@ class _Activity:
     """What ``Run.active()`` returns: a plain class, not a generator context manager,
     since every step enters it twice (its call and its commit)."""
 
-    __slots__ = ("_run",)
+    __slots__ = ("_enter", "_leave")
 
-    def __init__(self, run: Run) -> None:
-        self._run = run
+    def __init__(self, enter: Callable[[], None], leave: Callable[[], None]) -> None:
+        self._enter, self._leave = enter, leave
 
     def __enter__(self) -> None:
-        self._run._busier()
+        self._enter()
 
     def __exit__(self, *exc_info: object) -> None:
-        self._run._done_with()
+        self._leave()
 
 
 @functools.cache
