@@ -53,6 +53,15 @@ class NonDeterminismError(DurablyError):
         )
 
 
+class NondeterministicWait(DurablyError, RuntimeError):
+    """A first-to-finish ``asyncio.wait`` was called in workflow code; use ``durably.wait``.
+
+    Which awaitable finishes first differs when the workflow is replayed (every
+    journaled call then finishes at once); ``durably.wait`` and
+    ``durably.wait_first`` journal the outcome instead.
+    """
+
+
 class StepError(DurablyError):
     """A recorded step error whose original exception type cannot be rebuilt.
 

@@ -185,6 +185,14 @@ def signal_outcome(wait: journal.Entry, signal: str | None, now: float) -> journ
     return wait
 
 
+def sent_outcome(send: journal.Entry, error: str | None, now: float) -> journal.Entry:
+    """A workflow's signal send after the store took it: completed, or failed with
+    ``error`` (the JSON of why the target could not keep it), final either way."""
+    if error is None:
+        return dataclasses.replace(send, status=_S.COMPLETED, finished_at=now)
+    return dataclasses.replace(send, status=_S.FAILED, payload=error, finished_at=now)
+
+
 def join_outcome(
     wait: journal.Entry, child: journal.WorkflowInfo | None, now: float
 ) -> journal.Entry:

@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import inspect
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from durably import (
@@ -109,20 +109,23 @@ async def _run(
         finished = run.clock()
         faults.reached("after_call", step.name)
         receipt = _entry(run, seq, step, _S.COMPLETED, attempt, payload, started, finished)
-        await _commit_receipt(run, receipt, where)
+        await _commit_receipt(run, receipt, where, ctx.events)
         faults.reached("after_receipt", step.name)
         return codec.decode(payload, where=f"{where} result")
 
 
-async def _commit_receipt(run: Run, receipt: journal.Entry, where: str) -> None:
-    """Commit a step's result; one the database refuses fails the step, once.
+async def _commit_receipt(
+    run: Run, receipt: journal.Entry, where: str, events: Sequence[tuple[str, str]] = ()
+) -> None:
+    """Commit a step's result, with the events its body set; one the database refuses
+    fails the step, once.
 
     The refusal (``StorageDataError``) is permanent for that value: running the
     step again would only produce it again. So the step is recorded as failed
     with the refusal, which is raised into the workflow like any step error.
     """
     try:
-        await run.commit(receipt)
+        await run.commit(receipt, events=events)
     except errors.StorageDataError as refused:
         error = errors.StorageDataError(f"{where}: its result cannot be stored: {refused}")
         failed = dataclasses.replace(receipt, status=_S.FAILED, payload=error_json(error))

@@ -95,8 +95,16 @@ async def _wait_for_signal(run: Run, seq: int, name: str, timeout: float | None)
 def set_event(key: str, value: Any) -> None:
     """Publish ``value`` under ``key`` for outsiders (``get_event``).
 
-    It is committed with the workflow's next durable call or its end.
+    In workflow code it is committed with the workflow's next durable call or
+    its end. In a step's body it is published with the step's receipt, in the
+    same transaction, so exactly once: an attempt that fails (or is cut by a
+    crash) publishes nothing, and a step replayed from its receipt does not run.
     """
+    step = context.current_step.get()
+    if step is not None and context.current_run.get() is not None:
+        validate.name(key, "event key")
+        step.events.append((key, codec.encode(value, where=f"event {key!r} set in a step")))
+        return
     run = context.require_run("set_event")
     validate.name(key, "event key")
     seq = run.take_seq()

@@ -1,0 +1,225 @@
+"""Deterministic races in workflow code: ``durably.wait`` and ``durably.wait_first``.
+
+``asyncio.wait(..., return_when=FIRST_COMPLETED)`` answers with what happened
+to finish first *in this run*. durably replays a workflow after every park and
+every crash, and on a replay every awaitable whose outcome is journaled
+finishes at once: the first run saw one done, the replay sees two, and the
+code after the wait takes another path. ``durably.wait`` journals which of the
+awaitables had finished (their indices) and, on a replay, waits for exactly
+those and returns the same done set; ``durably.wait_first`` journals the
+winner.
+
+The plain ``asyncio.wait`` with ``FIRST_COMPLETED`` or ``FIRST_EXCEPTION`` is
+refused in workflow code (:class:`~durably.errors.NondeterministicWait`, naming
+``durably.wait``), checked when it is called, not when a replay happens to
+differ: it is wrong on the first run already, however rarely it shows, and a
+refusal at the call names the fix where it is needed. Making it durable behind
+the user's back was the other choice, rejected because a durable call takes a
+seq: an ``asyncio.wait`` that silently became one would shift the seqs of
+every journal written before, and the journal should show every durable call
+the code makes. ``asyncio.wait`` outside workflow code (and inside steps) is
+untouched; the check is installed when the first workflow runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Coroutine, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from durably import context, errors, faults, journal
+
+if TYPE_CHECKING:
+    from durably.runtime import Run
+
+T = TypeVar("T")
+
+FIRST_COMPLETED = asyncio.FIRST_COMPLETED
+FIRST_EXCEPTION = asyncio.FIRST_EXCEPTION
+ALL_COMPLETED = asyncio.ALL_COMPLETED
+_WHEN = (FIRST_COMPLETED, FIRST_EXCEPTION, ALL_COMPLETED)
+
+#: The asyncio.wait durably itself calls (never the guard below).
+_asyncio_wait = asyncio.wait
+
+Done = tuple[set[asyncio.Future[Any]], set[asyncio.Future[Any]]]
+
+
+def wait(
+    aws: Iterable[Awaitable[Any]], *, return_when: str = ALL_COMPLETED
+) -> Coroutine[Any, Any, Done]:
+    """``asyncio.wait`` for workflow code: ``(done, pending)`` sets of futures, journaled.
+
+    ``aws`` are awaitables (step calls, ``wait_for_signal``, ``sleep``, a
+    child's ``result()``, tasks); coroutines are wrapped in tasks, and tasks or
+    futures given come back as they are. ``return_when`` is ``asyncio``'s
+    (``FIRST_COMPLETED``, ``FIRST_EXCEPTION`` or ``ALL_COMPLETED``). Which of
+    them had finished is committed before this returns; a replay waits for
+    those and returns the same done set (its futures hold the same results,
+    read from the journal). The pending ones keep running, as with asyncio.
+    """
+    run = context.require_run("wait")
+    given = _check(aws, return_when, "wait")
+    return _wait(run, run.take_seq(), given, return_when)
+
+
+def wait_first(*aws: Awaitable[Any]) -> Coroutine[Any, Any, tuple[int, Any]]:
+    """Run the awaitables and return ``(index, result)`` of the first to finish, journaled.
+
+    If it raised, its error is raised here. The others are cancelled (the
+    caller holds no handle to them); a replay runs only the recorded winner,
+    so a loser's step never runs again, whatever a crash cut short. As in
+    DBOS's ``wait_first`` and Temporal's ``workflow.wait``, but the winner is
+    the journal's, not the moment's.
+
+    A loser should be one durable call (a step, a wait, a child's result): a
+    coroutine that makes several may be cut at a different call on a replay.
+    """
+    run = context.require_run("wait_first")
+    given = _check(aws, FIRST_COMPLETED, "wait_first")
+    return _wait_first(run, run.take_seq(), given)
+
+
+def _check(aws: Iterable[Awaitable[Any]], return_when: str, what: str) -> list[Awaitable[Any]]:
+    if return_when not in _WHEN:
+        raise ValueError(f"durably.{what}(return_when={return_when!r}): use one of {_WHEN}")
+    given = list(aws)
+    if not given:
+        raise ValueError(f"durably.{what}() needs at least one awaitable")
+    for i, aw in enumerate(given):
+        if not isinstance(aw, Awaitable):
+            raise TypeError(f"durably.{what}(): argument {i} is {aw!r}, not an awaitable")
+    return given
+
+
+async def _wait(run: Run, seq: int, given: list[Awaitable[Any]], return_when: str) -> Done:
+    entry = run.lookup(seq, journal.Kind.WAIT, return_when)
+    futures = [asyncio.ensure_future(aw) for aw in given]
+    if entry is not None:
+        done = _recorded(run, entry, len(futures))
+        await _settled(futures, [futures[i] for i in done])
+    else:
+        await _settled(futures, None, return_when)
+        done = [i for i, f in enumerate(futures) if f.done()]
+        await _commit(run, seq, return_when, len(futures), done)
+    chosen = set(done)
+    return (
+        {f for i, f in enumerate(futures) if i in chosen},
+        {f for i, f in enumerate(futures) if i not in chosen},
+    )
+
+
+async def _wait_first(run: Run, seq: int, given: list[Awaitable[Any]]) -> tuple[int, Any]:
+    entry = run.lookup(seq, journal.Kind.WAIT, FIRST_COMPLETED)
+    if entry is not None:  # a replay: only the winner runs; the losers never start
+        (winner,) = _recorded(run, entry, len(given))
+        for i, aw in enumerate(given):
+            if i != winner:
+                _discard(aw)
+        future = asyncio.ensure_future(given[winner])
+        await _settled([future], [future])
+    else:
+        futures = [asyncio.ensure_future(aw) for aw in given]
+        await _settled(futures, None, FIRST_COMPLETED)
+        winner = min(i for i, f in enumerate(futures) if f.done())
+        future = futures[winner]
+        losers = [f for f in futures if f is not future]
+        for loser in losers:
+            loser.cancel()
+        try:
+            await _commit(run, seq, FIRST_COMPLETED, len(futures), [winner])
+        finally:
+            await asyncio.gather(*losers, return_exceptions=True)
+    return winner, future.result()
+
+
+async def _settled(
+    futures: Sequence[asyncio.Future[Any]],
+    chosen: Sequence[asyncio.Future[Any]] | None,
+    return_when: str = ALL_COMPLETED,
+) -> None:
+    """Wait until ``chosen`` (a replay's recorded done set) or, on a first run, the
+    ``return_when`` condition holds; a branch that let go of the run ends the wait.
+
+    A future that ended with a BaseException that is no error of the workflow's
+    (the run parked, was suspended or abandoned) is raised as it is, after the
+    futures still running are cancelled: nothing is journaled for such a wait.
+    """
+    awaited = futures if chosen is None else chosen
+    try:
+        if awaited:
+            await _asyncio_wait(awaited, return_when=return_when)
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
+    for future in futures:
+        if future.done() and not future.cancelled():
+            exc = future.exception()
+            if exc is not None and not isinstance(exc, Exception):
+                for other in futures:
+                    other.cancel()
+                raise exc
+
+
+def _recorded(run: Run, entry: journal.Entry, count: int) -> list[int]:
+    """The indices a wait's entry recorded as done; NonDeterminismError when the code
+    now waits on another number of awaitables."""
+    data = json.loads(entry.payload or "{}")
+    recorded, done = int(data.get("count", -1)), [int(i) for i in data.get("done", [])]
+    if recorded != count:
+        raise errors.NonDeterminismError(
+            run.workflow_id,
+            entry.seq,
+            f"{entry.describe()} over {recorded} awaitables",
+            f"{entry.describe()} over {count}",
+        )
+    return done
+
+
+async def _commit(run: Run, seq: int, return_when: str, count: int, done: list[int]) -> None:
+    if run.diverged is not None:
+        raise run.diverged
+    now = run.clock()
+    payload = json.dumps({"count": count, "done": done}, separators=(",", ":"))
+    entry = journal.Entry(
+        seq, journal.Kind.WAIT, return_when, journal.EntryStatus.COMPLETED, 1, payload, now, now
+    )
+    await run.commit(entry)
+    faults.reached("after_wait", return_when)
+
+
+def _discard(aw: Awaitable[Any]) -> None:
+    """Drop an awaitable that must not run (a loser on a replay), without a warning."""
+    if isinstance(aw, Coroutine):
+        aw.close()
+    elif isinstance(aw, asyncio.Future):
+        aw.cancel()
+
+
+# --- the plain asyncio.wait in workflow code --------------------------------------------
+
+
+async def _guarded_wait(
+    fs: Iterable[Any], *, timeout: float | None = None, return_when: str = ALL_COMPLETED
+) -> Any:
+    """``asyncio.wait``, refusing a first-to-finish race in workflow code (see above)."""
+    if return_when != ALL_COMPLETED and _in_workflow_code():
+        raise errors.NondeterministicWait(
+            f"asyncio.wait(return_when={return_when}) was called in workflow code; which "
+            "awaitable finishes first differs when the workflow is replayed. Use "
+            f"durably.wait(aws, return_when=asyncio.{return_when}) or durably.wait_first(...), "
+            "which journal the outcome"
+        )
+    return await _asyncio_wait(fs, timeout=timeout, return_when=return_when)
+
+
+def _in_workflow_code() -> bool:
+    return context.current_run.get() is not None and context.current_step.get() is None
+
+
+def guard_asyncio_wait() -> None:
+    """Install the check on ``asyncio.wait`` (idempotent; once per process is enough)."""
+    if asyncio.wait is not _guarded_wait:
+        asyncio.wait = _guarded_wait
