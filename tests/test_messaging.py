@@ -9,6 +9,7 @@ backend (``store_url``: SQLite and PostgreSQL).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -61,7 +62,7 @@ async def test_send_signal_from_a_workflow_is_sent_once_across_its_replay(store_
         claims = await e.claims("sender")
     assert SEEN == ["sent", "sent"] and len(claims) == 2  # it parked and was replayed
     assert [(s["name"], s["idempotency_key"]) for s in signals] == [("go", "sender:1")]
-    assert [(x.kind, x.name, x.status) for x in history][0] == (
+    assert (history[0].kind, history[0].name, history[0].status) == (
         "send_signal",
         "go -> target",
         "completed",
@@ -91,7 +92,7 @@ async def test_a_send_to_an_unknown_workflow_raises_and_its_replay_raises_the_sa
         result = await handle.result(timeout=10)
         assert await e.signals("ghost") == []
     assert result.startswith("not found:") and "ghost" in result
-    assert SEEN == [result, result]
+    assert [result, result] == SEEN
 
 
 def test_send_signal_outside_a_workflow_or_with_a_bad_name_is_refused() -> None:
@@ -143,7 +144,7 @@ async def test_get_event_in_a_workflow_replays_the_value_it_read(store_url: str)
         history = await e.history("reader")
     # every replay (after the park, and after the wait for "never" parked) returned the
     # journaled value, not the store's 2
-    assert len(SEEN) >= 2 and SEEN == [1] * len(SEEN)
+    assert len(SEEN) >= 2 and set(SEEN) == {1}
     reads = [(x.kind, x.name, x.status) for x in history if x.kind == "get_event"]
     assert reads == [
         ("get_event", "stage of source", "completed"),
@@ -192,10 +193,8 @@ async def fails_after_setting() -> str:
 @durably.workflow(name="msg.step_events")
 async def step_events() -> str:
     await progress(True)
-    try:
+    with contextlib.suppress(RuntimeError):
         await fails_after_setting()
-    except RuntimeError:
-        pass
     SEEN.append("ran")
     await park()
     return "done"

@@ -172,9 +172,7 @@ async def test_wait_first_raises_the_winners_error_on_every_run(store_url: str) 
 
 @durably.workflow(name="races.signal_or_timer")
 async def signal_or_timer() -> list[Any]:
-    index, value = await durably.wait_first(
-        durably.wait_for_signal("go"), durably.sleep(0.4)
-    )
+    index, value = await durably.wait_first(durably.wait_for_signal("go"), durably.sleep(0.4))
     SEEN.append(index)
     await park()
     return [index, value]

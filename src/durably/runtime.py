@@ -291,9 +291,7 @@ class Run:
             faults.committed(self.workflow_id, batch)
         return result
 
-    async def commit(
-        self, *entries: journal.Entry, events: Sequence[tuple[str, str]] = ()
-    ) -> None:
+    async def commit(self, *entries: journal.Entry, events: Sequence[tuple[str, str]] = ()) -> None:
         """Commit entries (and any staged ones) fenced by this run's epoch.
 
         ``events`` (``(key, value JSON)`` pairs a step set) are published in the
