@@ -237,3 +237,44 @@ def test_wait_outside_a_workflow_names_the_call() -> None:
     with pytest.raises(durably.NotInWorkflow, match=r"durably\.wait_first\(\)"):
         durably.wait_first(pause)
     pause.close()
+
+
+@durably.workflow(name="races.cancelled")
+async def cancelled_race() -> Any:
+    return await durably.wait_first(durably.wait_for_signal("never"), durably.sleep(30))
+
+
+async def test_a_workflow_cancelled_while_parked_in_wait_first_ends_cancelled(
+    store_url: str,
+) -> None:
+    async with engine(store_url) as e:
+        handle = await e.start(cancelled_race, workflow_id="cancel-race")
+        while (await handle.status()) != "waiting":
+            await asyncio.sleep(0.02)
+        await e.cancel("cancel-race")
+        with pytest.raises(durably.Cancelled):
+            await handle.result(timeout=10)
+        assert await handle.status() == "cancelled"
+
+
+BRANCHES = [0]  # plain (seq-less) awaitables races.changed adds (a test changes it mid-flight)
+
+
+@durably.workflow(name="races.changed")
+async def changed_race() -> int:
+    plain = [asyncio.sleep(0) for _ in range(BRANCHES[0])]
+    done, _ = await durably.wait([quick("a"), quick("b"), *plain])
+    await durably.sleep(0.5)
+    return len(done)
+
+
+async def test_a_replay_waiting_on_another_number_of_awaitables_diverges(store_url: str) -> None:
+    BRANCHES[0] = 0
+    async with engine(store_url) as e:
+        handle = await e.start(changed_race, workflow_id="changed")
+        while (await handle.status()) != "sleeping":
+            await asyncio.sleep(0.02)
+        BRANCHES[0] = 1  # the code changed while it was parked: the seqs still line up
+        with pytest.raises(durably.NonDeterminismError, match="over 2 awaitables"):
+            await handle.result(timeout=10)
+        assert await handle.status() == "diverged"

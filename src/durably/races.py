@@ -58,6 +58,8 @@ def wait(
     them had finished is committed before this returns; a replay waits for
     those and returns the same done set (its futures hold the same results,
     read from the journal). The pending ones keep running, as with asyncio.
+    There is no ``timeout``: a wall-clock timeout would not survive a park;
+    race a ``durably.sleep(...)`` among ``aws`` instead.
     """
     run = context.require_run("wait")
     given = _check(aws, return_when, "wait")
@@ -75,6 +77,9 @@ def wait_first(*aws: Awaitable[Any]) -> Coroutine[Any, Any, tuple[int, Any]]:
 
     A loser should be one durable call (a step, a wait, a child's result): a
     coroutine that makes several may be cut at a different call on a replay.
+    Losers that finished in the same instant as the winner are dropped with
+    their results (the lowest index wins): to keep every result, use
+    ``durably.wait``.
     """
     run = context.require_run("wait_first")
     given = _check(aws, FIRST_COMPLETED, "wait_first")
@@ -94,10 +99,11 @@ def _check(aws: Iterable[Awaitable[Any]], return_when: str, what: str) -> list[A
 
 
 async def _wait(run: Run, seq: int, given: list[Awaitable[Any]], return_when: str) -> Done:
-    entry = run.lookup(seq, journal.Kind.WAIT, return_when)
+    entry = _lookup(run, seq, return_when, given)
+    recorded = None if entry is None else _recorded(run, entry, given)
     futures = [asyncio.ensure_future(aw) for aw in given]
-    if entry is not None:
-        done = _recorded(run, entry, len(futures))
+    if recorded is not None:
+        done = recorded
         await _settled(futures, [futures[i] for i in done])
     else:
         await _settled(futures, None, return_when)
@@ -111,9 +117,9 @@ async def _wait(run: Run, seq: int, given: list[Awaitable[Any]], return_when: st
 
 
 async def _wait_first(run: Run, seq: int, given: list[Awaitable[Any]]) -> tuple[int, Any]:
-    entry = run.lookup(seq, journal.Kind.WAIT, FIRST_COMPLETED)
+    entry = _lookup(run, seq, FIRST_COMPLETED, given)
     if entry is not None:  # a replay: only the winner runs; the losers never start
-        (winner,) = _recorded(run, entry, len(given))
+        (winner,) = _recorded(run, entry, given)
         for i, aw in enumerate(given):
             if i != winner:
                 _discard(aw)
@@ -163,12 +169,28 @@ async def _settled(
                 raise exc
 
 
-def _recorded(run: Run, entry: journal.Entry, count: int) -> list[int]:
-    """The indices a wait's entry recorded as done; NonDeterminismError when the code
-    now waits on another number of awaitables."""
+def _lookup(
+    run: Run, seq: int, return_when: str, given: list[Awaitable[Any]]
+) -> journal.Entry | None:
+    """The wait's entry; the awaitables are dropped unrun if the lookup raises (a
+    cancellation delivered here, a divergence)."""
+    try:
+        return run.lookup(seq, journal.Kind.WAIT, return_when)
+    except BaseException:
+        for aw in given:
+            _discard(aw)
+        raise
+
+
+def _recorded(run: Run, entry: journal.Entry, given: list[Awaitable[Any]]) -> list[int]:
+    """The indices a wait's entry recorded as done; NonDeterminismError (the awaitables
+    dropped unrun) when the code now waits on another number of awaitables."""
     data = json.loads(entry.payload or "{}")
     recorded, done = int(data.get("count", -1)), [int(i) for i in data.get("done", [])]
+    count = len(given)
     if recorded != count:
+        for aw in given:
+            _discard(aw)
         raise errors.NonDeterminismError(
             run.workflow_id,
             entry.seq,
