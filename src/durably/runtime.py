@@ -132,7 +132,8 @@ class Run:
     * ``write(verb, ...)``: the one write path: the staged entries go with one
       fenced store verb, in one transaction, and are then part of the journal;
       ``commit(*entries)`` and ``finish(...)`` are the two common verbs;
-    * ``clock()``, ``step_threads``, ``child_started(id)``: what the engine lends;
+    * ``clock()``, ``step_threads``, ``child_started(id)``, ``signal_sent(id, name)``:
+      what the engine lends;
     * ``local(key, factory)``: a value kept for this run only (agents' tallies);
     * ``block``, ``poke``, ``active``, ``not_active``, ``ready``: waiting and parking.
     """
