@@ -26,9 +26,11 @@ if TYPE_CHECKING:
 
 _STARTED = journal.EntryStatus.STARTED
 
-#: The longest pause between two reads of an event not yet published. A workflow whose
-#: branches all wait longer than the engine's ``hold_seconds`` parks in between.
-_POLL_CAP = 1.0
+#: The shortest and the longest pause between two reads of an event not yet published.
+#: In between, the pause is half the time waited so far (the start is journaled, so a
+#: replay goes on where the wait was); a pause longer than the engine's ``hold_seconds``
+#: parks the workflow until the next read.
+_POLL = (0.01, 2.0)
 
 
 def send_signal(workflow_id: str, name: str, payload: Any = None) -> Coroutine[Any, Any, None]:
@@ -93,14 +95,14 @@ async def _get_event(run: Run, seq: int, source: str, key: str, timeout: float) 
         entry = journal.Entry(
             seq, journal.Kind.GET_EVENT, label, _STARTED, 1, None, now, None, now + timeout
         )
-    delay = 0.01
     while entry.status == _STARTED:
         entry = await run.write("read_event", entry, source, key)
         if entry.status == _STARTED:
-            wake_at = min(entry.wake_at or 0.0, run.clock() + delay)
-            await run.block(journal.Kind.GET_EVENT, label, wake_at)
+            now = run.clock()
+            waited = now - (entry.started_at or now)
+            pause = min(max(waited / 2, _POLL[0]), _POLL[1])
+            await run.block(journal.Kind.GET_EVENT, label, min(entry.wake_at or now, now + pause))
             run.cancel_point(seq)
-            delay = min(delay * 2, _POLL_CAP)
     if entry.status == journal.EntryStatus.TIMED_OUT:
         raise TimeoutError(
             f"workflow {source!r} had not published {key!r} by the deadline "
