@@ -201,6 +201,9 @@ def _recorded(run: Run, entry: journal.Entry, given: list[Awaitable[Any]]) -> li
 
 
 async def _commit(run: Run, seq: int, return_when: str, count: int, done: list[int]) -> None:
+    """Journal which awaitables were done: committed before the code can act on a race's
+    outcome; staged (committed with the next write) for ALL_COMPLETED, which a replay
+    repeats anyway."""
     if run.diverged is not None:
         raise run.diverged
     now = run.clock()
@@ -208,6 +211,9 @@ async def _commit(run: Run, seq: int, return_when: str, count: int, done: list[i
     entry = journal.Entry(
         seq, journal.Kind.WAIT, return_when, journal.EntryStatus.COMPLETED, 1, payload, now, now
     )
+    if return_when == ALL_COMPLETED:  # nothing raced: a replay finds the same; no commit
+        run.stage(entry)
+        return
     await run.commit(entry)
     faults.reached("after_wait", return_when)
 
