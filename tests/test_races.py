@@ -108,11 +108,22 @@ async def race_in_a_step() -> int:
     return await races_inside()
 
 
-async def test_plain_asyncio_wait_stays_allowed_in_a_step_and_outside_workflows(
+@durably.workflow(name="races.own_tasks")
+async def race_of_own_tasks() -> int:
+    # what agent frameworks do inside workflows: race their own tasks and queues
+    quick_task = asyncio.ensure_future(asyncio.sleep(0.01))
+    slow_task = asyncio.ensure_future(asyncio.sleep(5))
+    done, _ = await asyncio.wait([quick_task, slow_task], return_when=asyncio.FIRST_COMPLETED)
+    slow_task.cancel()
+    return len(done)
+
+
+async def test_plain_asyncio_wait_stays_allowed_over_no_durable_call_in_a_step_or_outside(
     store_url: str,
 ) -> None:
     async with engine(store_url) as e:
         assert await (await e.start(race_in_a_step, workflow_id="in-step")).result(5) == 1
+        assert await (await e.start(race_of_own_tasks, workflow_id="own")).result(5) == 1
         outside = asyncio.ensure_future(asyncio.sleep(5))
         done, pending = await asyncio.wait(
             [asyncio.ensure_future(asyncio.sleep(0)), outside],

@@ -19,7 +19,7 @@ import datetime
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from durably import codec, context, errors, faults, journal, validate
+from durably import codec, context, errors, faults, journal, races, validate
 
 if TYPE_CHECKING:
     from durably.runtime import Run
@@ -49,6 +49,7 @@ def send_signal(workflow_id: str, name: str, payload: Any = None) -> Coroutine[A
     return _send(run, run.take_seq(), workflow_id, name, data)
 
 
+@races.durable_call
 async def _send(run: Run, seq: int, target: str, name: str, data: str) -> None:
     label = f"{name} -> {target}"
     entry = run.lookup(seq, journal.Kind.SEND, label)
@@ -87,6 +88,7 @@ def get_event(
     return _get_event(run, run.take_seq(), workflow_id, key, seconds)
 
 
+@races.durable_call
 async def _get_event(run: Run, seq: int, source: str, key: str, timeout: float) -> Any:
     label = f"{key} of {source}"
     entry = run.lookup(seq, journal.Kind.GET_EVENT, label)

@@ -9,23 +9,30 @@ awaitables had finished (their indices) and, on a replay, waits for exactly
 those and returns the same done set; ``durably.wait_first`` journals the
 winner.
 
-The plain ``asyncio.wait`` with ``FIRST_COMPLETED`` or ``FIRST_EXCEPTION`` is
-refused in workflow code (:class:`~durably.errors.NondeterministicWait`, naming
-``durably.wait``), checked when it is called, not when a replay happens to
-differ: it is wrong on the first run already, however rarely it shows, and a
-refusal at the call names the fix where it is needed. Making it durable behind
-the user's back was the other choice, rejected because a durable call takes a
-seq: an ``asyncio.wait`` that silently became one would shift the seqs of
-every journal written before, and the journal should show every durable call
-the code makes. ``asyncio.wait`` outside workflow code (and inside steps) is
-untouched; the check is installed when the first workflow runs.
+The plain ``asyncio.wait`` with ``FIRST_COMPLETED`` or ``FIRST_EXCEPTION``
+over durable calls (a task or coroutine of a step call, ``sleep``,
+``wait_for_signal``, a child's ``result()``, ``get_event``, ``send_signal``)
+is refused in workflow code (:class:`~durably.errors.NondeterministicWait`,
+naming ``durably.wait``), checked when it is called, not when a replay happens
+to differ: it is wrong on the first run already, however rarely it shows, and
+a refusal at the call names the fix where it is needed. Making it durable
+behind the user's back was the other choice, rejected because a durable call
+takes a seq: an ``asyncio.wait`` that silently became one would shift the
+seqs of every journal written before, and the journal should show every
+durable call the code makes. The check looks only at what is awaited:
+libraries run inside workflows (pydantic-ai, the OpenAI Agents SDK) race their
+own queues and tasks with ``FIRST_COMPLETED``, and stay allowed; so does a
+coroutine of the user's own that makes durable calls inside (not recognised:
+use ``durably.wait`` for it). ``asyncio.wait`` outside workflow code (and
+inside steps) is untouched; the check is installed when the first workflow
+runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durably import context, errors, faults, journal
@@ -232,19 +239,46 @@ def _discard(aw: Awaitable[Any]) -> None:
 async def _guarded_wait(
     fs: Iterable[Any], *, timeout: float | None = None, return_when: str = ALL_COMPLETED
 ) -> Any:
-    """``asyncio.wait``, refusing a first-to-finish race in workflow code (see above)."""
+    """``asyncio.wait``, refusing a first-to-finish race over durable calls in workflow
+    code (see the module's docstring)."""
     if return_when != ALL_COMPLETED and _in_workflow_code():
-        raise errors.NondeterministicWait(
-            f"asyncio.wait(return_when={return_when}) was called in workflow code; which "
-            "awaitable finishes first differs when the workflow is replayed. Use "
-            f"durably.wait(aws, return_when=asyncio.{return_when}) or durably.wait_first(...), "
-            "which journal the outcome"
-        )
+        fs = list(fs)
+        if any(_is_durable_call(f) for f in fs):
+            raise errors.NondeterministicWait(
+                f"asyncio.wait(return_when={return_when}) over durable calls was called in "
+                "workflow code; which one finishes first differs when the workflow is "
+                f"replayed. Use durably.wait(aws, return_when=asyncio.{return_when}) or "
+                "durably.wait_first(...), which journal the outcome"
+            )
     return await _asyncio_wait(fs, timeout=timeout, return_when=return_when)
 
 
 def _in_workflow_code() -> bool:
     return context.current_run.get() is not None and context.current_step.get() is None
+
+
+def _is_durable_call(aw: object) -> bool:
+    """Whether ``aw`` is (a task of) the coroutine of a durable call."""
+    coro = aw.get_coro() if isinstance(aw, asyncio.Task) else aw
+    return getattr(coro, "cr_code", None) in _DURABLE_CALLS
+
+
+#: The code of the coroutine functions marked with ``durable_call``.
+_DURABLE_CALLS: set[Any] = set()
+
+F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, Any]])
+
+
+def durable_call(fn: F) -> F:
+    """Mark ``fn`` as the coroutine function behind one durable call (a step's run, a
+    timer, a signal wait, a join, a message), so that ``asyncio.wait``'s check in
+    workflow code recognises its coroutines and tasks. Returns ``fn`` itself."""
+    _DURABLE_CALLS.add(fn.__code__)
+    return fn
+
+
+durable_call(_wait)
+durable_call(_wait_first)
 
 
 def guard_asyncio_wait() -> None:

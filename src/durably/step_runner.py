@@ -28,6 +28,7 @@ from durably import (
     errors,
     faults,
     journal,
+    races,
     replay,
     runtime,
     steps,
@@ -46,6 +47,7 @@ _RUN = replay.Action.RUN
 REVIEW = runtime.REVIEW
 
 
+@races.durable_call
 async def run_step(
     run: Run, seq: int, step: steps.StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:

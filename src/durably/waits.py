@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal
 
-from durably import codec, context, errors, journal, telemetry, validate, workflows
+from durably import codec, context, errors, journal, races, telemetry, validate, workflows
 from durably.storage import base
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ def sleep_until(when: datetime.datetime) -> Coroutine[Any, Any, None]:
     return _sleep(run, run.take_seq(), lambda now: at)
 
 
+@races.durable_call
 async def _sleep(run: Run, seq: int, wake: Callable[[float], float]) -> None:
     entry = run.lookup(seq, journal.Kind.SLEEP, "")
     if entry is not None and entry.status == _COMPLETED:
@@ -78,6 +79,7 @@ def wait_for_signal(
     return _wait_for_signal(run, run.take_seq(), name, seconds)
 
 
+@races.durable_call
 async def _wait_for_signal(run: Run, seq: int, name: str, timeout: float | None) -> Any:
     entry = run.lookup(seq, journal.Kind.SIGNAL, name)
     if entry is None:
@@ -172,6 +174,7 @@ async def _start_child(
     return ChildHandle(child_id)
 
 
+@races.durable_call
 async def _join(run: Run, seq: int, child_id: str) -> Any:
     entry = run.lookup(seq, journal.Kind.JOIN, child_id)
     if entry is None:
