@@ -60,7 +60,7 @@ def effects(tmp: Path) -> Counter[str]:
 def test_kill_after_wait_first_returned_recovers_the_same_winner(
     store_url: str, tmp_path: Path
 ) -> None:
-    killed(run_child(store_url, tmp_path, "race", "race", [], "after_wait:FIRST_COMPLETED"))
+    killed(run_child(store_url, tmp_path, "race", "race", [], "after_wait:wait_first"))
     # the winner ran; the loser had started (and was cut) when the outcome committed
     assert effects(tmp_path) == {"loser": 1, "winner": 1, "winner end": 1}
     with durably.Client(store_url) as client:

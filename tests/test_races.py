@@ -156,7 +156,7 @@ async def test_wait_first_returns_the_journaled_winner_after_a_park(store_url: s
     assert RAN == ["loser", "winner", "after 1"]
     wait = next(x for x in history if x.kind == "wait")
     assert (wait.name, wait.status, json.loads(wait.payload or "")) == (
-        "FIRST_COMPLETED",
+        "wait_first",
         "completed",
         {"count": 2, "done": [1]},
     )

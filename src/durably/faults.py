@@ -10,7 +10,7 @@ path rather than a simulated one:
   ``before_call``, ``after_call``, ``after_receipt``, ``in_backoff``,
   ``before_finish``, ``after_send`` (a workflow's ``send_signal`` committed; STEP
   is the signal's name), ``after_wait`` (the outcome of ``durably.wait`` or
-  ``wait_first`` committed; STEP is its ``return_when``).
+  ``wait_first`` committed; STEP is its ``return_when``, or ``wait_first``).
 - ``DURABLY_CRASH_AT=#N``: die at the Nth boundary of any kind.
 - ``DURABLY_CRASH_ONCE=PATH``: only if PATH does not exist; it is created just
   before dying, so a restarted process goes through.

@@ -40,12 +40,12 @@ from durably import context, errors, faults, journal
 if TYPE_CHECKING:
     from durably.runtime import Run
 
-T = TypeVar("T")
-
 FIRST_COMPLETED = asyncio.FIRST_COMPLETED
 FIRST_EXCEPTION = asyncio.FIRST_EXCEPTION
 ALL_COMPLETED = asyncio.ALL_COMPLETED
 _WHEN = (FIRST_COMPLETED, FIRST_EXCEPTION, ALL_COMPLETED)
+#: The name of a ``wait_first`` entry (a ``wait`` entry is named by its ``return_when``).
+FIRST = "wait_first"
 
 #: The asyncio.wait durably itself calls (never the guard below).
 _asyncio_wait = asyncio.wait
@@ -124,7 +124,7 @@ async def _wait(run: Run, seq: int, given: list[Awaitable[Any]], return_when: st
 
 
 async def _wait_first(run: Run, seq: int, given: list[Awaitable[Any]]) -> tuple[int, Any]:
-    entry = _lookup(run, seq, FIRST_COMPLETED, given)
+    entry = _lookup(run, seq, FIRST, given)
     if entry is not None:  # a replay: only the winner runs; the losers never start
         (winner,) = _recorded(run, entry, given)
         for i, aw in enumerate(given):
@@ -141,7 +141,7 @@ async def _wait_first(run: Run, seq: int, given: list[Awaitable[Any]]) -> tuple[
         for loser in losers:
             loser.cancel()
         try:
-            await _commit(run, seq, FIRST_COMPLETED, len(futures), [winner])
+            await _commit(run, seq, FIRST, len(futures), [winner])
         finally:
             await asyncio.gather(*losers, return_exceptions=True)
     return winner, future.result()
@@ -176,13 +176,11 @@ async def _settled(
                 raise exc
 
 
-def _lookup(
-    run: Run, seq: int, return_when: str, given: list[Awaitable[Any]]
-) -> journal.Entry | None:
+def _lookup(run: Run, seq: int, name: str, given: list[Awaitable[Any]]) -> journal.Entry | None:
     """The wait's entry; the awaitables are dropped unrun if the lookup raises (a
     cancellation delivered here, a divergence)."""
     try:
-        return run.lookup(seq, journal.Kind.WAIT, return_when)
+        return run.lookup(seq, journal.Kind.WAIT, name)
     except BaseException:
         for aw in given:
             _discard(aw)
@@ -207,7 +205,7 @@ def _recorded(run: Run, entry: journal.Entry, given: list[Awaitable[Any]]) -> li
     return done
 
 
-async def _commit(run: Run, seq: int, return_when: str, count: int, done: list[int]) -> None:
+async def _commit(run: Run, seq: int, name: str, count: int, done: list[int]) -> None:
     """Journal which awaitables were done: committed before the code can act on a race's
     outcome; staged (committed with the next write) for ALL_COMPLETED, which a replay
     repeats anyway."""
@@ -216,13 +214,13 @@ async def _commit(run: Run, seq: int, return_when: str, count: int, done: list[i
     now = run.clock()
     payload = json.dumps({"count": count, "done": done}, separators=(",", ":"))
     entry = journal.Entry(
-        seq, journal.Kind.WAIT, return_when, journal.EntryStatus.COMPLETED, 1, payload, now, now
+        seq, journal.Kind.WAIT, name, journal.EntryStatus.COMPLETED, 1, payload, now, now
     )
-    if return_when == ALL_COMPLETED:  # nothing raced: a replay finds the same; no commit
+    if name == ALL_COMPLETED:  # nothing raced: a replay finds the same; no commit
         run.stage(entry)
         return
     await run.commit(entry)
-    faults.reached("after_wait", return_when)
+    faults.reached("after_wait", name)
 
 
 def _discard(aw: Awaitable[Any]) -> None:
