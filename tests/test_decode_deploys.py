@@ -177,7 +177,7 @@ def test_a_new_required_field_diverges_then_resumes_on_compatible_code(
         "stored value: pydantic 'app:Order' {id: str, total: float}",
         "today's type app:Order",
         "currency: Field required",
-        "durably resume wf",
+        "durably resume wf --no-wait",
     ):
         assert part in message, message
 

@@ -185,3 +185,28 @@ def test_show_says_the_code_changed_since_the_workflow_started(
         client.send_signal("wf", "go", "yes")  # same version: the changed code finishes it
         wait_for(lambda: client.get_workflow("wf").finished, "the changed code to finish it")
         assert client.get_workflow("wf").status == "completed"
+
+
+def test_resume_in_place_refuses_code_of_another_version(store_url: str, tmp_path: Path) -> None:
+    """`durably resume ID MODULE` runs the workflow here: with another version's code it
+    would wait forever for a claim it can never make, so it is refused, unchanged."""
+    v3, v4 = _app(tmp_path, "3"), _app(tmp_path, "4")
+    with worker(store_url, v3, tmp_path / "w3.log"), Client(store_url) as client:
+        _start(store_url, v3, "A1", "wf")
+        wait_for(lambda: client.get_workflow("wf").status == "waiting", "v3 to park it")
+        client.cancel("wf")
+        wait_for(lambda: client.get_workflow("wf").status == "cancelled", "v3 to cancel it")
+    proc = subprocess.run(
+        children.durably_cli(store_url, "resume", "wf", "app"),
+        cwd=v4,
+        env=children.child_env(paths=[v4, children.SRC]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0, said
+    assert "workflow 'wf' was started by workflow 'ver-flow' version '3'" in said, said
+    assert "app registers it at version '4'" in said, said
+    with Client(store_url) as client:
+        assert client.get_workflow("wf").status == "cancelled"  # nothing changed

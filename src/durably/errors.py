@@ -82,7 +82,7 @@ class RecordedValueMismatch(NonDeterminismError):
             f"the recorded result of {self.recorded} does not decode into today's type "
             f"{self.expected}: {self.reason}; stored value: {self.stored}. Deploy code whose "
             f"type accepts it (or that keeps the old class), then resume the workflow "
-            f"(durably resume {self.workflow_id})"
+            f"(durably resume {self.workflow_id} --no-wait, for a worker with that code)"
         )
 
 

@@ -302,8 +302,10 @@ def _runnable_here(database: str, workflow_id: str, modules: tuple[str, ...]) ->
     for module in modules:
         _import(module)
     with _client(database, create=False) as client:
-        name = client.get_workflow(workflow_id).name
-    if workflow_registry.registered(name) is None:
+        info = client.get_workflow(workflow_id)
+    name = info.name
+    here = workflow_registry.registered(name)
+    if here is None:
         where = (
             f"which MODULES ({', '.join(modules)}) did not register"
             if modules
@@ -313,6 +315,14 @@ def _runnable_here(database: str, workflow_id: str, modules: tuple[str, ...]) ->
             f"workflow {workflow_id!r} runs the workflow {name!r}, {where}: give the module "
             f"that defines it (durably resume {workflow_id} MODULE), or --no-wait to leave "
             "it to a running worker"
+        )
+    if here.version != info.version:  # an engine here would never claim it: it would hang
+        loaded = f"version {here.version!r}" if here.version else "no version"
+        raise click.ClickException(
+            f"workflow {workflow_id!r} was started by workflow "
+            f"{serving.describe(name, info.version)}; {', '.join(modules) or 'the code here'} "
+            f"registers it at {loaded}, and only the same version resumes it: give the module "
+            f"of that version, or --no-wait to leave it to a worker that has it"
         )
 
 
