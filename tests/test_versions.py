@@ -158,6 +158,22 @@ def test_without_a_version_the_stranded_note_asks_for_the_name_alone(
     )
 
 
+def test_a_start_by_name_without_the_code_gets_no_version_and_the_note_says_so(
+    store_url: str, tmp_path: Path
+) -> None:
+    v3 = _app(tmp_path, "3")
+    with Client(store_url) as client:
+        client.start("ver-flow", "A1", workflow_id="by-name")  # this process lacks the code
+        assert client.get_workflow("by-name").version is None
+    with worker(store_url, v3, tmp_path / "w3.log"):
+        listed = _cli(store_url, "list", "--stranded")
+    assert (
+        "no running worker has workflow 'ver-flow' (running workers have it at version '3')"
+        in listed
+    ), listed
+    assert "gets no version: start it from code that has the versioned workflow" in listed, listed
+
+
 def test_show_says_the_code_changed_since_the_workflow_started(
     store_url: str, tmp_path: Path
 ) -> None:

@@ -66,6 +66,11 @@ def stranded(
         )
     else:
         todo = f"run a worker whose code registers workflow {info.name!r} without a version"
+        if others:  # started by name from a process without the code: it got no version
+            todo += (
+                " (a workflow started by name from a process that does not import its code "
+                "gets no version: start it from code that has the versioned workflow)"
+            )
     return Note(
         "stranded",
         f"{text}. To finish it: {todo}; or give it up: durably cancel {info.workflow_id}",
