@@ -18,7 +18,7 @@ import pytest
 import durably
 from durably import agents
 from durably.testing.models import call, text, tool_calls
-from tests.agentkit.live import live, until
+from tests.agentkit.live import CURRENT, live, until
 
 
 class Receipt(pydantic.BaseModel):
@@ -80,3 +80,38 @@ async def test_a_direct_call_still_returns_the_tools_value(sqlite_url: str) -> N
     async with durably.Engine(sqlite_url, poll_interval=0.05) as engine:
         handle = await engine.start(direct, workflow_id="d")
         assert await handle.result(timeout=20) == "Receipt"
+
+
+# --- the agent's final answer: decoded into the output_type of today's agent ----------------
+
+
+class Verdict(pydantic.BaseModel):
+    order_id: str
+    refund_cents: int
+
+
+@durably.workflow(name="tool-text-verdict")
+async def verdict_then_wait() -> str:
+    result = await CURRENT[0].run("decide")
+    go = await durably.wait_for_signal("go")
+    return f"{type(result.output).__name__} {result.output.order_id} {go}"
+
+
+async def test_a_parked_agents_answer_decodes_into_todays_output_type(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answer = text(json.dumps({"order_id": "A1", "refund_cents": 1200}))
+    async with live(sqlite_url, [answer], [], output_type=Verdict) as s:
+        handle = await s.engine.start(verdict_then_wait, workflow_id="v")
+        await until(handle, "waiting")
+        # a deploy renames the class while the workflow waits; today's agent names the new one
+        monkeypatch.delattr(sys.modules[__name__], "Verdict")
+
+        class Ruling(pydantic.BaseModel):
+            order_id: str
+            refund_cents: int
+
+        CURRENT[:] = [agents.Agent(client=s.agent.client, model="m", output_type=Ruling)]
+        await s.engine.send_signal("v", "go", "yes")
+        assert await handle.result(timeout=20) == "Ruling A1 yes"
+        assert len(s.server.requests) == 1  # the answer came from the journal

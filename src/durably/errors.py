@@ -77,10 +77,11 @@ class RecordedValueMismatch(NonDeterminismError):
         self.args = (workflow_id, seq, recorded, stored, expected, reason)
 
     def __str__(self) -> str:
+        into = "" if self.expected == "none declared" else f" into today's type {self.expected}"
         return (
             f"workflow {self.workflow_id!r} diverged from its journal at seq {self.seq}: "
-            f"the recorded result of {self.recorded} does not decode into today's type "
-            f"{self.expected}: {self.reason}; stored value: {self.stored}. Deploy code whose "
+            f"the recorded result of {self.recorded} does not decode{into}: "
+            f"{self.reason}; stored value: {self.stored}. Deploy code whose "
             f"type accepts it (or that keeps the old class), then resume the workflow "
             f"(durably resume {self.workflow_id} --no-wait, for a worker with that code)"
         )
