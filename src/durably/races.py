@@ -196,11 +196,13 @@ def _recorded(run: Run, entry: journal.Entry, given: list[Awaitable[Any]]) -> li
     if recorded != count:
         for aw in given:
             _discard(aw)
-        raise errors.NonDeterminismError(
-            run.workflow_id,
-            entry.seq,
-            f"{entry.describe()} over {recorded} awaitables",
-            f"{entry.describe()} over {count}",
+        raise run.diverge(
+            errors.NonDeterminismError(
+                run.workflow_id,
+                entry.seq,
+                f"{entry.describe()} over {recorded} awaitables",
+                f"{entry.describe()} over {count}",
+            )
         )
     return done
 
