@@ -3,7 +3,9 @@
 For tests of agents with the real ``openai`` client (``base_url=server.url``).
 It serves ``POST /v1/chat/completions``, ``POST /v1/responses`` (the OpenAI
 Responses API, not streamed), ``POST /v1/messages`` (Anthropic's Messages API,
-not streamed; point the client at :attr:`FakeModelServer.anthropic_url`) and
+streamed as Anthropic's server-sent events when asked, see
+:mod:`durably.testing.models_anthropic`; point the client at
+:attr:`FakeModelServer.anthropic_url`) and
 ``GET /v1/models`` from a *script*: a list of
 replies consumed in order, or a function of the request body, so replies can
 depend on the conversation. :func:`by_turn` picks the reply by the number of
@@ -40,7 +42,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, cast
 
-from durably.testing import loopback
+from durably.testing import loopback, models_anthropic
 
 __all__ = [
     "FakeModelServer",
@@ -249,7 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             self._json(400, _error_body("the body is not a JSON object", 400))
             return
-        if endpoint in (*_RESPONSES, *_MESSAGES) and body.get("stream"):
+        if endpoint in _RESPONSES and body.get("stream"):
             self._json(400, _error_body("the fake server does not stream this API", 400))
             return
         reply, answer = app._answer(body, self.headers.get("Idempotency-Key"), self.path)
@@ -257,6 +259,8 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(reply.delay)
         if reply.status != 200:
             self._json(reply.status, answer, reply.headers)
+        elif body.get("stream") and endpoint in _MESSAGES:
+            self._stream_messages(answer, reply.chunk_delay)
         elif body.get("stream"):
             self._stream(answer, body, reply.chunk_delay)
         else:
@@ -285,6 +289,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    def _stream_messages(self, message: JSON, pause: float = 0.0) -> None:
+        """Anthropic's server-sent events of ``message`` (named events, no ``[DONE]``)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        for i, (event, data) in enumerate(models_anthropic.stream_events(message)):
+            if i and pause > 0:
+                time.sleep(pause)
+            self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+            self.wfile.flush()
 
 
 _RESPONSES = ("/v1/responses", "/responses")
@@ -399,7 +415,9 @@ class FakeModelServer(loopback.LoopbackService):
             elif ok:
                 answer = (self._build_response if responses else self._build)(reply, body, n)
             elif messages:
-                answer = _anthropic_error(reply.error or f"fake error {reply.status}", reply.status)
+                answer = models_anthropic.error_body(
+                    reply.error or f"fake error {reply.status}", reply.status
+                )
             else:
                 answer = _error_body(reply.error or f"fake error {reply.status}", reply.status)
             line: JSON = {
@@ -511,62 +529,35 @@ class FakeModelServer(loopback.LoopbackService):
         }
 
     def _build_message(self, reply: Reply, body: JSON, n: int) -> JSON:
-        """A Messages API answer: text and tool_use blocks, a stop reason, cache usage."""
+        """A Messages API answer (see :mod:`durably.testing.models_anthropic`)."""
         turn = turn_of(body)
-        content: list[JSON] = []
-        if reply.content is not None:
-            content.append({"type": "text", "text": reply.content})
-        for i, tc in enumerate(reply.tool_calls):
-            arguments = tc.arguments if isinstance(tc.arguments, Mapping) else {}
-            content.append(
-                {
-                    "type": "tool_use",
-                    "id": tc.id or f"toolu_{turn}_{i}",
-                    "name": tc.name,
-                    "input": dict(arguments)
-                    if not isinstance(tc.arguments, str)
-                    else json.loads(tc.arguments or "{}"),
-                }
-            )
         calls = [
-            {"function": {"arguments": json.dumps(c["input"])}}
-            for c in content
-            if c["type"] == "tool_use"
+            (tc.id or f"toolu_{turn}_{i}", tc.name, tc.arguments)
+            for i, tc in enumerate(reply.tool_calls)
         ]
-        counted = _usage(reply, body, calls)
-        read = counted["prompt_tokens_details"]["cached_tokens"]
-        written = int((reply.usage or {}).get("cache_write_tokens", 0))
-        stop = reply.finish_reason or ("tool_use" if calls else "end_turn")
-        return {
-            "id": f"msg_fake_{n}",
-            "type": "message",
-            "role": "assistant",
-            "model": reply.model or self.model or str(body.get("model") or "fake-model"),
-            "content": content,
-            "stop_reason": stop,
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": max(0, counted["prompt_tokens"] - read - written),
-                "output_tokens": counted["completion_tokens"],
-                "cache_read_input_tokens": read,
-                "cache_creation_input_tokens": written,
-            },
-        }
+        sized = [
+            {"function": {"arguments": json.dumps(_parsed(tc.arguments))}}
+            for tc in reply.tool_calls
+        ]
+        return models_anthropic.build_message(
+            content_text=reply.content,
+            calls=calls,
+            counted=_usage(reply, body, sized),
+            cache_write=int((reply.usage or {}).get("cache_write_tokens", 0)),
+            stop=reply.finish_reason,
+            model=reply.model or self.model or str(body.get("model") or "fake-model"),
+            n=n,
+        )
+
+
+def _parsed(arguments: Mapping[str, Any] | str) -> Any:
+    return json.loads(arguments or "{}") if isinstance(arguments, str) else dict(arguments)
 
 
 def _logged_reply(answer: JSON, responses: bool, messages: bool) -> Any:
     if messages:
         return answer["content"]
     return answer["output"] if responses else answer["choices"][0]["message"]
-
-
-def _anthropic_error(message: str, status: int) -> JSON:
-    kind = {
-        400: "invalid_request_error",
-        429: "rate_limit_error",
-        529: "overloaded_error",
-    }.get(status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def _usage(reply: Reply, body: JSON, calls: list[JSON]) -> JSON:
