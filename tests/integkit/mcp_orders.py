@@ -16,11 +16,13 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-LOG = sys.argv[1] if len(sys.argv) > 1 else os.devnull
+log_path = sys.argv[1] if len(sys.argv) > 1 else os.devnull
 
 
 def _log(**line: Any) -> None:
-    with open(LOG, "a", encoding="utf-8") as f:
+    if log_path == os.devnull:
+        return
+    with open(log_path, "a", encoding="utf-8") as f:
         f.write(json.dumps({**line, "pid": os.getpid()}) + "\n")
         f.flush()
         os.fsync(f.fileno())
