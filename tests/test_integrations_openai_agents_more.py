@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import durably
+from durably import agents
 from durably.testing.models import FakeModelServer, by_turn, call, read_log, text, tool_calls
 from tests.agentkit import harness, tools
 from tests.integkit import oai_flows, oai_more_flows
@@ -102,6 +103,27 @@ async def test_mcp_listings_and_calls_are_journaled_and_a_replay_asks_no_server(
     assert live == 5 and len(_mcp_log(mcp_log)) == live  # 3 listings + 2 calls; replay: none
 
 
+async def test_an_mcp_server_requiring_approval_parks_and_calls_once_approved(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mcp_log = tmp_path / "mcp.jsonl"
+    monkeypatch.setenv(oai_more_flows.MCP_LOG_ENV, str(mcp_log))
+    with FakeModelServer(by_turn([SHIP_TWO[0], text("Shipped.")])) as server:
+        oai_flows.client.base_url = server.url
+        async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.1) as engine:
+            handle = await engine.start(oai_more_flows.mcp_gated, "ship A1", workflow_id="wf")
+            await _until(handle, "waiting")
+            assert [r for r in _mcp_log(mcp_log) if r["method"] == "tools/call"] == []
+            [pending] = await agents.list_approvals(engine)
+            assert (pending.tool, pending.tool_call_id) == ("ship_order", "call_1")
+            assert pending.arguments == {"order_id": "A1"}
+            await agents.approve(engine, "wf", by="alice", expect=pending)
+            result = await handle.result(timeout=30)
+    assert result["output"] == "Shipped."
+    calls = [(r["tool"], r["order_id"]) for r in _mcp_log(mcp_log) if r["method"] == "tools/call"]
+    assert calls == [("ship_order", "A1")]
+
+
 HANDOFF = [
     tool_calls(call("lookup_order", {"order_id": "A1"}, id="call_1")),
     tool_calls(call("escalate_to_billing", {}, id="call_h")),
@@ -155,15 +177,17 @@ async def _until(handle: durably.WorkflowHandle[Any], status: str) -> None:
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.parametrize("flow", ["streamed", "streamed_responses"])
 async def test_run_streamed_streams_live_and_a_replay_yields_each_turn_once(
-    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    flow: str, store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(harness.EFFECTS_ENV, str(tmp_path / "effects.jsonl"))
     with FakeModelServer(by_turn(STREAM)) as server:
         oai_flows.client.base_url = server.url
         oai_more_flows.STREAMED.clear()
         async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.1) as engine:
-            handle = await engine.start(oai_more_flows.streamed, "where?", workflow_id="wf")
+            workflow = getattr(oai_more_flows, flow)
+            handle = await engine.start(workflow, "where?", workflow_id="wf")
             await _until(handle, "waiting")
         live = list(oai_more_flows.STREAMED)
         oai_more_flows.STREAMED.clear()
@@ -173,6 +197,8 @@ async def test_run_streamed_streams_live_and_a_replay_yields_each_turn_once(
             history = await engine.history("wf")
         replayed = list(oai_more_flows.STREAMED)
         assert [r["stream"] for r in server.requests] == [True, True]  # the replay asked nothing
+        paths = {r["path"] for r in server.requests}
+    assert paths == {"/v1/responses" if flow == "streamed_responses" else "/v1/chat/completions"}
 
     answer = STREAM[1].content
     deltas = [e["delta"] for e in live if "delta" in e]

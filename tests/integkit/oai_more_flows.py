@@ -12,14 +12,21 @@ import os
 import sys
 from typing import Any
 
-from agents import Agent, Handoff, RunContextWrapper
+from agents import Agent, Handoff, RunConfig, RunContextWrapper
 from agents.mcp import MCPServerStdio
 
 import durably
 from durably.integrations.openai_agents import DurableRunner
 from tests.agentkit import harness
 from tests.agentkit.tools import effect
-from tests.integkit.oai_flows import _chat_model, _report, billing_agent, client, lookup_order
+from tests.integkit.oai_flows import (
+    _chat_model,
+    _report,
+    billing_agent,
+    client,
+    lookup_order,
+    provider,
+)
 
 __all__ = ["client"]  # closed by tests.integkit.runner
 
@@ -27,11 +34,11 @@ MCP_LOG_ENV = "AGENTKIT_MCP_LOG"
 STREAMED: list[dict[str, Any]] = []  # what the streamed flow saw, for in-process tests
 
 
-def mcp_server() -> MCPServerStdio:
+def mcp_server(**options: Any) -> MCPServerStdio:
     """The orders MCP server as a stdio subprocess, logging to ``AGENTKIT_MCP_LOG``."""
     log = os.environ.get(MCP_LOG_ENV, os.devnull)
     params = {"command": sys.executable, "args": ["-m", "tests.integkit.mcp_orders", log]}
-    return MCPServerStdio(params={**params, "cwd": str(harness.REPO)}, name="orders")
+    return MCPServerStdio(params={**params, "cwd": str(harness.REPO)}, name="orders", **options)
 
 
 @durably.workflow(name="oai-mcp")
@@ -43,6 +50,14 @@ async def mcp_orders(question: str) -> dict[str, Any]:
             model=_chat_model(),
             mcp_servers=[server],
         )
+        return _report(await DurableRunner.run(agent, question))
+
+
+@durably.workflow(name="oai-mcp-gated")
+async def mcp_gated(question: str) -> dict[str, Any]:
+    """The MCP server's own approval policy: every call waits for a person."""
+    async with mcp_server(require_approval="always") as server:
+        agent = Agent(name="shipping", model=_chat_model(), mcp_servers=[server])
         return _report(await DurableRunner.run(agent, question))
 
 
@@ -90,7 +105,26 @@ streaming_support = Agent(
 
 @durably.workflow(name="oai-streamed")
 async def streamed(question: str) -> dict[str, Any]:
-    result = DurableRunner.run_streamed(streaming_support, question)
+    return await _streamed(DurableRunner.run_streamed(streaming_support, question))
+
+
+responses_support = Agent(
+    name="support",
+    instructions="You are a support agent.",
+    model="gpt-4.1-mini",  # the SDK's default: the Responses API model
+    tools=[lookup_order],
+)
+
+
+@durably.workflow(name="oai-streamed-responses")
+async def streamed_responses(question: str) -> dict[str, Any]:
+    config = RunConfig(model_provider=provider())
+    return await _streamed(
+        DurableRunner.run_streamed(responses_support, question, run_config=config)
+    )
+
+
+async def _streamed(result: Any) -> dict[str, Any]:
     async for event in result.stream_events():
         if event.type != "raw_response_event":
             continue

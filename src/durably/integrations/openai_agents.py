@@ -336,7 +336,7 @@ class _Wrapper:
             durable_tool(t, self.approval_timeout) if isinstance(t, FunctionTool) else t
             for t in agent.tools
         ]
-        servers = [_agents_sdk_mcp.DurableMCPServer(server) for server in agent.mcp_servers]
+        servers = [_agents_sdk_mcp.durable_server(server) for server in agent.mcp_servers]
         clone = agent.clone(model=model, tools=tools, mcp_servers=servers)
         if servers:
             # the SDK builds an MCP server's FunctionTools on every turn: wrap them as they come

@@ -2,20 +2,19 @@
 
 For tests of agents with the real ``openai`` client (``base_url=server.url``).
 It serves ``POST /v1/chat/completions``, ``POST /v1/responses`` (the OpenAI
-Responses API, not streamed), ``POST /v1/messages`` (Anthropic's Messages API,
-streamed as Anthropic's server-sent events when asked, see
-:mod:`durably.testing.models_anthropic`; point the client at
-:attr:`FakeModelServer.anthropic_url`) and
-``GET /v1/models`` from a *script*: a list of
-replies consumed in order, or a function of the request body, so replies can
-depend on the conversation. :func:`by_turn` picks the reply by the number of
-model turns the request carries (assistant messages; for the Responses API,
-runs of model output items in ``input``), which makes the server answer the
-same turn the same way however often it is asked: what replay and crash tests
-need. A chat completion with ``stream: true`` is answered as server-sent
-events of the same reply (with a usage chunk when ``stream_options.
-include_usage`` asks for one). Failures (a 429 with ``Retry-After``, a 500) are
-replies too, scripted or injected with :meth:`FakeModelServer.fail_next`.
+Responses API, :mod:`durably.testing.models_responses`), ``POST /v1/messages``
+(Anthropic's Messages API, :mod:`durably.testing.models_anthropic`; point the
+client at :attr:`FakeModelServer.anthropic_url`) and ``GET /v1/models`` from a
+*script*: a list of replies consumed in order, or a function of the request
+body, so replies can depend on the conversation. :func:`by_turn` picks the
+reply by the number of model turns the request carries (assistant messages;
+for the Responses API, runs of model output items in ``input``), which makes
+the server answer the same turn the same way however often it is asked: what
+replay and crash tests need. A request with ``stream: true`` is answered as
+server-sent events of the same reply, in its API's format (a chat completion
+with a usage chunk when ``stream_options.include_usage`` asks for one).
+Failures (a 429 with ``Retry-After``, a 500) are replies too, scripted or
+injected with :meth:`FakeModelServer.fail_next`.
 
 Every request is recorded, in memory and, with ``log_path``, as one JSON line
 appended and fsync'd before the answer is sent, so a test in another process
@@ -42,7 +41,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, cast
 
-from durably.testing import loopback, models_anthropic
+from durably.testing import loopback, models_anthropic, models_responses
 
 __all__ = [
     "FakeModelServer",
@@ -251,16 +250,15 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             self._json(400, _error_body("the body is not a JSON object", 400))
             return
-        if endpoint in _RESPONSES and body.get("stream"):
-            self._json(400, _error_body("the fake server does not stream this API", 400))
-            return
         reply, answer = app._answer(body, self.headers.get("Idempotency-Key"), self.path)
         if reply.delay > 0:
             time.sleep(reply.delay)
         if reply.status != 200:
             self._json(reply.status, answer, reply.headers)
         elif body.get("stream") and endpoint in _MESSAGES:
-            self._stream_messages(answer, reply.chunk_delay)
+            self._stream_events(models_anthropic.stream_events(answer), reply.chunk_delay)
+        elif body.get("stream") and endpoint in _RESPONSES:
+            self._stream_events(models_responses.stream_events(answer), reply.chunk_delay)
         elif body.get("stream"):
             self._stream(answer, body, reply.chunk_delay)
         else:
@@ -290,13 +288,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
-    def _stream_messages(self, message: JSON, pause: float = 0.0) -> None:
-        """Anthropic's server-sent events of ``message`` (named events, no ``[DONE]``)."""
+    def _stream_events(self, events: Iterator[tuple[str, JSON]], pause: float = 0.0) -> None:
+        """Named server-sent events (Anthropic's, the Responses API's), no ``[DONE]``."""
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
-        for i, (event, data) in enumerate(models_anthropic.stream_events(message)):
+        for i, (event, data) in enumerate(events):
             if i and pause > 0:
                 time.sleep(pause)
             self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
@@ -478,55 +476,22 @@ class FakeModelServer(loopback.LoopbackService):
         }
 
     def _build_response(self, reply: Reply, body: JSON, n: int) -> JSON:
-        """A Responses API answer: the reply's text as a message, its calls as function calls."""
+        """A Responses API answer (see :mod:`durably.testing.models_responses`)."""
         turn = turn_of(body)
-        output: list[JSON] = []
-        if reply.content is not None:
-            text_part = {"type": "output_text", "text": reply.content, "annotations": []}
-            output.append(
-                {
-                    "type": "message",
-                    "id": f"msg_fake_{n}",
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [text_part],
-                }
-            )
-        for i, tc in enumerate(reply.tool_calls):
-            output.append(
-                {
-                    "type": "function_call",
-                    "id": f"fc_fake_{n}_{i}",
-                    "call_id": tc.id or f"call_{turn}_{i}",
-                    "name": tc.name,
-                    "arguments": tc.arguments_text(),
-                    "status": "completed",
-                }
-            )
-        calls = [{"function": {"arguments": c["arguments"]}} for c in output if "arguments" in c]
-        counted = _usage(reply, {"messages": body.get("input") or []}, calls)
-        return {
-            "id": f"resp_fake_{n}",
-            "object": "response",
-            "created_at": int(time.time()),
-            "status": "completed",
-            "model": reply.model or self.model or str(body.get("model") or "fake-model"),
-            "output": output,
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "error": None,
-            "incomplete_details": None,
-            "instructions": body.get("instructions"),
-            "metadata": {},
-            "usage": {
-                "input_tokens": counted["prompt_tokens"],
-                "output_tokens": counted["completion_tokens"],
-                "total_tokens": counted["total_tokens"],
-                "input_tokens_details": counted["prompt_tokens_details"],
-                "output_tokens_details": {"reasoning_tokens": 0},
-            },
-        }
+        calls = [
+            (tc.id or f"call_{turn}_{i}", tc.name, tc.arguments_text())
+            for i, tc in enumerate(reply.tool_calls)
+        ]
+        sized = [{"function": {"arguments": arguments}} for _, _, arguments in calls]
+        return models_responses.build_response(
+            content_text=reply.content,
+            calls=calls,
+            counted=_usage(reply, {"messages": body.get("input") or []}, sized),
+            model=reply.model or self.model or str(body.get("model") or "fake-model"),
+            instructions=body.get("instructions"),
+            n=n,
+            created=int(time.time()),
+        )
 
     def _build_message(self, reply: Reply, body: JSON, n: int) -> JSON:
         """A Messages API answer (see :mod:`durably.testing.models_anthropic`)."""
