@@ -20,11 +20,17 @@ Built on the SDK's public extension points, not on its internals:
   workflow on durably's approvals instead of interrupting the run; a
   rejection reaches the model as the tool's output.
 
+- MCP servers (``mcp_servers``): each server's tool listing is the step
+  ``mcp:<server name>:list_tools`` and its tools' calls are wrapped like
+  function tools (see :mod:`durably.integrations._agents_sdk_mcp`).
+- ``DurableRunner.run_streamed``: each streamed model call is still one step,
+  its events delivered live (see :mod:`durably.integrations._agents_sdk_stream`).
+
 Handoffs are function calls in a model response, so they replay in the
-recorded order with it; a handoff built by ``agents.handoff()`` is invoked as
-the step ``handoff:<tool name>``, so its ``on_handoff`` callback runs once.
-An agent with ``mcp_servers`` is refused (DefinitionError): MCP tool listings
-and calls are not journaled here. Function tools run one at a time
+recorded order with it; every handoff (``agents.handoff()`` or a ``Handoff``
+built by hand) is invoked as the step ``handoff:<tool name>``, so its
+callback runs once and a replay hands off to the agent of the journaled name.
+Function tools run one at a time
 (``max_function_tool_concurrency=1``) so their steps take their seqs in the
 model's order on every replay. Usage feeds the run's billed/replayed meter.
 """
