@@ -108,6 +108,23 @@ async def test_events_arrive_live_and_a_replay_yields_the_text_once(store_url: s
     assert record["usage"]["prompt_tokens"] == 50 and record["usage"]["completion_tokens"] == 17
 
 
+async def test_a_sync_anthropic_client_streams_too(sqlite_url: str) -> None:
+    with FakeModelServer(by_turn([text(LONG)])) as server:
+        with anthropic.Anthropic(
+            base_url=server.anthropic_url, api_key="t", max_retries=0
+        ) as client:
+            LLM[:] = [agents.llm(client)]
+            SEEN.clear()
+            async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.1) as engine:
+                handle = await engine.start(stream_then_wait, "where?", workflow_id="wf")
+                await _until_waiting(handle)
+                live = list(SEEN)
+                await engine.send_signal("wf", "go")
+                assert (await handle.result(timeout=10))["text"] == LONG
+        assert len(server.requests) == 1
+    assert len(live) > 3 and "".join(p for p, r in live if not r) == LONG
+
+
 @agents.tool
 async def lookup(order_id: str) -> dict[str, Any]:
     """Look an order up."""
