@@ -41,7 +41,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, cast
 
-from durably.testing import loopback, models_anthropic, models_responses
+from durably.testing import loopback, models_anthropic, models_chat, models_responses
 
 __all__ = [
     "FakeModelServer",
@@ -233,7 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
             models = [{"id": app.model or "fake-model", "object": "model"}]
             self._json(200, {"object": "list", "data": models})
         else:
-            self._json(404, _error_body("no such endpoint", 404))
+            self._json(404, models_chat.error_body("no such endpoint", 404))
 
     def do_POST(self) -> None:
         app: FakeModelServer = cast(loopback.LoopbackHTTPServer, self.server).app
@@ -241,14 +241,14 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length > 0 else b""
         endpoint = self.path.split("?")[0].rstrip("/")
         if endpoint not in ("/v1/chat/completions", "/chat/completions", *_RESPONSES, *_MESSAGES):
-            self._json(404, _error_body("no such endpoint", 404))
+            self._json(404, models_chat.error_body("no such endpoint", 404))
             return
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            self._json(400, _error_body("the body is not a JSON object", 400))
+            self._json(400, models_chat.error_body("the body is not a JSON object", 400))
             return
         reply, answer = app._answer(body, self.headers.get("Idempotency-Key"), self.path)
         if reply.delay > 0:
@@ -280,7 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        for i, chunk in enumerate(_chunks(completion, include_usage)):
+        for i, chunk in enumerate(models_chat.stream_chunks(completion, include_usage)):
             if i and pause > 0:
                 time.sleep(pause)
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -303,42 +303,6 @@ class _Handler(BaseHTTPRequestHandler):
 
 _RESPONSES = ("/v1/responses", "/responses")
 _MESSAGES = ("/v1/messages", "/messages")  # Anthropic's Messages API
-
-
-def _error_body(message: str, status: int) -> JSON:
-    kind = {429: "rate_limit_exceeded", 400: "invalid_request_error"}.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": kind}}
-
-
-def _chunks(completion: JSON, include_usage: bool) -> Iterator[JSON]:
-    """The server-sent chunks of one completion: role, content pieces, tool calls, finish."""
-    head = {k: completion[k] for k in ("id", "created", "model")}
-    head["object"] = "chat.completion.chunk"
-    choice = completion["choices"][0]
-    message = choice["message"]
-
-    def chunk(delta: JSON, finish: str | None = None) -> JSON:
-        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-    yield chunk({"role": "assistant", "content": ""})
-    content = message.get("content") or ""
-    for i in range(0, len(content), 8):
-        yield chunk({"content": content[i : i + 8]})
-    for index, tc in enumerate(message.get("tool_calls") or ()):
-        args = tc["function"]["arguments"]
-        half = len(args) // 2
-        first = {"name": tc["function"]["name"], "arguments": args[:half]}
-        yield chunk(
-            {
-                "tool_calls": [
-                    {"index": index, "id": tc["id"], "type": "function", "function": first}
-                ]
-            }
-        )
-        yield chunk({"tool_calls": [{"index": index, "function": {"arguments": args[half:]}}]})
-    yield chunk({}, choice["finish_reason"])
-    if include_usage:
-        yield {**head, "choices": [], "usage": completion["usage"]}
 
 
 class FakeModelServer(loopback.LoopbackService):
@@ -417,7 +381,9 @@ class FakeModelServer(loopback.LoopbackService):
                     reply.error or f"fake error {reply.status}", reply.status
                 )
             else:
-                answer = _error_body(reply.error or f"fake error {reply.status}", reply.status)
+                answer = models_chat.error_body(
+                    reply.error or f"fake error {reply.status}", reply.status
+                )
             line: JSON = {
                 "n": n,
                 "ts": time.time(),
