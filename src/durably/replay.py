@@ -70,6 +70,13 @@ class Replayer:
             raise self._diverged
         return entry
 
+    def diverge(self, error: errors.NonDeterminismError) -> errors.NonDeterminismError:
+        """Stop here with ``error`` (a recorded value the code cannot take); kept and
+        raised again by every later call, like a divergence found by ``lookup``."""
+        if self._diverged is None:
+            self._diverged = error
+        return self._diverged
+
     def record(self, entry: journal.Entry) -> None:
         """Remember an entry this run has just committed."""
         self._entries[entry.seq] = entry

@@ -434,6 +434,10 @@ class Run:
         """The seq most recently taken."""
         return self._replayer.last_seq
 
+    def diverge(self, error: errors.NonDeterminismError) -> errors.NonDeterminismError:
+        """Mark the run diverged with ``error`` (the first one wins); returned to be raised."""
+        return self._replayer.diverge(error)
+
     def recorded(self, seq: int, kind: str, name: str) -> journal.Entry | None:
         """What the journal holds at ``seq`` for this call, without delivering a cancellation.
 

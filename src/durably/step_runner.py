@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from durably import (
     codec,
     context,
+    declared,
     errors,
     faults,
     journal,
@@ -65,7 +66,7 @@ async def _run(
     if action is not _RUN:
         assert entry is not None  # a new call always runs
         if action is _A.RETURN:
-            return codec.decode(entry.payload or "null", where=f"{where} result")
+            return recorded_result(run, seq, step, entry.payload or "null", where)
         if action is _A.RAISE:
             raise recorded_error(entry, where)
         if action is _A.BACKOFF:
@@ -111,7 +112,36 @@ async def _run(
         receipt = _entry(run, seq, step, _S.COMPLETED, attempt, payload, started, finished)
         await _commit_receipt(run, receipt, where)
         faults.reached("after_receipt", step.name)
-        return codec.decode(payload, where=f"{where} result")
+        return fresh_result(step, payload, where)
+
+
+def recorded_result(
+    run: Run, seq: int, step: steps.StepDefinition, payload: str, where: str
+) -> Any:
+    """A receipt's result, decoded into the type the step declares today.
+
+    A result that no longer decodes (its class renamed, a field now required)
+    stops the workflow as ``diverged`` with RecordedValueMismatch, and every
+    later durable call of the run raises it again: deploying compatible code and
+    resuming the workflow goes on from here.
+    """
+    try:
+        return declared.decode_result(
+            payload, declared.declared_result(step.fn), where=f"{where} result"
+        )
+    except errors.IncompatibleValue as exc:
+        call = journal.describe_call(_STEP, step.name)
+        mismatch = errors.RecordedValueMismatch(
+            run.workflow_id, seq, call, exc.stored, exc.expected, exc.reason
+        )
+        raise run.diverge(mismatch) from exc
+
+
+def fresh_result(step: steps.StepDefinition, payload: str, where: str) -> Any:
+    """The result this run just committed, decoded as a replay will decode it."""
+    return declared.decode_result(
+        payload, declared.declared_result(step.fn), where=f"{where} result"
+    )
 
 
 async def _commit_receipt(run: Run, receipt: journal.Entry, where: str) -> None:
@@ -212,7 +242,7 @@ async def _unknown_outcome(
                 intent, status=_S.COMPLETED, payload=payload, finished_at=now
             )
             await _commit_receipt(run, receipt, where)
-            return (codec.decode(payload, where=f"{where} result"),)
+            return (fresh_result(step, payload, where),)
         if action is _A.RUN:
             return None
     else:
