@@ -20,6 +20,7 @@ from durably import codec, context, errors, journal, telemetry, validate, workfl
 from durably.storage import base
 
 if TYPE_CHECKING:
+    from durably.queues import Queue
     from durably.runtime import Run
 
 _STARTED = journal.EntryStatus.STARTED
@@ -120,12 +121,32 @@ class ChildHandle:
 
 
 def start_child(
-    wf: Any, *args: Any, workflow_id: str | None = None, **kwargs: Any
+    wf: Any,
+    *args: Any,
+    workflow_id: str | None = None,
+    queue: Queue | str | None = None,
+    **kwargs: Any,
 ) -> Coroutine[Any, Any, ChildHandle]:
-    """Start a child workflow; its id is ``"<parent id>:<seq>"`` unless given."""
+    """Start a child workflow; its id is ``"<parent id>:<seq>"`` unless given.
+
+    ``queue`` (a ``durably.Queue`` or its name) puts the child on that queue:
+    it waits its turn within the queue's limits, on an engine serving it,
+    while the parent awaits it as usual. It is journaled like any child, so a
+    replay of the parent never starts it again.
+    """
     run = context.require_run("start_child")
     definition = workflows.definition_of(wf)
-    return _start_child(run, run.take_seq(), definition, args, kwargs, workflow_id)
+    queue_name = (
+        None
+        if queue is None
+        else validate.name(
+            queue if isinstance(queue, str) else getattr(queue, "name", queue), "queue"
+        )
+    )
+    if queue_name is not None and not queue_name:
+        raise errors.InvalidName("start_child(queue=...): a queue name must be non-empty")
+    seq = run.take_seq()
+    return _start_child(run, seq, definition, args, kwargs, workflow_id, queue_name)
 
 
 async def _start_child(
@@ -135,6 +156,7 @@ async def _start_child(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     workflow_id: str | None,
+    queue: str | None = None,
 ) -> ChildHandle:
     entry = run.lookup(seq, journal.Kind.CHILD, definition.name)
     if entry is not None:
@@ -149,7 +171,12 @@ async def _start_child(
         {"args": list(args), "kwargs": kwargs}, where=f"child workflow {definition.name!r} input"
     )
     new = base.NewWorkflow(
-        child_id, definition.name, payload, definition.version, definition.source_hash
+        child_id,
+        definition.name,
+        payload,
+        definition.version,
+        definition.source_hash,
+        queue=queue,
     )
     now = run.clock()
     started = journal.Entry(
@@ -186,11 +213,21 @@ def finished_outcome(where: str, status: str | None, output: str | None, error: 
     if status == journal.Status.COMPLETED:
         return codec.decode(output or "null", where=f"{where} output")
     if status == journal.Status.CANCELLED:
-        raise errors.Cancelled(f"{where} was cancelled")
+        superseded = _superseded(error)
+        raise superseded if superseded else errors.Cancelled(f"{where} was cancelled")
     data = codec.decode(error or "{}", where=f"{where} error")
     if isinstance(data, dict):
         raise codec.decode_error(data)
     raise errors.WorkflowFailed(f"{where} ended {status}")
+
+
+def _superseded(error: str | None) -> errors.Superseded | None:
+    """The Superseded a debounced enqueue recorded as its end (see Queue.enqueue), if so."""
+    if not error or "durably.errors.Superseded" not in error:
+        return None  # a cancel's own record is not read: the plain Cancelled says it all
+    data = codec.decode(error, where="cancelled workflow's error")
+    exc = codec.decode_error(data) if isinstance(data, dict) else None
+    return exc if isinstance(exc, errors.Superseded) else None
 
 
 async def _until_final(

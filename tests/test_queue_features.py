@@ -1,0 +1,219 @@
+"""Queues, issue 14: a delayed enqueue, a child on a queue, partitioned queues, a debouncer.
+
+Each is user-facing behaviour on SQLite and PostgreSQL, with counted effects:
+a step records when it ran (``RAN``), and the claims table says when each
+workflow was first taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Any
+
+import pytest
+
+import durably
+from durably import errors
+from durably.queues import Queue
+
+#: label -> [(start, end)] of every run of ``mark``, in monotonic time.
+RAN: dict[str, list[tuple[float, float]]] = {}
+#: label -> how many times ``fan_out`` started (its code ran, replays included).
+REPLAYS: dict[str, int] = {}
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    RAN.clear()
+    REPLAYS.clear()
+
+
+@durably.step
+async def mark(label: str, seconds: float) -> str:
+    start = time.monotonic()
+    await asyncio.sleep(seconds)
+    RAN.setdefault(label, []).append((start, time.monotonic()))
+    return label
+
+
+@durably.workflow(name="test_queue_features.job")
+async def job(label: str, seconds: float = 0.0) -> str:
+    return await mark(label, seconds)
+
+
+def engine(url: str, *queues: Queue, **kw: Any) -> durably.Engine:
+    kw.setdefault("poll_interval", 0.1)
+    return durably.Engine(url, queues=queues, **kw)
+
+
+async def first_claim_delay(e: durably.Engine, workflow_id: str) -> float:
+    """Seconds from the workflow's creation to its first claim (both stamped by the store)."""
+    info = await e.handle(workflow_id).info()
+    claims = await e.claims(workflow_id)
+    return claims[0].claimed_at - info.created_at
+
+
+# --- 1. delay ---------------------------------------------------------------------------
+
+
+async def test_a_delayed_enqueue_does_not_start_before_its_delay(store_url: str) -> None:
+    q = Queue("tqf-delay")
+    async with engine(store_url, q) as e:
+        late = await q.enqueue(e, job, "late", delay=1.0)
+        soon = await q.enqueue(e, job, "soon")
+        assert await soon.result(timeout=10) == "soon"
+        assert await late.status() == "pending"
+        assert (await late.info()).wake_at is not None
+        assert await late.result(timeout=10) == "late"
+        assert await first_claim_delay(e, late.workflow_id) >= 1.0
+    assert sorted(RAN) == ["late", "soon"] and len(RAN["late"]) == 1
+
+
+async def test_a_delay_through_a_client_enqueue_sync_and_start(store_url: str) -> None:
+    q = Queue("tqf-delay-sync")
+    with durably.Client(store_url) as client:
+        queued = q.enqueue_sync(client, job, "queued", delay=0.8)
+        plain = client.start(job, "plain", delay=0.8)
+    async with engine(store_url, q) as e:
+        assert await e.handle(queued).result(timeout=10) == "queued"
+        assert await e.handle(plain).result(timeout=10) == "plain"
+        assert await first_claim_delay(e, queued) >= 0.8
+        assert await first_claim_delay(e, plain) >= 0.8
+    assert {k: len(v) for k, v in RAN.items()} == {"queued": 1, "plain": 1}
+
+
+async def test_a_bad_delay_is_refused_before_anything_is_stored(store_url: str) -> None:
+    q = Queue("tqf-delay-bad")
+    with durably.Client(store_url) as client:
+        for bad in (-1, float("nan"), float("inf"), "5", True):
+            with pytest.raises(ValueError, match="delay"):
+                q.enqueue_sync(client, job, "x", delay=bad)
+        assert client.list_workflows() == []
+
+
+# --- 2. a child on a queue ----------------------------------------------------------------
+
+
+@durably.workflow(name="test_queue_features.fan_out")
+async def fan_out(n: int, queue: str) -> list[str]:
+    REPLAYS["fan_out"] = REPLAYS.get("fan_out", 0) + 1
+    handles = [await durably.start_child(job, f"child-{i}", 0.3, queue=queue) for i in range(n)]
+    return [await h.result() for h in handles]
+
+
+async def test_a_child_on_a_queue_waits_its_turn_and_starts_once(store_url: str) -> None:
+    q = Queue("tqf-children", concurrency=1)
+    async with engine(store_url, q, hold_seconds=0.0) as e:
+        parent = await e.start(fan_out, 3, q.name, workflow_id="parent")
+        assert await parent.result(timeout=30) == ["child-0", "child-1", "child-2"]
+        with durably.Client(store_url) as client:
+            kids = client.list_workflows(parent_id="parent")
+        assert sorted(w.workflow_id for w in kids) == ["parent:1", "parent:2", "parent:3"]
+        assert {w.queue for w in kids} == {q.name}
+        for kid in kids:
+            assert [c.reason for c in await e.claims(kid.workflow_id)] == ["start"]
+        # the parent parked while its children waited, and was replayed from its journal
+        assert len(await e.claims("parent")) >= 2
+    assert REPLAYS["fan_out"] >= 2
+    assert {k: len(v) for k, v in RAN.items()} == {f"child-{i}": 1 for i in range(3)}
+    spans = sorted(span for runs in RAN.values() for span in runs)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end  # concurrency 1: never two children at once
+
+
+CHILD_QUEUE = Queue("tqf-child-object")
+
+
+@durably.workflow(name="test_queue_features.child_on")
+async def child_on(queue: str | None) -> str:
+    handle = await durably.start_child(job, "only", queue=CHILD_QUEUE if queue is None else queue)
+    result: str = await handle.result()
+    return result
+
+
+async def test_a_child_takes_a_queue_object_and_refuses_a_bad_queue(store_url: str) -> None:
+    async with engine(store_url, CHILD_QUEUE) as e:
+        good = await e.start(child_on, None)
+        assert await good.result(timeout=10) == "only"
+        with durably.Client(store_url) as client:
+            (child,) = client.list_workflows(parent_id=good.workflow_id)
+        assert child.queue == CHILD_QUEUE.name
+        bad = await e.start(child_on, "")
+        with pytest.raises(durably.InvalidName, match="queue"):
+            await bad.result(timeout=10)
+
+
+# --- 3. partitioned queues ----------------------------------------------------------------
+
+
+async def test_a_partitioned_queue_limits_each_key_on_its_own(store_url: str) -> None:
+    q = Queue("tqf-partitioned", concurrency=1, partition=True)
+    async with engine(store_url, q) as e:
+        a1 = await q.enqueue(e, job, "acme-1", 0.8, partition_key="acme")
+        a2 = await q.enqueue(e, job, "acme-2", 0.0, partition_key="acme")
+        b1 = await q.enqueue(e, job, "bolt-1", 0.8, partition_key="bolt")
+        for h in (a1, a2, b1):
+            await h.result(timeout=20)
+    ((a1_start, a1_end),) = RAN["acme-1"]
+    ((a2_start, _),) = RAN["acme-2"]
+    ((b1_start, b1_end),) = RAN["bolt-1"]
+    assert b1_start < a1_end and a1_start < b1_end  # two keys side by side
+    assert a2_start >= a1_end  # one key's second item waited for its first
+
+
+async def test_a_partitioned_queue_needs_a_key_and_a_plain_one_refuses_it(store_url: str) -> None:
+    parted = Queue("tqf-parted-strict", concurrency=1, partition=True)
+    plain = Queue("tqf-plain-strict", concurrency=1)
+    with durably.Client(store_url) as client:
+        with pytest.raises(errors.QueueOptionError, match="partition_key"):
+            parted.enqueue_sync(client, job, "x")
+        with pytest.raises(errors.QueueOptionError, match="partition"):
+            plain.enqueue_sync(client, job, "x", partition_key="acme")
+        with pytest.raises(durably.InvalidName, match="partition_key"):
+            parted.enqueue_sync(client, job, "x", partition_key="a\x00b")
+        assert client.list_workflows() == []
+    assert repr(parted) == "Queue('tqf-parted-strict', concurrency=1, partition=True)"
+
+
+# --- 4. debouncer ---------------------------------------------------------------------------
+
+
+async def test_a_debounced_burst_runs_only_its_last_enqueue(store_url: str) -> None:
+    q = Queue("tqf-debounce")
+    async with engine(store_url, q) as e:
+        burst = [
+            await q.enqueue(e, job, f"save-{i}", debounce="doc-1", delay=0.8) for i in range(5)
+        ]
+        other = await q.enqueue(e, job, "other-doc", debounce="doc-2", delay=0.8)
+        last = burst[-1]
+        assert await last.result(timeout=10) == "save-4"
+        assert await other.result(timeout=10) == "other-doc"
+        for h, later in itertools.pairwise(burst):
+            assert await h.status() == "cancelled"
+            with pytest.raises(errors.Superseded, match=later.workflow_id):
+                await h.result(timeout=5)
+        assert await first_claim_delay(e, last.workflow_id) >= 0.8
+        for h in burst[:-1]:
+            assert await e.claims(h.workflow_id) == []  # never started
+        # A started workflow is not superseded: the next burst is a run of its own.
+        again = await q.enqueue(e, job, "save-5", debounce="doc-1", delay=0.2)
+        assert await again.result(timeout=10) == "save-5"
+    assert {k: len(v) for k, v in RAN.items()} == {"save-4": 1, "other-doc": 1, "save-5": 1}
+
+
+async def test_a_debounce_through_a_client_and_its_checks(store_url: str) -> None:
+    q = Queue("tqf-debounce-sync")
+    with durably.Client(store_url) as client:
+        ids = [q.enqueue_sync(client, job, f"v{i}", debounce="k", delay=0.5) for i in range(3)]
+        with pytest.raises(errors.QueueOptionError, match="delay"):
+            q.enqueue_sync(client, job, "x", debounce="k")
+        with pytest.raises(durably.InvalidName, match="debounce"):
+            q.enqueue_sync(client, job, "x", debounce="a\x00", delay=1)
+        assert [client.get_workflow(w).status for w in ids] == ["cancelled", "cancelled", "pending"]
+    async with engine(store_url, q) as e:
+        assert await e.handle(ids[-1]).result(timeout=10) == "v2"
+        with pytest.raises(durably.Cancelled, match="superseded"):
+            await e.handle(ids[0]).result(timeout=5)
+    assert {k: len(v) for k, v in RAN.items()} == {"v2": 1}
