@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import signal
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +21,7 @@ import pytest
 import durably
 from durably import errors
 from durably.queues import Queue
+from tests import children
 
 #: label -> [(start, end)] of every run of ``mark``, in monotonic time.
 RAN: dict[str, list[tuple[float, float]]] = {}
@@ -217,3 +222,37 @@ async def test_a_debounce_through_a_client_and_its_checks(store_url: str) -> Non
         with pytest.raises(durably.Cancelled, match="superseded"):
             await e.handle(ids[0]).result(timeout=5)
     assert {k: len(v) for k, v in RAN.items()} == {"v2": 1}
+
+
+def test_a_parent_killed_while_its_queued_children_wait_starts_each_once(
+    store_url: str, tmp_path: Path
+) -> None:
+    """SIGKILL the process while the first child runs and the others wait on the queue;
+    a second process finishes: three children, each created once, in queue order."""
+    effects = tmp_path / "effects"
+    effects.touch()
+    argv = children.python("-m", "tests.queue_children_flows", store_url, str(effects))
+    env = children.child_env()
+    with subprocess.Popen(argv, cwd=children.REPO, env=env, stdout=subprocess.PIPE) as first:
+        deadline = time.monotonic() + 60
+        while "c0" not in effects.read_text():
+            assert first.poll() is None, "the first process ended before its first child ran"
+            assert time.monotonic() < deadline, "timed out waiting for the first child to run"
+            time.sleep(0.02)
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(10) == -signal.SIGKILL
+    with durably.Client(store_url) as client:
+        queued = client.list_workflows(parent_id="parent")
+        assert sorted(w.status for w in queued) == ["pending", "pending", "running"]
+    done = subprocess.run(argv, cwd=children.REPO, env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    assert json.loads(done.stdout) == ["c0", "c1", "c2"]
+    ran = effects.read_text().split()
+    # c0 was killed inside its step and ran again; the others ran once, after it, in order
+    assert ran in (["c0", "c0", "c1", "c2"], ["c0", "c1", "c2"])
+    with durably.Client(store_url) as client:
+        kids = client.list_workflows(parent_id="parent")
+        assert sorted(w.workflow_id for w in kids) == ["parent:1", "parent:2", "parent:3"]
+        for kid in kids:
+            assert kid.queue == "qcc-children" and kid.status == "completed"
+            assert client.claims(kid.workflow_id)[0].reason == "start"
