@@ -12,6 +12,7 @@ import itertools
 import json
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,10 @@ async def test_a_partitioned_queue_needs_a_key_and_a_plain_one_refuses_it(store_
             parted.enqueue_sync(client, job, "x", partition_key="a\x00b")
         assert client.list_workflows() == []
     assert repr(parted) == "Queue('tqf-parted-strict', concurrency=1, partition=True)"
+    with pytest.raises(durably.DefinitionError, match="needs concurrency"):
+        Queue("tqf-parted-unlimited", partition=True)
+    with pytest.raises(durably.DefinitionError, match="partition"):
+        Queue("tqf-parted-bad", concurrency=1, partition="yes")  # type: ignore[arg-type]
 
 
 # --- 4. debouncer ---------------------------------------------------------------------------
@@ -256,3 +261,27 @@ def test_a_parent_killed_while_its_queued_children_wait_starts_each_once(
         for kid in kids:
             assert kid.queue == "qcc-children" and kid.status == "completed"
             assert client.claims(kid.workflow_id)[0].reason == "start"
+
+
+def test_concurrent_debounced_enqueues_leave_exactly_one(store_url: str) -> None:
+    """Four clients enqueue under one debounce key at once: the queue's row lock makes them
+    take turns, so one workflow is left pending and every other one is superseded."""
+    q = Queue("tqf-debounce-race")
+    start = threading.Barrier(4)
+    made: list[str] = []
+
+    def burst(n: int) -> None:
+        with durably.Client(store_url) as client:
+            start.wait()
+            for i in range(5):
+                made.append(q.enqueue_sync(client, job, f"{n}-{i}", debounce="k", delay=30))
+
+    threads = [threading.Thread(target=burst, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(made) == 20
+    with durably.Client(store_url) as client:
+        statuses = sorted(client.get_workflow(w).status for w in made)
+    assert statuses == ["cancelled"] * 19 + ["pending"]

@@ -28,10 +28,10 @@ already holds it while that one is unfinished, instead of adding a second.
 
 Per enqueue:
 
-* ``delay=seconds``: not started before the delay has passed (measured by the
-  database's writer from the commit of the enqueue);
-* ``partition_key=`` on a ``Queue(..., partition=True)``: ``concurrency`` holds
-  per key (e.g. one running workflow per customer), while different keys run
+* ``delay=seconds``: not started before the delay has passed (counted from
+  the enqueue, by the clock of the process that enqueued it);
+* ``partition_key=`` on a ``Queue(..., concurrency=n, partition=True)``:
+  ``concurrency`` holds per key (e.g. one running workflow per customer), while different keys run
   side by side; ``worker_concurrency`` and ``rate_limit`` still hold for the
   whole queue. A partitioned queue needs a key on every enqueue, and a key on a
   queue that is not partitioned is refused (``QueueOptionError``): a key that
@@ -101,6 +101,8 @@ class Queue:
         validate.count(priority, f"queue {name!r}: priority", low=low, high=high, error=bad)
         if not isinstance(partition, bool):
             raise bad(f"queue {name!r}: partition is True or False, not {partition!r}")
+        if partition and concurrency is None:
+            raise bad(f"queue {name!r}: partition=True needs concurrency (the limit per key)")
         self.name = name
         self.concurrency = concurrency
         self.worker_concurrency = worker_concurrency
