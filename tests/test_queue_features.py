@@ -285,3 +285,15 @@ def test_concurrent_debounced_enqueues_leave_exactly_one(store_url: str) -> None
     with durably.Client(store_url) as client:
         statuses = sorted(client.get_workflow(w).status for w in made)
     assert statuses == ["cancelled"] * 19 + ["pending"]
+
+
+async def test_a_delayed_enqueue_starts_when_due_not_at_the_next_poll(store_url: str) -> None:
+    """The engine's look for work waits for the end of the delay (the store's next wake-up),
+    so a delayed workflow starts then, although the poll interval is far longer."""
+    q = Queue("tqf-delay-due")
+    async with engine(store_url, q, poll_interval=60.0) as e:
+        await asyncio.sleep(0.3)  # the engine's first look for work is over: it waits now
+        handle = await q.enqueue(e, job, "due", delay=0.5)
+        assert await handle.result(timeout=15) == "due"
+        waited = await first_claim_delay(e, handle.workflow_id)
+    assert 0.5 <= waited < 5.0
