@@ -20,7 +20,8 @@ from tests.serverkit import flows, harness
 
 def family(url: str) -> None:
     """order-P1 (a parent, completed) with its child order-P1-child; other-Q1 on a queue
-    (pending: nothing serves it); order-P1-fork, a fork of order-P1 after its first entry."""
+    (pending, delayed an hour; nothing serves it); order-P1-fork, a fork of order-P1 after
+    its first entry."""
 
     async def main() -> None:
         async with durably.Engine(url, poll_interval=0.05) as engine:
@@ -29,7 +30,9 @@ def family(url: str) -> None:
 
     asyncio.run(main())
     with durably.Client(url) as client:
-        Queue("srv-filter-queue").enqueue_sync(client, "srv-wait", workflow_id="other-Q1")
+        Queue("srv-filter-queue").enqueue_sync(
+            client, "srv-wait", workflow_id="other-Q1", delay=3600
+        )
         client.fork("order-P1", 1, "order-P1-fork")
 
 
@@ -69,3 +72,6 @@ def test_the_list_page_filters_and_the_workflow_page_shows_the_fork(store_url: s
         assert 'class="forked"' not in c.get("/workflows/order-P1").text
         child = c.get("/workflows/order-P1-child").text
         assert 'class="mono parent" href="/workflows/order-P1"' in child
+        assert "starts after" not in child
+        delayed = c.get("/workflows/other-Q1").text
+        assert re.search(r"starts after \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", delayed)
