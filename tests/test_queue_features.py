@@ -297,3 +297,30 @@ async def test_a_delayed_enqueue_starts_when_due_not_at_the_next_poll(store_url:
         assert await handle.result(timeout=15) == "due"
         waited = await first_claim_delay(e, handle.workflow_id)
     assert 0.5 <= waited < 5.0
+
+
+PARTED = Queue("tqf-child-parted", concurrency=1, partition=True)
+
+
+@durably.workflow(name="test_queue_features.parted_children")
+async def parted_children(keys: list[str | None]) -> list[str]:
+    handles = [
+        await durably.start_child(job, f"{k}-{i}", 0.6, queue=PARTED, partition_key=k)
+        for i, k in enumerate(keys)
+    ]
+    return [await h.result() for h in handles]
+
+
+async def test_children_on_a_partitioned_queue_are_limited_per_key(store_url: str) -> None:
+    async with engine(store_url, PARTED) as e:
+        parent = await e.start(parted_children, ["acme", "acme", "bolt"])
+        assert await parent.result(timeout=30) == ["acme-0", "acme-1", "bolt-2"]
+        keyless = await e.start(parted_children, [None])
+        with pytest.raises(errors.QueueOptionError, match="partition_key"):
+            await keyless.result(timeout=10)
+    ((a0_start, a0_end),) = RAN["acme-0"]
+    ((a1_start, _),) = RAN["acme-1"]
+    ((b2_start, b2_end),) = RAN["bolt-2"]
+    assert b2_start < a0_end and a0_start < b2_end  # two keys side by side
+    assert a1_start >= a0_end  # one key's second child waited for its first
+    assert "None-0" not in RAN

@@ -206,7 +206,7 @@ class Queue:
         if options.deduplication_id is not None:
             validate.name(options.deduplication_id, "deduplication_id")
         delay = validate.number(options.delay, "delay")
-        self._check_partition(options.partition_key)
+        self.check_partition_key(options.partition_key)
         if options.debounce is not None:
             validate.name(options.debounce, "debounce key")
             if delay <= 0:
@@ -225,8 +225,10 @@ class Queue:
             debounce_key=options.debounce,
         )
 
-    def _check_partition(self, partition_key: str | None) -> None:
-        """A partitioned queue needs a key; one that is not refuses it."""
+    def check_partition_key(self, partition_key: str | None) -> None:
+        """Raise QueueOptionError unless the key fits: a partitioned queue needs one, and a
+        queue that is not partitioned refuses one (InvalidName for a key no database
+        stores)."""
         if partition_key is not None:
             validate.name(partition_key, "partition_key")
             if not self.partition:

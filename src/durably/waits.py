@@ -16,11 +16,10 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal
 
-from durably import codec, context, errors, journal, telemetry, validate, workflows
+from durably import codec, context, errors, journal, queues, telemetry, validate, workflows
 from durably.storage import base
 
 if TYPE_CHECKING:
-    from durably.queues import Queue
     from durably.runtime import Run
 
 _STARTED = journal.EntryStatus.STARTED
@@ -124,29 +123,43 @@ def start_child(
     wf: Any,
     *args: Any,
     workflow_id: str | None = None,
-    queue: Queue | str | None = None,
+    queue: queues.Queue | str | None = None,
+    partition_key: str | None = None,
     **kwargs: Any,
 ) -> Coroutine[Any, Any, ChildHandle]:
     """Start a child workflow; its id is ``"<parent id>:<seq>"`` unless given.
 
     ``queue`` (a ``durably.Queue`` or its name) puts the child on that queue:
     it waits its turn within the queue's limits, on an engine serving it,
-    while the parent awaits it as usual. It is journaled like any child, so a
-    replay of the parent never starts it again.
+    while the parent awaits it as usual (``partition_key``: its partition, on
+    a partitioned queue). It is journaled like any child, so a replay of the
+    parent never starts it again.
     """
     run = context.require_run("start_child")
     definition = workflows.definition_of(wf)
-    queue_name = (
-        None
-        if queue is None
-        else validate.name(
-            queue if isinstance(queue, str) else getattr(queue, "name", queue), "queue"
-        )
-    )
-    if queue_name is not None and not queue_name:
-        raise errors.InvalidName("start_child(queue=...): a queue name must be non-empty")
+    queue_name = _queue_name(queue, partition_key)
     seq = run.take_seq()
-    return _start_child(run, seq, definition, args, kwargs, workflow_id, queue_name)
+    return _start_child(run, seq, definition, args, kwargs, workflow_id, queue_name, partition_key)
+
+
+def _queue_name(queue: queues.Queue | str | None, partition_key: str | None) -> str | None:
+    """The name of the child's queue, its partition key checked against the queue where this
+    process defines it (as ``enqueue`` checks it)."""
+    if queue is None:
+        if partition_key is not None:
+            raise errors.QueueOptionError("start_child(partition_key=...) needs a queue=")
+        return None
+    name = validate.name(
+        queue if isinstance(queue, str) else getattr(queue, "name", queue), "queue"
+    )
+    if not name:
+        raise errors.InvalidName("start_child(queue=...): a queue name must be non-empty")
+    defined = queue if isinstance(queue, queues.Queue) else queues.Queue.named(name)
+    if defined is not None:
+        defined.check_partition_key(partition_key)
+    elif partition_key is not None:
+        validate.name(partition_key, "partition_key")
+    return name
 
 
 async def _start_child(
@@ -157,6 +170,7 @@ async def _start_child(
     kwargs: dict[str, Any],
     workflow_id: str | None,
     queue: str | None = None,
+    partition_key: str | None = None,
 ) -> ChildHandle:
     entry = run.lookup(seq, journal.Kind.CHILD, definition.name)
     if entry is not None:
@@ -177,6 +191,7 @@ async def _start_child(
         definition.version,
         definition.source_hash,
         queue=queue,
+        partition_key=partition_key,
     )
     now = run.clock()
     started = journal.Entry(
