@@ -30,8 +30,8 @@ Per enqueue:
 
 * ``delay=seconds``: not started before the delay has passed (counted from
   the enqueue, by the clock of the process that enqueued it);
-* ``partition_key=`` on a ``Queue(..., concurrency=n, partition=True)``:
-  ``concurrency`` holds per key (e.g. one running workflow per customer), while different keys run
+* ``partition_key=`` on a ``Queue(..., concurrency=n, partition=True)``: at
+  most ``n`` run per key (e.g. one per customer), while different keys run
   side by side; ``worker_concurrency`` and ``rate_limit`` still hold for the
   whole queue. A partitioned queue needs a key on every enqueue, and a key on a
   queue that is not partitioned is refused (``QueueOptionError``): a key that
@@ -45,7 +45,8 @@ Per enqueue:
   it is a run of its own.
 
 A workflow can put a child on a queue: ``durably.start_child(wf, ...,
-queue=llm)``; the child waits its turn like any enqueued workflow.
+queue=llm)`` (and ``partition_key=``); the child waits its turn like any
+enqueued workflow.
 
 Each executor enforces the limits of the Queue object it was given, so give
 every worker the same definition (define it once, in the module the workers
