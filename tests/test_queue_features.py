@@ -8,6 +8,7 @@ workflow was first taken.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import signal
@@ -22,7 +23,8 @@ import pytest
 import durably
 from durably import errors
 from durably.queues import Queue
-from tests import children
+from durably.storage import base, create_store
+from tests import children, test_store
 
 #: label -> [(start, end)] of every run of ``mark``, in monotonic time.
 RAN: dict[str, list[tuple[float, float]]] = {}
@@ -324,3 +326,51 @@ async def test_children_on_a_partitioned_queue_are_limited_per_key(store_url: st
     assert b2_start < a0_end and a0_start < b2_end  # two keys side by side
     assert a1_start >= a0_end  # one key's second child waited for its first
     assert "None-0" not in RAN
+
+
+# --- the store verbs under these features ----------------------------------------------
+
+
+def test_a_claim_pass_takes_at_most_the_limit_of_each_partition(store_url: str) -> None:
+    """One claim_next over a partitioned queue: the candidates of one key ahead of another
+    count against its limit within the same pass (not only the running ones)."""
+    store = create_store(store_url)
+    store.open()
+    try:
+        db = test_store.Verbs(store)
+        limits = base.QueueLimits("parted", concurrency=2, partitioned=True)
+        now = test_store.NOW
+        for i in range(12):
+            key = "abc"[i % 3]
+            test_store.queued(db, f"{key}{i}", "parted", now + i, partition_key=key)
+        taken = test_store.claim_next(db, "ex-a", now + 20, limit=100, queues=[limits])
+        assert taken == ["a0", "b1", "c2", "a3", "b4", "c5"]
+        assert test_store.claim_next(db, "ex-b", now + 20, limit=100, queues=[limits]) == []
+        test_store.queued(db, "d99", "parted", now + 21, partition_key="d")
+        assert test_store.claim_next(db, "ex-b", now + 22, queues=[limits]) == ["d99"]
+    finally:
+        store.close()
+
+
+def test_a_delayed_pending_workflow_is_claimed_at_its_wake_up_and_not_before(
+    store_url: str,
+) -> None:
+    store = create_store(store_url)
+    store.open()
+    try:
+        db = test_store.Verbs(store)
+        now = test_store.NOW
+        test_store.queued(db, "later", "llm", now, delay=5.0)
+        db.create_workflow(
+            dataclasses.replace(test_store.new("plain-later"), delay=7.0), None, None, now
+        )
+        limits = base.QueueLimits("llm")
+        assert db.next_wake() == now + 5.0
+        assert test_store.claim_next(db, "ex-a", now + 4.9, queues=[limits]) == []
+        assert test_store.claim_next(db, "ex-a", now + 5.0, queues=[limits]) == ["later"]
+        assert db.next_wake() == now + 7.0
+        assert test_store.claim_next(db, "ex-a", now + 6.9) == []
+        assert test_store.claim_next(db, "ex-a", now + 7.0) == ["plain-later"]
+        assert db.next_wake() is None
+    finally:
+        store.close()

@@ -162,12 +162,14 @@ WHERE workflow_id IN (
         SELECT c.workflow_id,
                ROW_NUMBER() OVER (PARTITION BY COALESCE(c.partition_key, '')
                                   ORDER BY c.priority DESC, c.created_at, c.workflow_id) AS place,
-               (SELECT COUNT(*) FROM workflows r
-                WHERE r.queue = c.queue
-                  AND COALESCE(r.partition_key, '') = COALESCE(c.partition_key, '')
-                  AND r.status = 'running' AND r.owner IS NOT NULL
-                  AND r.lease_expires_at >= :now) AS busy
+               COALESCE(b.busy, 0) AS busy
         FROM workflows c
+        LEFT JOIN (SELECT COALESCE(partition_key, '') AS pk, COUNT(*) AS busy
+                   FROM workflows
+                   WHERE queue = :queue AND status = 'running' AND owner IS NOT NULL
+                     AND lease_expires_at >= :now
+                   GROUP BY COALESCE(partition_key, '')) b
+          ON b.pk = COALESCE(c.partition_key, '')
         WHERE c.queue = :queue
           AND ((c.status IN ('pending', 'running')
                 AND (c.owner IS NULL OR c.lease_expires_at < :now)
