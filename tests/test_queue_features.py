@@ -92,6 +92,17 @@ async def test_a_delay_through_a_client_enqueue_sync_and_start(store_url: str) -
     assert {k: len(v) for k, v in RAN.items()} == {"queued": 1, "plain": 1}
 
 
+async def test_a_delayed_start_on_an_engine(store_url: str) -> None:
+    async with engine(store_url) as e:
+        later = await e.start(job, "later", delay=0.8)
+        assert await later.status() == "pending"
+        assert await later.result(timeout=10) == "later"
+        assert await first_claim_delay(e, later.workflow_id) >= 0.8
+        with pytest.raises(ValueError, match="delay"):
+            await e.start(job, "never", delay=-1)
+    assert {k: len(v) for k, v in RAN.items()} == {"later": 1}
+
+
 async def test_a_bad_delay_is_refused_before_anything_is_stored(store_url: str) -> None:
     q = Queue("tqf-delay-bad")
     with durably.Client(store_url) as client:
