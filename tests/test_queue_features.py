@@ -92,6 +92,16 @@ async def test_a_delay_through_a_client_enqueue_sync_and_start(store_url: str) -
     assert {k: len(v) for k, v in RAN.items()} == {"queued": 1, "plain": 1}
 
 
+async def test_resume_starts_a_delayed_enqueue_now(store_url: str) -> None:
+    q = Queue("tqf-delay-resume")
+    async with engine(store_url, q) as e:
+        later = await q.enqueue(e, job, "resumed", delay=3600)
+        await e.resume(later.workflow_id)
+        assert await later.result(timeout=10) == "resumed"
+        assert await first_claim_delay(e, later.workflow_id) < 60
+    assert {k: len(v) for k, v in RAN.items()} == {"resumed": 1}
+
+
 async def test_a_delayed_start_on_an_engine(store_url: str) -> None:
     async with engine(store_url) as e:
         later = await e.start(job, "later", delay=0.8)
