@@ -1,7 +1,7 @@
 """The storage interface, in domain verbs.
 
 A :class:`Store` is synchronous and used from one thread at a time (the
-:class:`~durably.storage.dispatch.StoreThread` that the engine awaits). Each verb
+:class:`~durably.storage.thread.StoreThread` that the engine awaits). Each verb
 runs inside a transaction opened by :meth:`Store.run_batch`, which may hold the
 verbs of several workflows at once (group commit): a verb that fails is rolled
 back to its own savepoint and the others still commit. The engine never sees

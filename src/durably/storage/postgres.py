@@ -18,7 +18,7 @@ WHERE clause against the committed row, so of two claims on the same epoch
 exactly one updates a row.
 
 One connection. The store is driven by one thread
-(:class:`~durably.storage.dispatch.StoreThread`), so one connection is all it
+(:class:`~durably.storage.thread.StoreThread`), so one connection is all it
 can use; a pool would only add a second place where connections die. When the
 connection is lost (a server restart, a failover, a network cut) the batch that
 was running fails with DatabaseUnavailable -- its outcome is unknown if the loss

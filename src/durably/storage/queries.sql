@@ -43,7 +43,9 @@ LIMIT :limit
 -- name: search_workflows
 -- One page of workflows, newest first, filtered by status, name, queue, parent, id (or
 -- its prefix) and creation time; a page after another starts past the
--- (created_at, workflow_id) of the other's last row.
+-- (created_at, workflow_id) of the other's last row. Written once, its direction left
+-- open; the loader (sqlbase.load_queries) makes it oldest first too, under the name
+-- search_workflows_oldest_first.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
@@ -58,30 +60,9 @@ WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:created_after AS DOUBLE PRECISION) IS NULL OR created_at >= :created_after)
   AND (CAST(:created_before AS DOUBLE PRECISION) IS NULL OR created_at < :created_before)
   AND (CAST(:after_created AS DOUBLE PRECISION) IS NULL
-       OR created_at < :after_created
+       OR created_at {past} :after_created
        OR (created_at = :after_created AND workflow_id > :after_id))
-ORDER BY created_at DESC, workflow_id
-LIMIT :limit OFFSET :offset
-
--- name: search_workflows_oldest_first
--- As search_workflows, oldest first: the cursor moves the other way.
-SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
-       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
-FROM workflows
-WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
-  AND (CAST(:name AS TEXT) IS NULL OR name = :name)
-  AND (CAST(:queue AS TEXT) IS NULL OR queue = :queue)
-  AND (CAST(:parent_id AS TEXT) IS NULL OR parent_id = :parent_id)
-  AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = :workflow_id)
-  AND (CAST(:id_prefix AS TEXT) IS NULL
-       OR SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix)
-  AND (CAST(:created_after AS DOUBLE PRECISION) IS NULL OR created_at >= :created_after)
-  AND (CAST(:created_before AS DOUBLE PRECISION) IS NULL OR created_at < :created_before)
-  AND (CAST(:after_created AS DOUBLE PRECISION) IS NULL
-       OR created_at > :after_created
-       OR (created_at = :after_created AND workflow_id > :after_id))
-ORDER BY created_at, workflow_id
+ORDER BY created_at {order}, workflow_id
 LIMIT :limit OFFSET :offset
 
 -- name: count_by_status

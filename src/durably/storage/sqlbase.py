@@ -31,6 +31,14 @@ _MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
 #: The NOTIFY channel (PostgreSQL) on which committed changes wake listening executors.
 CHANNEL = "durably"
 
+#: A query written with its direction open (``{past}``, ``{order}``, e.g. a page of
+#: workflows) is made twice: newest first under its own name, oldest first under its
+#: name + ``_oldest_first``. ``{past}`` compares with the cursor: past it is older, or newer.
+_DIRECTIONS = {
+    "": {"past": "<", "order": "DESC"},
+    "_oldest_first": {"past": ">", "order": "ASC"},
+}
+
 _MAX_PAYLOAD = 4000  # characters; PostgreSQL refuses a NOTIFY payload of 8000 bytes or more
 
 
@@ -43,7 +51,17 @@ def load_queries() -> dict[str, str]:
     """
     text = importlib.resources.files("durably.storage").joinpath("queries.sql").read_text()
     parts = _NAME.split(text)
-    return {name: sql.strip() for name, sql in zip(parts[1::2], parts[2::2], strict=True)}
+    queries = {}
+    for name, sql in zip(parts[1::2], parts[2::2], strict=True):
+        if "{order}" not in sql:
+            queries[name] = sql.strip()
+            continue
+        for suffix, words in _DIRECTIONS.items():  # one query, written once, both ways
+            directed = sql
+            for slot, word in words.items():
+                directed = directed.replace("{" + slot + "}", word)
+            queries[name + suffix] = directed.strip()
+    return queries
 
 
 @functools.cache
