@@ -47,16 +47,47 @@ class EntryVerbs(claims.ClaimVerbs):
         sql_text = self._queries["fence"] + self.lock_row
         # Read by position, on every commit: the fence's own two columns, in this order.
         found = self._execute(sql_text, {"workflow_id": workflow_id, "epoch": epoch}).fetchone()
-        if found is not None:
-            cancel_requested, crash_count = found
-            return Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count))
+        if found is None:
+            raise self._fenced_off(workflow_id, epoch)
+        cancel_requested, crash_count = found
+        return Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count))
+
+    def _fenced_off(self, workflow_id: str, epoch: int) -> errors.DurablyError:
+        """Why the fence did not hold: the workflow is gone, or another epoch owns it."""
         row = rows.first(self._q("owner_of", workflow_id=workflow_id))
         if row is None:
-            raise errors.WorkflowNotFound(f"no workflow {workflow_id!r} in {self.url}")
-        raise errors.FencedError(
+            return errors.WorkflowNotFound(f"no workflow {workflow_id!r} in {self.url}")
+        return errors.FencedError(
             f"workflow {workflow_id!r} is now at epoch {row['epoch']} (owner {row['owner']}, "
             f"status {row['status']}); this executor held epoch {epoch} and must stop"
         )
+
+    def _fence_and_write(
+        self, workflow_id: str, epoch: int, entry: journal.Entry, now: float
+    ) -> tuple[Fence, int | None]:
+        """The fence, and the write of ``entry`` under it where the dialect does both in
+        one statement: (what the fence found, how many rows the write changed), or with
+        None when the entry is not written yet (the caller writes it).
+
+        Here, the fence alone: an embedded database has no round trip to save.
+        PostgreSQL overrides it (``fence_and_write_entry``).
+        """
+        return self._fence(workflow_id, epoch, now), None
+
+    def _fenced_upsert(
+        self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
+    ) -> Fence:
+        """``_fence`` then ``_upsert``, the fence and the first entry's write in one
+        statement where the dialect can (a step's commit: one round trip)."""
+        if not entries:
+            return self._fence(workflow_id, epoch, now)
+        fence, written = self._fence_and_write(workflow_id, epoch, entries[0], now)
+        if written is None:
+            self._upsert(workflow_id, entries, now, fence)
+        else:
+            self._wrote(workflow_id, entries[0], written, now, fence)
+            self._upsert(workflow_id, entries[1:], now, fence)
+        return fence
 
     def _progressed(self, fence: Fence | None, now: float) -> None:
         """A new final entry was written under ``fence``: the crashes in a row end here."""
@@ -86,32 +117,40 @@ class EntryVerbs(claims.ClaimVerbs):
                 finished_at=e.finished_at,
                 wake_at=e.wake_at,
             )
-            if cursor.rowcount == 1 and e.status in journal.FINAL_ENTRY_STATUSES:
-                self._progressed(fence, now)
-            elif cursor.rowcount != 1 and not self._holds(workflow_id, e):
-                raise errors.StoreError(
-                    f"workflow {workflow_id!r} seq {e.seq} already holds a final or a "
-                    f"different entry; refusing to overwrite it with {e.describe()}"
-                )
-            if e.kind == journal.Kind.CANCEL:  # a step awaiting review will not be decided
-                self._q(
-                    "decide_review",
-                    workflow_id=workflow_id,
-                    seq=e.seq,
-                    decision="cancelled",
-                    outcome=None,
-                    decided_by="cancel",
-                    now=now,
-                )
-            if e.kind == journal.Kind.EVENT and e.payload is not None:
-                self._q(
-                    "publish_event",
-                    workflow_id=workflow_id,
-                    key=e.name,
-                    value=e.payload,
-                    seq=e.seq,
-                    now=now,
-                )
+            self._wrote(workflow_id, e, cursor.rowcount, now, fence)
+
+    def _wrote(
+        self, workflow_id: str, e: journal.Entry, written: int, now: float, fence: Fence | None
+    ) -> None:
+        """What follows the upsert of ``e`` that changed ``written`` rows: progress, or a
+        refusal unless the journal already holds this very entry; a cancel closes the
+        review it ends, an event is published."""
+        if written == 1 and e.status in journal.FINAL_ENTRY_STATUSES:
+            self._progressed(fence, now)
+        elif written != 1 and not self._holds(workflow_id, e):
+            raise errors.StoreError(
+                f"workflow {workflow_id!r} seq {e.seq} already holds a final or a "
+                f"different entry; refusing to overwrite it with {e.describe()}"
+            )
+        if e.kind == journal.Kind.CANCEL:  # a step awaiting review will not be decided
+            self._q(
+                "decide_review",
+                workflow_id=workflow_id,
+                seq=e.seq,
+                decision="cancelled",
+                outcome=None,
+                decided_by="cancel",
+                now=now,
+            )
+        if e.kind == journal.Kind.EVENT and e.payload is not None:
+            self._q(
+                "publish_event",
+                workflow_id=workflow_id,
+                key=e.name,
+                value=e.payload,
+                seq=e.seq,
+                now=now,
+            )
 
     def _entry_at(self, workflow_id: str, seq: int) -> journal.Entry | None:
         row = rows.first(self._q("entry_at", workflow_id=workflow_id, seq=seq))
@@ -136,8 +175,7 @@ class EntryVerbs(claims.ClaimVerbs):
     def append_entries(
         self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
     ) -> bool:
-        fence = self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries, now, fence)
+        fence = self._fenced_upsert(workflow_id, epoch, entries, now)
         return fence.cancel_requested
 
     def finish_workflow(
@@ -150,8 +188,7 @@ class EntryVerbs(claims.ClaimVerbs):
         entries: Sequence[journal.Entry],
         now: float,
     ) -> None:
-        fence = self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries, now, fence)
+        self._fenced_upsert(workflow_id, epoch, entries, now)
         parent_id, queue = self._q(
             "finish_workflow",
             status=status,
@@ -180,8 +217,7 @@ class EntryVerbs(claims.ClaimVerbs):
         children: Sequence[str],
         now: float,
     ) -> bool:
-        fence = self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries, now, fence)
+        fence = self._fenced_upsert(workflow_id, epoch, entries, now)
         for name in signals:
             if self._q("next_signal", workflow_id=workflow_id, name=name).fetchone():
                 return False

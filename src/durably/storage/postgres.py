@@ -66,8 +66,8 @@ import psycopg.errors
 import psycopg.pq
 from psycopg import sql as pgsql
 
-from durably import errors
-from durably.storage import base, sql, sqlbase
+from durably import errors, journal
+from durably.storage import base, entries, sql, sqlbase
 
 log = logging.getLogger("durably")
 
@@ -329,6 +329,31 @@ class PostgresStore(sql.SqlStore):
 
     def _next_savepoint(self) -> None:
         self._execute("RELEASE SAVEPOINT op; SAVEPOINT op")  # one round trip, not two
+
+    def _fence_and_write(
+        self, workflow_id: str, epoch: int, entry: journal.Entry, now: float
+    ) -> tuple[entries.Fence, int | None]:
+        # One statement, so one round trip: the fence's SELECT ... FOR UPDATE and the upsert
+        # of the first entry, written only if the fence held.
+        found = self._q(
+            "fence_and_write_entry",
+            workflow_id=workflow_id,
+            epoch=epoch,
+            seq=entry.seq,
+            kind=entry.kind,
+            name=entry.name,
+            status=entry.status,
+            attempt=entry.attempt,
+            payload=entry.payload,
+            started_at=entry.started_at,
+            finished_at=entry.finished_at,
+            wake_at=entry.wake_at,
+        ).fetchone()
+        if found is None:  # the fence did not hold: nothing was written
+            raise self._fenced_off(workflow_id, epoch)
+        cancel_requested, crash_count, written = found
+        fence = entries.Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count))
+        return fence, int(written)
 
     def _notify(self, channel: str, payload: str) -> None:
         params = {"channel": channel, "payload": payload}

@@ -196,6 +196,35 @@ WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
   AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
        OR excluded.kind = 'cancel')
 
+-- name: fence_and_write_entry
+-- The fence and one entry's upsert in one statement (PostgreSQL only: a data-modifying
+-- WITH; a step's commit is then one round trip): the row this epoch owns, locked; the
+-- entry written only if the fence held, as upsert_entry would; returns what the fence found
+-- (no row: it did not hold) and how many entries were written (0: one was there already).
+WITH fence AS (
+    SELECT cancel_requested, crash_count FROM workflows
+    WHERE workflow_id = :workflow_id AND epoch = :epoch AND owner IS NOT NULL
+    FOR UPDATE
+), written AS (
+    INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
+                         finished_at, wake_at)
+    SELECT CAST(:workflow_id AS TEXT), CAST(:seq AS BIGINT), CAST(:kind AS TEXT),
+           CAST(:name AS TEXT), CAST(:status AS TEXT), CAST(:attempt AS BIGINT),
+           CAST(:payload AS TEXT), CAST(:started_at AS DOUBLE PRECISION),
+           CAST(:finished_at AS DOUBLE PRECISION), CAST(:wake_at AS DOUBLE PRECISION)
+    FROM fence
+    ON CONFLICT (workflow_id, seq) DO UPDATE
+    SET kind = excluded.kind, name = excluded.name,
+        status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
+        started_at = excluded.started_at, finished_at = excluded.finished_at,
+        wake_at = excluded.wake_at
+    WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
+      AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
+           OR excluded.kind = 'cancel')
+    RETURNING 1
+)
+SELECT cancel_requested, crash_count, (SELECT COUNT(*) FROM written) AS written FROM fence
+
 -- name: entry_at
 -- The journal entry at one seq.
 SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at

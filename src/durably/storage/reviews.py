@@ -85,8 +85,7 @@ class ReviewVerbs(signals.SignalVerbs):
         entries: Sequence[journal.Entry],
         now: float,
     ) -> None:
-        fence = self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries, now, fence)
+        self._fenced_upsert(workflow_id, epoch, entries, now)
         self._q(
             "open_review",
             workflow_id=workflow_id,

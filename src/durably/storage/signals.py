@@ -103,8 +103,7 @@ class SignalVerbs(entries.EntryVerbs):
         child: base.NewWorkflow,
         now: float,
     ) -> journal.WorkflowInfo:
-        fence = self._fence(workflow_id, epoch, now)
-        self._upsert(workflow_id, entries, now, fence)
+        self._fenced_upsert(workflow_id, epoch, entries, now)
         self._insert_workflow(dataclasses.replace(child, parent_id=workflow_id), None, None, now)
         self._wake("work")
         row = self.get_workflow(child.workflow_id)

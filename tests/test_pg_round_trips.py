@@ -1,0 +1,180 @@
+"""PostgreSQL: a step's commit costs one statement for the fence and the write together.
+
+The statements are counted in libpq's own protocol trace of the store's real
+connection (a ``Query`` or a ``Sync`` is one statement the client waits for), so
+nothing of the store is replaced. The refusals of the one-statement write are
+checked here too, including the race it exists for: a claim that bumps the epoch
+while the write waits for the row lock.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+import durably
+from durably import errors, journal
+from durably.storage import base, create_store
+from tests.test_store import LEASE, NOW, Verbs, owned, step, take_over
+
+
+@pytest.fixture
+def pg_store(postgres_url: str) -> Iterator[Any]:
+    store = create_store(postgres_url)
+    store.open()
+    yield store
+    store.close()
+
+
+def statements(store: Any, fn: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
+    """Run ``fn`` as one op of its own batch; (its result, the statements it sent).
+
+    BEGIN and COMMIT are the batch's, not the verb's: they are left out.
+    """
+    fd, path = tempfile.mkstemp(suffix=".trace")
+    pgconn = store.conn.pgconn
+    op = base.Op(fn, args, write=True)
+    pgconn.trace(fd)
+    pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+    try:
+        store.run_batch([op])
+    finally:
+        pgconn.untrace()
+        with open(path, encoding="utf-8", errors="replace") as f:
+            trace = f.read()
+        os.close(fd)
+        os.unlink(path)
+    if op.error is not None:
+        raise op.error
+    sent, text = [], ""
+    for line in trace.splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 3 and fields[0] == "F" and fields[2] == "Parse":
+            text = fields[3] if len(fields) > 3 else ""
+        elif len(fields) >= 3 and fields[0] == "F" and fields[2] in ("Query", "Sync"):
+            sent.append(fields[3].strip() if fields[2] == "Query" else text)
+        elif not line.startswith(("F", "B")):  # the rest of a multi-line Parse
+            text += "\n" + line
+    return op.result, [s for s in sent if s.strip('" ') not in ("BEGIN", "COMMIT")]
+
+
+def test_a_plain_steps_fence_and_write_are_one_statement(pg_store: Any) -> None:
+    db = Verbs(pg_store)
+    info = owned(db)
+    for seq in (1, 2):  # the first and a later one (prepared by then or not: the same)
+        cancel, sent = statements(
+            pg_store, pg_store.append_entries, "wf-1", info.epoch, [step(seq)], NOW
+        )
+        assert cancel is False
+        assert len(sent) == 1, sent
+    assert db.load_history("wf-1") == [step(1), step(2)]
+
+
+def test_finish_and_park_fence_and_first_write_are_one_statement(pg_store: Any) -> None:
+    db = Verbs(pg_store)
+    a, b = owned(db, "a"), owned(db, "b")
+    _, sent = statements(
+        pg_store, pg_store.finish_workflow, "a", a.epoch, "completed", "1", None, [step(1)], NOW
+    )
+    assert len(sent) == 2, sent  # the fenced write, then the workflow's final row
+    assert db.get_workflow("a").status == "completed"
+    sleep = journal.Entry(1, "sleep", "nap", "pending", 1, None, NOW, None, NOW + 60)
+    parked, sent = statements(
+        pg_store, pg_store.park, "b", b.epoch, "sleeping", NOW + 60, [sleep], [], [], NOW
+    )
+    assert parked is True
+    assert len(sent) == 3, sent  # the fenced write, the park, its timer's wake-up
+    assert db.load_history("b") == [sleep]
+
+
+def test_the_one_statement_write_refuses_a_stale_epoch_and_writes_nothing(pg_store: Any) -> None:
+    db = Verbs(pg_store)
+    info = owned(db)
+    take_over(db, "wf-1", "ex-b")
+    with pytest.raises(durably.FencedError, match="ex-b"):
+        db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+    assert db.load_history("wf-1") == []
+
+
+def test_the_one_statement_write_refuses_a_parked_or_unknown_workflow(pg_store: Any) -> None:
+    db = Verbs(pg_store)
+    info = owned(db)
+    sleep = journal.Entry(1, "sleep", "nap", "pending", 1, None, NOW, None, NOW + 60)
+    assert db.park("wf-1", info.epoch, "sleeping", NOW + 60, [sleep], [], [], NOW)
+    with pytest.raises(durably.FencedError, match="sleeping"):
+        db.append_entries("wf-1", info.epoch, [step(2)], NOW)
+    with pytest.raises(errors.WorkflowNotFound):
+        db.append_entries("nope", 1, [step(1)], NOW)
+    assert db.load_history("wf-1") == [sleep]
+
+
+def test_the_one_statement_write_keeps_the_entry_rules(pg_store: Any) -> None:
+    """Idempotent repeat accepted, a final entry never replaced, progress resets crashes."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+    db.append_entries("wf-1", info.epoch, [step(1)], NOW)  # the same again: accepted
+    with pytest.raises(errors.StoreError, match="seq 1 already holds"):
+        db.append_entries("wf-1", info.epoch, [step(1, payload='"other"')], NOW)
+    db.release("wf-1", info.epoch, NOW, True)  # the run died: a crash is counted
+    later = NOW + 2 * LEASE
+    (again,) = db.claim_next("ex-b", [("refund", None)], later + LEASE, later, 10)
+    assert again.crash_count == 1
+    db.append_entries("wf-1", again.epoch, [step(2, "running")], later)
+    assert db.get_workflow("wf-1").crash_count == 1  # an intent is not progress
+    db.append_entries("wf-1", again.epoch, [step(2)], later)
+    assert db.get_workflow("wf-1").crash_count == 0
+    assert db.load_history("wf-1") == [step(1), step(2)]
+
+
+def test_a_write_waiting_on_a_claim_is_refused_once_the_claim_commits(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """The row lock of the one statement: a claim holding the row makes the write wait,
+    and once it commits the write sees the new epoch and is fenced off."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    rival = psycopg.connect(postgres_url, autocommit=True)
+    outcome: list[BaseException | None] = []
+    try:
+        rival.execute("SET search_path TO durably")
+        rival.execute("BEGIN")
+        rival.execute(
+            "UPDATE workflows SET epoch = epoch + 1, owner = 'ex-b' WHERE workflow_id = 'wf-1'"
+        )
+        pid = pg_store.conn.info.backend_pid
+
+        def write() -> None:
+            try:
+                db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        deadline = time.monotonic() + 30
+        while True:
+            (waiting,) = rival.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                (pid,),
+            ).fetchone()
+            if waiting:
+                break
+            assert writer.is_alive(), f"the write did not wait for the row lock: {outcome}"
+            assert time.monotonic() < deadline, "the write never waited for the claim's row lock"
+            time.sleep(0.01)
+        rival.execute("COMMIT")
+        writer.join(30)
+        assert not writer.is_alive()
+    finally:
+        rival.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], durably.FencedError), outcome
+    assert db.load_history("wf-1") == []
