@@ -62,6 +62,7 @@ def statements(store: Any, fn: Callable[..., Any], *args: Any) -> tuple[Any, lis
             sent.append(fields[3].strip() if fields[2] == "Query" else text)
         elif not line.startswith(("F", "B")):  # the rest of a multi-line Parse
             text += "\n" + line
+    store.last_round_trips = len(sent)  # each Sync or Query waits for the server once
     return op.result, [s for s in sent if s.strip('" ') not in ("BEGIN", "COMMIT")]
 
 
@@ -75,6 +76,17 @@ def test_a_plain_steps_fence_and_write_are_one_statement(pg_store: Any) -> None:
         assert cancel is False
         assert len(sent) == 1, sent
     assert db.load_history("wf-1") == [step(1), step(2)]
+
+
+def test_a_plain_steps_whole_commit_is_two_round_trips(pg_store: Any) -> None:
+    """BEGIN goes with the first statement (pipelined), then COMMIT: two waits, where a raw
+    BEGIN; INSERT; COMMIT takes three."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    for seq in (1, 2, 3):
+        statements(pg_store, pg_store.append_entries, "wf-1", info.epoch, [step(seq)], NOW)
+        assert pg_store.last_round_trips == 2
+    assert db.load_history("wf-1") == [step(1), step(2), step(3)]
 
 
 def test_finish_and_park_fence_and_first_write_are_one_statement(pg_store: Any) -> None:

@@ -209,6 +209,10 @@ class PostgresStore(sql.SqlStore):
         self.url = redact(url)
         self._conn: psycopg.Connection[Any] | None = None
         self._open = False
+        #: A batch began (``_begin``) but its BEGIN is not sent yet: it goes with the first
+        #: statement, pipelined, so a one-statement step costs BEGIN, it and COMMIT in two
+        #: round trips.
+        self._begin_pending = False
 
     @property
     def where(self) -> str:
@@ -290,23 +294,32 @@ class PostgresStore(sql.SqlStore):
         return _paramstyle(sql_text)
 
     def _execute(self, sql_text: str, params: Mapping[str, Any] | None = None) -> Any:
-        return self.conn.execute(sql_text, params)
+        if not self._begin_pending:
+            return self.conn.execute(sql_text, params)
+        self._begin_pending = False
+        conn = self.conn
+        try:
+            return _begin_with(conn, sql_text, params)
+        except psycopg.OperationalError:
+            if not conn.broken:
+                raise
+            # The connection died while idle; nothing of this batch reached the server, or
+            # only inside a transaction that dies with the connection: send both again.
+            return _begin_with(self._connect(), sql_text, params)
 
     def _begin(self, write: bool) -> None:
         if not self._open:
             raise errors.DatabaseUnavailable(f"{self.url} is closed")
         conn = self._conn
         if conn is None or conn.closed:  # lost during an earlier batch
-            conn = self._connect()
-        try:
-            conn.execute("BEGIN")
-        except psycopg.OperationalError:
-            if not conn.broken:
-                raise
-            # The connection died while idle; nothing of this batch reached the server.
-            self._connect().execute("BEGIN")
+            self._connect()
+        # Sent with the batch's first statement (_execute), in one round trip.
+        self._begin_pending = True
 
     def _commit(self) -> None:
+        if self._begin_pending:  # nothing was sent: nothing to commit
+            self._begin_pending = False
+            return
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
             # PostgreSQL answers COMMIT of an aborted transaction with a silent ROLLBACK.
             self._rollback()
@@ -317,6 +330,7 @@ class PostgresStore(sql.SqlStore):
         self.conn.execute("COMMIT")
 
     def _rollback(self) -> None:
+        self._begin_pending = False
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             return
@@ -456,6 +470,14 @@ class PostgresStore(sql.SqlStore):
     def _scrub(self, exc: BaseException) -> str:
         text = " ".join(str(exc).split())
         return text.replace(self._password, "***") if self._password else text
+
+
+def _begin_with(conn: psycopg.Connection[Any], sql_text: str, params: Any) -> Any:
+    """BEGIN and the transaction's first statement, pipelined: one round trip."""
+    with conn.pipeline():
+        conn.execute("BEGIN")
+        cursor = conn.execute(sql_text, params)
+    return cursor
 
 
 def _use_schema(conn: psycopg.Connection[Any], schema: str) -> None:
