@@ -33,26 +33,24 @@ def pg_store(postgres_url: str) -> Iterator[Any]:
     store.close()
 
 
-def statements(store: Any, fn: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
-    """Run ``fn`` as one op of its own batch; (its result, the statements it sent).
+def traced(store: Any, ops: list[base.Op]) -> list[str]:
+    """Run ``ops`` as one batch; every statement sent, BEGIN and COMMIT included.
 
-    BEGIN and COMMIT are the batch's, not the verb's: they are left out.
+    A ``Query`` or a ``Sync`` is one wait for the server (a round trip); a statement
+    sent in the same pipeline as the next one has no ``Sync`` of its own.
     """
     fd, path = tempfile.mkstemp(suffix=".trace")
     pgconn = store.conn.pgconn
-    op = base.Op(fn, args, write=True)
     pgconn.trace(fd)
     pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
     try:
-        store.run_batch([op])
+        store.run_batch(ops)
     finally:
         pgconn.untrace()
         with open(path, encoding="utf-8", errors="replace") as f:
             trace = f.read()
         os.close(fd)
         os.unlink(path)
-    if op.error is not None:
-        raise op.error
     sent, text = [], ""
     for line in trace.splitlines():
         fields = line.split("\t")
@@ -62,6 +60,18 @@ def statements(store: Any, fn: Callable[..., Any], *args: Any) -> tuple[Any, lis
             sent.append(fields[3].strip() if fields[2] == "Query" else text)
         elif not line.startswith(("F", "B")):  # the rest of a multi-line Parse
             text += "\n" + line
+    return sent
+
+
+def statements(store: Any, fn: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
+    """Run ``fn`` as one op of its own batch; (its result, the statements it sent).
+
+    BEGIN and COMMIT are the batch's, not the verb's: they are left out.
+    """
+    op = base.Op(fn, args, write=True)
+    sent = traced(store, [op])
+    if op.error is not None:
+        raise op.error
     store.last_round_trips = len(sent)  # each Sync or Query waits for the server once
     return op.result, [s for s in sent if s.strip('" ') not in ("BEGIN", "COMMIT")]
 
@@ -87,6 +97,44 @@ def test_a_plain_steps_whole_commit_is_two_round_trips(pg_store: Any) -> None:
         statements(pg_store, pg_store.append_entries, "wf-1", info.epoch, [step(seq)], NOW)
         assert pg_store.last_round_trips == 2
     assert db.load_history("wf-1") == [step(1), step(2), step(3)]
+
+
+def test_a_batch_that_succeeds_sends_no_savepoint(pg_store: Any) -> None:
+    """Group commit of three steps: BEGIN with the first, the other two, COMMIT."""
+    db = Verbs(pg_store)
+    infos = [owned(db, wid) for wid in ("a", "b", "c")]
+    ops = [
+        base.Op(pg_store.append_entries, (i.workflow_id, i.epoch, [step(1)], NOW), True)
+        for i in infos
+    ]
+    sent = traced(pg_store, ops)
+    assert [op.error for op in ops] == [None, None, None]
+    assert not any("SAVEPOINT" in s for s in sent), sent
+    assert len(sent) == 4, sent
+    assert [db.load_history(i.workflow_id) for i in infos] == [[step(1)]] * 3
+
+
+def test_a_batch_with_a_failing_op_runs_again_guarded_and_applies_each_op_once(
+    pg_store: Any,
+) -> None:
+    db = Verbs(pg_store)
+    b = owned(db, "b")
+    take_over(db, "b", "ex-b")  # b's first run is now a zombie
+    a = owned(db, "a")
+    ops = [
+        base.Op(pg_store.append_entries, ("a", a.epoch, [step(1)], NOW), True),
+        base.Op(pg_store.append_entries, ("b", b.epoch, [step(1)], NOW), True),
+        base.Op(pg_store.send_signal, ("a", "go", "1", None, NOW), True),
+        base.Op(pg_store.append_entries, ("a", a.epoch, [step(2)], NOW), True),
+    ]
+    sent = traced(pg_store, ops)
+    assert [type(op.error).__name__ for op in ops] == [
+        "NoneType", "FencedError", "NoneType", "NoneType"
+    ]  # fmt: skip
+    assert any("SAVEPOINT" in s for s in sent)  # the second run
+    assert db.load_history("a") == [step(1), step(2)]
+    assert db.load_history("b") == []
+    assert [s["name"] for s in db.list_signals("a")] == ["go"]  # sent once, not twice
 
 
 def test_finish_and_park_fence_and_first_write_are_one_statement(pg_store: Any) -> None:

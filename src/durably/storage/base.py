@@ -4,9 +4,10 @@ A :class:`Store` is synchronous and used from one thread at a time (the
 :class:`~durably.storage.thread.StoreThread` that the engine awaits). Each verb
 runs inside a transaction opened by :meth:`Store.run_batch`, which may hold the
 verbs of several workflows at once (group commit): a verb that fails is rolled
-back to its own savepoint and the others still commit. The engine never sees
-SQL; a new backend implements these verbs, or, for a SQL database, only the
-dialect hooks of :class:`~durably.storage.sql.SqlStore`.
+back alone (the batch runs again with a savepoint for each verb) and the
+others still commit once. The engine never sees SQL; a new backend implements
+these verbs, or, for a SQL database, only the dialect hooks of
+:class:`~durably.storage.sql.SqlStore`.
 """
 
 from __future__ import annotations
