@@ -194,6 +194,18 @@ def test_the_one_statement_write_keeps_the_entry_rules(pg_store: Any) -> None:
     assert db.load_history("wf-1") == [step(1), step(2)]
 
 
+def lock_waiters(url: str) -> tuple[int]:
+    """How many sessions of the database wait for a lock now (seen from a new session: a
+    transaction's view of pg_stat_activity is a snapshot)."""
+    with psycopg.connect(url, autocommit=True) as observer:
+        row = observer.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+    assert row is not None
+    return (int(row[0]),)
+
+
 def test_a_write_waiting_on_a_claim_is_refused_once_the_claim_commits(
     pg_store: Any, postgres_url: str
 ) -> None:
@@ -209,7 +221,6 @@ def test_a_write_waiting_on_a_claim_is_refused_once_the_claim_commits(
         rival.execute(
             "UPDATE workflows SET epoch = epoch + 1, owner = 'ex-b' WHERE workflow_id = 'wf-1'"
         )
-        pid = pg_store.conn.info.backend_pid
 
         def write() -> None:
             try:
@@ -222,10 +233,7 @@ def test_a_write_waiting_on_a_claim_is_refused_once_the_claim_commits(
         writer.start()
         deadline = time.monotonic() + 30
         while True:
-            (waiting,) = rival.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                (pid,),
-            ).fetchone()
+            (waiting,) = lock_waiters(postgres_url)
             if waiting:
                 break
             assert writer.is_alive(), f"the write did not wait for the row lock: {outcome}"

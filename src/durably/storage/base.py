@@ -1,7 +1,8 @@
 """The storage interface, in domain verbs.
 
-A :class:`Store` is synchronous and used from one thread at a time (the
-:class:`~durably.storage.thread.StoreThread` that the engine awaits). Each verb
+A :class:`Store` is synchronous and used from the
+:class:`~durably.storage.thread.StoreThread` that the engine awaits: one thread at
+a time, or as many as its ``threads``, each with a connection of its own. Each verb
 runs inside a transaction opened by :meth:`Store.run_batch`, which may hold the
 verbs of several workflows at once (group commit): a verb that fails is rolled
 back alone (the batch runs again with a savepoint for each verb) and the
@@ -135,6 +136,11 @@ class Store(abc.ABC):
     #: (see ``create_store``): a database that does not exist then raises DatabaseNotFound.
     create: bool = True
 
+    #: How many threads may run batches at once, each on a connection of its own (see
+    #: ``use_own_connection``). 1 where a second writer would only wait for the first
+    #: (SQLite's one write lock).
+    threads: int = 1
+
     # --- lifecycle -------------------------------------------------------------
 
     @abc.abstractmethod
@@ -144,6 +150,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the connection. Idempotent."""
+
+    def use_own_connection(self) -> None:
+        """Give the calling thread a connection of its own, from now until ``close``.
+
+        Every other thread shares the store's one connection (one thread at a
+        time); a store with ``threads`` > 1 is called so by its extra threads.
+        """
+        if self.threads > 1:  # pragma: no cover - a backend's bug
+            raise NotImplementedError(f"{type(self).__name__} has threads but one connection")
 
     @abc.abstractmethod
     def run_batch(self, ops: Sequence[Op]) -> None:

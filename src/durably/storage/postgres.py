@@ -78,6 +78,10 @@ DEFAULTS = {
     "options": "-c lock_timeout=5000",
 }
 
+#: How many connections, each with its own store thread, a process opens unless the URL
+#: says ``?connections=N``: concurrent workflows' commits run on them side by side.
+DEFAULT_CONNECTIONS = 4
+
 #: The schema durably's tables go into unless the URL says ``?schema=NAME``.
 DEFAULT_SCHEMA = "durably"
 
@@ -118,8 +122,9 @@ def _paramstyle(sql_text: str) -> str:
     return _TOKEN.sub(rewrite, sql_text)
 
 
-def split_schema(url: str) -> tuple[str, list[str]]:
-    """The URL without its ``schema`` query parameters (libpq knows none), and their values."""
+def split_schema(url: str, name: str = "schema") -> tuple[str, list[str]]:
+    """The URL without its ``schema`` (or ``name``) query parameters (libpq knows none),
+    and their values."""
     head, sep, rest = url.partition("?")
     if not sep:
         return url, []
@@ -127,7 +132,7 @@ def split_schema(url: str) -> tuple[str, list[str]]:
     kept, found = [], []
     for part in query.split("&"):
         key, _, value = part.partition("=")
-        if urllib.parse.unquote_plus(key) == "schema":
+        if urllib.parse.unquote_plus(key) == name:
             found.append(urllib.parse.unquote_plus(value))
         elif part:
             kept.append(part)
@@ -179,6 +184,8 @@ class PostgresStore(sql.SqlStore):
             raise errors.DatabaseURLError(f"not a postgresql URL: {redact(url)!r}")
         super().__init__(url)
         libpq_url, schemas = split_schema(url)
+        libpq_url, pools = split_schema(libpq_url, "connections")
+        self.threads = _connections(pools, url)
         if len(schemas) > 1:
             raise errors.DatabaseURLError(
                 f"schema= is given {len(schemas)} times in {redact(url)!r}"
@@ -207,12 +214,13 @@ class PostgresStore(sql.SqlStore):
         self._conninfo = psycopg.conninfo.make_conninfo("", **params)
         self._password = str(params.get("password") or "")
         self.url = redact(url)
-        self._conn: psycopg.Connection[Any] | None = None
         self._open = False
-        #: A batch began (``_begin``) but its BEGIN is not sent yet: it goes with the first
-        #: statement, pipelined, so a one-statement step costs BEGIN, it and COMMIT in two
-        #: round trips.
-        self._begin_pending = False
+        #: The connection and transaction state every thread shares (the store is used from
+        #: one thread at a time), but the threads that asked for one of their own.
+        self._shared = _Session()
+        self._local = threading.local()
+        self._sessions_lock = threading.Lock()
+        self._connections: set[psycopg.Connection[Any]] = set()  # every thread's, to close
 
     @property
     def where(self) -> str:
@@ -242,20 +250,60 @@ class PostgresStore(sql.SqlStore):
             raise
 
     def close(self) -> None:
+        """Close every thread's connection (the store threads have stopped)."""
         self._open = False
         self._drop()
+        with self._sessions_lock:
+            others, self._connections = self._connections, set()
+        for conn in others:
+            conn.close()
+
+    def use_own_connection(self) -> None:
+        # The store's other threads (StoreThread, when threads > 1); closed by close().
+        self._local.session = _Session()
+
+    @property
+    def _session(self) -> _Session:
+        """The calling thread's connection and transaction state."""
+        session: _Session = getattr(self._local, "session", self._shared)
+        return session
+
+    @property
+    def _conn(self) -> psycopg.Connection[Any] | None:
+        """This thread's connection, if it has one."""
+        return self._session.conn
+
+    @property
+    def _begin_pending(self) -> bool:
+        """This thread's batch began (``_begin``) but its BEGIN is not sent yet: it goes with
+        the first statement, pipelined, so a one-statement step costs BEGIN, it and COMMIT
+        two round trips."""
+        return self._session.begin_pending
+
+    @_begin_pending.setter
+    def _begin_pending(self, pending: bool) -> None:
+        self._session.begin_pending = pending
 
     def _connect(self) -> psycopg.Connection[Any]:
         self._drop()
         try:
-            self._conn = psycopg.connect(self._conninfo, autocommit=True)
-            if self._schema_settled:
-                _use_schema(self._conn, self.schema)
+            conn = psycopg.connect(self._conninfo, autocommit=True)
         except psycopg.Error as exc:
             raise errors.DatabaseUnavailable(
                 f"cannot connect to {self.where}: {self._scrub(exc)}"
             ) from None
-        return self._conn
+        self._session.conn = conn
+        with self._sessions_lock:
+            self._connections.add(conn)
+        if self._schema_settled:
+            try:
+                _use_schema(conn, self.schema)
+            except psycopg.Error as exc:
+                self._drop()
+                raise errors.DatabaseUnavailable(
+                    f"cannot connect to {self.where}: {self._scrub(exc)}"
+                ) from None
+        return conn
 
     def _settle_schema(self, conn: psycopg.Connection[Any]) -> None:
         """Choose the schema: the URL's; else ``durably``, unless an earlier durably laid
@@ -275,8 +323,11 @@ class PostgresStore(sql.SqlStore):
         self._schema_settled = True
 
     def _drop(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
+        conn = self._session.conn
+        if conn is not None:
+            self._session.conn = None
+            with self._sessions_lock:
+                self._connections.discard(conn)
             conn.close()
 
     @property
@@ -470,6 +521,28 @@ class PostgresStore(sql.SqlStore):
     def _scrub(self, exc: BaseException) -> str:
         text = " ".join(str(exc).split())
         return text.replace(self._password, "***") if self._password else text
+
+
+class _Session:
+    """A connection to the database and whether its batch's BEGIN is still to send."""
+
+    __slots__ = ("begin_pending", "conn")
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection[Any] | None = None
+        self.begin_pending = False
+
+
+def _connections(given: list[str], url: str) -> int:
+    """The ``connections=N`` of the URL: how many store threads, each with a connection."""
+    if not given:
+        return DEFAULT_CONNECTIONS
+    if len(given) > 1 or not given[0].isdigit() or not 1 <= int(given[0]) <= 64:
+        raise errors.DatabaseURLError(
+            f"connections={given[-1]!r} in {redact(url)!r}: give how many connections "
+            "(and store threads) each process opens, one number from 1 to 64"
+        )
+    return int(given[0])
 
 
 def _begin_with(conn: psycopg.Connection[Any], sql_text: str, params: Any) -> Any:

@@ -1,9 +1,12 @@
-"""One thread per store that runs every storage call, committing in groups.
+"""The store's threads, which run every storage call, committing in groups.
 
-The engine is asyncio; the stores are synchronous. Every call is queued to this
-thread, which drains whatever is waiting and runs it in one transaction, so
+The engine is asyncio; the stores are synchronous. Every call is queued to the
+store thread, which drains whatever is waiting and runs it in one transaction, so
 concurrent workflows share one commit (group commit) and the event loop never
-blocks on a disk flush. See docs/decisions.md.
+blocks on a disk flush. A store that can use several connections (PostgreSQL,
+``Store.threads``) gets as many threads, taking batches from the one queue: while
+one waits for its COMMIT, the next batch runs on another connection. See
+docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -25,37 +28,52 @@ _STOP = object()
 
 
 class StoreThread:
-    """Runs a Store's verbs on a dedicated thread, batching concurrent calls."""
+    """Runs a Store's verbs on dedicated threads (``store.threads``), batching concurrent
+    calls. Callers that need an order between two calls wait for the first (they all do)."""
 
     def __init__(self, store: base.Store, *, max_batch: int = 128) -> None:
         self.store = store
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._exec = threading.Lock()  # whoever runs store verbs holds it: thread or inline
+        self._exec = threading.Lock()  # one thread: whoever runs verbs holds it (or inline)
+        self._alone = store.threads <= 1
 
     def start(self) -> None:
-        """Open the store on the thread and begin serving. Raises what open raised."""
+        """Open the store on a thread and begin serving. Raises what open raised."""
         with self._lock:
-            if self._thread is not None:
+            if self._threads:
                 return
-            self._thread = threading.Thread(target=self._serve, name="durably-store", daemon=True)
-            self._thread.start()
+            self._threads = [self._spawn(0)]
         try:
             self.call_sync(self.store.open, write=True, _raw=True)
         except BaseException:
             self.stop()
             raise
+        with self._lock:  # the others connect on their first batch
+            if self._threads:
+                self._threads += [self._spawn(i) for i in range(1, self.store.threads)]
+
+    def _spawn(self, i: int) -> threading.Thread:
+        name = "durably-store" if i == 0 else f"durably-store-{i}"
+        thread = threading.Thread(target=self._serve, args=(i > 0,), name=name, daemon=True)
+        thread.start()
+        return thread
 
     def stop(self) -> None:
-        """Finish queued calls, close the store and end the thread."""
+        """Finish queued calls, close the store and end the threads."""
         with self._lock:
-            thread, self._thread = self._thread, None
-            if thread is None:
+            threads, self._threads = self._threads, []
+            if not threads:
                 return
             self._queue.put(_STOP)  # under the lock: nothing can be queued behind it
-        thread.join()
+        for thread in threads:
+            thread.join()
+        with contextlib.suppress(queue.Empty):  # the stop each thread passed on: nothing else
+            while True:
+                self._queue.get_nowait()
+        self._close()
 
     def submit(
         self, fn: Callable[..., T], *args: Any, write: bool = True, _raw: bool = False
@@ -76,7 +94,7 @@ class StoreThread:
         waiting for a lock, the verb runs here instead: on a small machine the
         two thread wake-ups cost more than the commit (docs/decisions.md).
         """
-        if inline and self._queue.empty() and self._exec.acquire(blocking=False):
+        if inline and self._alone and self._queue.empty() and self._exec.acquire(blocking=False):
             try:
                 op = base.Op(fn, args, write)
                 done = self.store.run_inline(op)
@@ -100,11 +118,13 @@ class StoreThread:
 
     def _put(self, op: base.Op, waiter: Any, raw: bool) -> None:
         with self._lock:
-            if self._thread is None:
+            if not self._threads:
                 raise errors.DatabaseUnavailable(f"{self.store.url} is closed")
             self._queue.put((op, waiter, raw))
 
-    def _serve(self) -> None:
+    def _serve(self, own_connection: bool = False) -> None:
+        if own_connection:  # the first thread uses the store's connection, opened by start()
+            self.store.use_own_connection()
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -117,17 +137,20 @@ class StoreThread:
                     break
                 if nxt is _STOP:
                     self._run(batch)
-                    self._close()
+                    self._queue.put(_STOP)  # for the other threads
                     return
                 batch.append(nxt)
             self._run(batch)
-        self._close()
+        self._queue.put(_STOP)  # for the other threads
 
     def _close(self) -> None:
         with self._exec:  # an inline call may still be running on the loop's thread
             self.store.close()
 
     def _run(self, batch: list[Any]) -> None:
+        if not self._alone:  # a connection per thread; nothing runs inline
+            self._run_locked(batch)
+            return
         with self._exec:
             self._run_locked(batch)
 
