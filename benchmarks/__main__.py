@@ -3,10 +3,11 @@
     python -m benchmarks [--quick] [--rounds N] [--rows NAME ...] [--postgres URL] [--no-dbos]
 
 One table: per-step latency (SQLite FULL, NORMAL, PostgreSQL) against one raw
-commit; workflow throughput (1 and 10 steps, 1/10/100 in flight) against raw
-commits per second; recovery of killed workflows against running as many fresh;
-replay per step against reading the rows back; a signal's wake-up; journal bytes
-per step against the result's own JSON; and DBOS Transact on the same workloads
+commit; workflow throughput (1 and 10 steps, 1/10/100 in flight; 1, 2 and 4
+worker processes on one PostgreSQL database) against raw commits per second;
+recovery of killed workflows against running as many fresh; replay per step
+against reading the rows back; a signal's wake-up; journal bytes per step
+against the result's own JSON; and DBOS Transact on the same workloads
 when ``dbos`` is installed. Rounds are interleaved (every row once per round,
 baseline and durably back to back), databases are warm (made once, reused by
 every round), and each cell is ``median [min-max]`` over the rounds.
@@ -89,6 +90,12 @@ def make_rows(sizes: Sizes) -> list[Row]:
                         "wf/s", b, "throughput", (steps, k, sizes.totals[k]),
                         "raw commits/s / steps", dbos=True)
                 )  # fmt: skip
+    for procs in (1, 2, 4):
+        rows.append(
+            Row(f"procs-pg-{procs}", f"1-step wf/s, {procs} worker process(es) x 100 in flight, "
+                "PostgreSQL", "wf/s", "pg", "processes", (procs, 100, sizes.totals[100]),
+                "raw commits/s")
+        )  # fmt: skip
     for b in ("full", "pg"):
         rows.append(
             Row(f"recovery-{b}", f"{sizes.recovery} killed wfs done after restart, {names[b]}",
@@ -170,6 +177,9 @@ async def measure(row: Row, be: Backends) -> tuple[float, float]:
         steps = row.params[0]
         base = 1e6 / await asyncio.to_thread(raw.commit_us, 200) / steps
         return base, await workloads.throughput(engine, *row.params)
+    if row.kind == "processes":
+        base = 1e6 / await asyncio.to_thread(raw.commit_us, 200)
+        return base, await workloads.processes_throughput(be.urls[row.backend], *row.params)
     if row.kind == "replay":
         base = await asyncio.to_thread(raw.read_us, row.params[0])
         return base, await workloads.replay_us(engine, row.params[0])

@@ -3,6 +3,7 @@ wait behind each other's round trips or locks (``?connections=N``, 4 by default)
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,7 +12,7 @@ import psycopg
 import pytest
 
 from durably import errors
-from durably.storage import create_store, thread
+from durably.storage import base, create_store, thread
 from tests.test_pg_round_trips import lock_waiters
 from tests.test_store import LEASE, NOW, new, step
 
@@ -97,3 +98,35 @@ def test_stop_closes_every_threads_connection(postgres_url: str) -> None:
     while sessions(postgres_url):  # a closed session leaves pg_stat_activity shortly after
         assert time.monotonic() < deadline, "a store connection is still open after stop()"
         time.sleep(0.01)
+
+
+def test_verbs_that_lock_many_workflows_run_alone(runner: Any) -> None:
+    """A heartbeat renews every lease of its executor in one statement; beside a batch
+    holding some of those rows and waiting for one it has renewed, the two would wait for
+    each other. Such verbs wait for the batches in flight and hold new ones back."""
+    store = runner.store
+    lone = ["heartbeat", "keep_leases", "release_owned", "remove_executor", "request_cancel",
+            "send_signals", "prune", "delete_workflows", "import_workflows"]  # fmt: skip
+    assert [v for v in lone if not base.runs_alone(getattr(store, v))] == []
+    assert not base.runs_alone(store.append_entries)
+
+    started, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def batch() -> bool:
+        started.set()
+        released = release.wait(2)  # set by the lone verb, were it to run meanwhile
+        order.append("batch")
+        return released
+
+    @base.alone
+    def alone_verb() -> None:
+        release.set()
+        order.append("alone")
+
+    in_flight = runner.submit(batch)
+    assert started.wait(30)
+    lone_verb = runner.submit(alone_verb)
+    assert in_flight.result(timeout=30) is False
+    lone_verb.result(timeout=30)
+    assert order == ["batch", "alone"]

@@ -16,9 +16,25 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from durably import errors, journal
+
+_Verb = TypeVar("_Verb", bound=Callable[..., Any])
+
+
+def alone(verb: _Verb) -> _Verb:
+    """Mark a verb that may lock the rows of many workflows at once (or of a workflow
+    another run holds): a store with several threads runs it in a transaction of its own
+    while no other batch is in flight, so it never waits in a cycle with one of them
+    (PostgreSQL would break such a cycle after a second by failing one side)."""
+    verb.runs_alone = True  # type: ignore[attr-defined]
+    return verb
+
+
+def runs_alone(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` (a verb, bound or not) is marked with :func:`alone`."""
+    return bool(getattr(fn, "runs_alone", False))
 
 
 @dataclasses.dataclass(slots=True)
@@ -348,6 +364,7 @@ class Store(abc.ABC):
     ) -> bool:
         """Keep a signal for the workflow and wake it if it waits; False for a repeated key."""
 
+    @alone
     def send_signals(
         self, signals: Sequence[tuple[str, str, str, str | None]], now: float
     ) -> list[bool]:

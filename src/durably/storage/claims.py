@@ -233,6 +233,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         if self._q(query, workflow_id=workflow_id, epoch=epoch, now=now).rowcount:
             self._wake("work")
 
+    @base.alone
     def release_owned(self, owner: str, now: float) -> int:
         released = int(self._q("release_owned", owner=owner, now=now).rowcount)
         if released:
@@ -256,6 +257,7 @@ class ClaimVerbs(bulk.BulkVerbs):
             ),
         )
 
+    @base.alone
     def heartbeat(
         self, executor: journal.ExecutorInfo, now: float, lease_expires_at: float
     ) -> list[tuple[str, int]]:
@@ -265,6 +267,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         self.register_executor(dataclasses.replace(executor, heartbeat_at=now))
         return [(str(r[0]), int(r[1])) for r in held]
 
+    @base.alone
     def keep_leases(
         self,
         executor: journal.ExecutorInfo,
@@ -293,6 +296,7 @@ class ClaimVerbs(bulk.BulkVerbs):
             out.append(journal.ExecutorInfo(**row, workflows=workflows, queues=queues))
         return out
 
+    @base.alone
     def remove_executor(self, executor_id: str, expire_leases: bool) -> None:
         if expire_leases:
             self._q("expire_leases", owner=executor_id)

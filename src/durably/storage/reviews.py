@@ -18,6 +18,7 @@ from durably.storage import base, rows, signals
 class ReviewVerbs(signals.SignalVerbs):
     """Operator verbs and reviews, for :class:`~durably.storage.sql.SqlStore`."""
 
+    @base.alone
     def request_cancel(self, workflow_id: str, now: float) -> list[str]:
         if self.get_workflow(workflow_id) is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")

@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from durably import errors
@@ -39,6 +39,7 @@ class StoreThread:
         self._lock = threading.Lock()
         self._exec = threading.Lock()  # one thread: whoever runs verbs holds it (or inline)
         self._alone = store.threads <= 1
+        self._gate = _Gate()
 
     def start(self) -> None:
         """Open the store on a thread and begin serving. Raises what open raised."""
@@ -148,11 +149,20 @@ class StoreThread:
             self.store.close()
 
     def _run(self, batch: list[Any]) -> None:
-        if not self._alone:  # a connection per thread; nothing runs inline
-            self._run_locked(batch)
+        if self._alone:
+            with self._exec:
+                self._run_locked(batch)
             return
-        with self._exec:
-            self._run_locked(batch)
+        # A connection per thread; nothing runs inline. A verb marked base.alone runs in a
+        # transaction of its own while no other batch is in flight (see _Gate).
+        shared = [item for item in batch if not base.runs_alone(item[0].fn)]
+        if shared:
+            with self._gate.shared():
+                self._run_locked(shared)
+        for item in batch:
+            if base.runs_alone(item[0].fn):
+                with self._gate.alone():
+                    self._run_locked([item])
 
     def _run_locked(self, batch: list[Any]) -> None:
         # A caller cancelled while queued (Engine.close cancelling a recovery pass) gets
@@ -184,6 +194,45 @@ class StoreThread:
         for loop, pairs in by_loop.items():
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
                 loop.call_soon_threadsafe(_resolve, pairs)
+
+
+class _Gate:
+    """Batches run side by side (``shared``); a verb marked ``base.alone`` waits for the
+    batches in flight to end, and holds new ones back until it is done (``alone``)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0  # shared batches in flight
+        self._alone = False  # a lone verb in flight
+        self._waiting = 0  # lone verbs waiting: new batches wait behind them
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._alone or self._waiting:
+                self._cond.wait()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            while self._alone or self._running:
+                self._cond.wait()
+            self._waiting -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._alone = False
+                self._cond.notify_all()
 
 
 def _wanted(waiter: Any) -> bool:
