@@ -11,20 +11,27 @@ SQLite file stays busy for at most ``busy_timeout``).
 Transactions. The connection is in autocommit mode and every batch opens its
 own transaction with an explicit ``BEGIN``, exactly as the SQLite dialect does,
 so the transaction boundaries are the ones :meth:`SqlStore.run_batch` draws and
-nothing is begun behind its back. Isolation is READ COMMITTED: every verb that
-decides on a row does so in one conditional UPDATE (``claim``, the fence of
+nothing is begun behind its back. The ``BEGIN`` is sent with the batch's first
+statement, pipelined, and a step's fence and journal write are one statement
+(``fence_and_write_entry``), so a plain step's commit is two round trips.
+Isolation is READ COMMITTED: every verb that decides on a row does so in one
+conditional UPDATE or a ``SELECT ... FOR UPDATE`` (``claim``, the fence of
 ``append_entries``), whose row lock makes a rival wait and then re-check its
 WHERE clause against the committed row, so of two claims on the same epoch
 exactly one updates a row.
 
-One connection. The store is driven by one thread
-(:class:`~durably.storage.thread.StoreThread`), so one connection is all it
-can use; a pool would only add a second place where connections die. When the
-connection is lost (a server restart, a failover, a network cut) the batch that
-was running fails with DatabaseUnavailable -- its outcome is unknown if the loss
-hit its COMMIT -- and the next batch connects again. A batch that finds the
-connection dead before it ran anything (the server restarted while we were
-idle) reconnects at once: nothing of it had reached the server.
+Connections. ``?connections=N`` (4 unless given, at most 64) store threads
+(:class:`~durably.storage.thread.StoreThread`) take batches from one queue, each
+on a connection of its own: while one batch waits for its COMMIT (a disk flush
+on the server) or for a row lock, the next runs on another. Verbs that lock
+many workflows' rows at once (the heartbeat, ``request_cancel``, ...) run
+alone (``base.alone``), so two batches of one process never wait for each
+other in a cycle. When a connection is lost (a server restart, a failover, a
+network cut) the batch that was running on it fails with DatabaseUnavailable --
+its outcome is unknown if the loss hit its COMMIT -- and that thread's next
+batch connects again. A batch that finds the connection dead before it ran
+anything (the server restarted while we were idle) reconnects at once: nothing
+of it had committed.
 
 Claiming. ``claim_next`` selects the claimable rows ``FOR UPDATE SKIP LOCKED``
 and claims them in the same transaction: concurrent claimers on any number of
