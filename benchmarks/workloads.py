@@ -239,7 +239,7 @@ def _journal_bytes(url: str) -> int:
             conn.close()
     import psycopg
 
-    with psycopg.connect(url, autocommit=True) as pg:
+    with psycopg.connect(url.split("?")[0], autocommit=True) as pg:  # durably's options out
         row = pg.execute("SELECT pg_total_relation_size('durably.journal')").fetchone()
         return int(row[0]) if row else 0
 

@@ -1,5 +1,5 @@
 """PostgreSQL: a store thread per connection, so commits of concurrent workflows do not
-wait behind each other's round trips or locks (``?connections=N``, 4 by default)."""
+wait behind each other's round trips or locks (``?connections=N``; 1 by default)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def with_option(url: str, option: str) -> str:
 
 
 def test_connections_come_from_the_url(postgres_url: str) -> None:
-    assert create_store(postgres_url).threads == 4
+    assert create_store(postgres_url).threads == 1
+    assert create_store(with_option(postgres_url, "connections=4")).threads == 4
     assert create_store(with_option(postgres_url, "connections=1")).threads == 1
     assert create_store(with_option(postgres_url, "connections=16")).threads == 16
 
@@ -37,7 +38,7 @@ def test_a_bad_connections_option_is_refused_naming_it(value: str) -> None:
 
 @pytest.fixture
 def runner(postgres_url: str) -> Iterator[Any]:
-    store_thread = thread.StoreThread(create_store(postgres_url))
+    store_thread = thread.StoreThread(create_store(with_option(postgres_url, "connections=4")))
     store_thread.start()
     yield store_thread
     store_thread.stop()

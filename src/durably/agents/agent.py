@@ -30,7 +30,6 @@ from durably.agents import (
     completions,
     events,
     exceptions,
-    messages_api,
     output,
     schema,
     usage,
@@ -76,8 +75,9 @@ class Agent:
     usage (default: the EXAMPLE ``DEFAULT_PRICES``); ``model_settings`` are
     passed to every ``create`` call (temperature, tool_choice, ...); ``retry``
     and ``timeout`` are the model step's (default :class:`ModelRetry`);
-    ``stream=True`` streams each turn inside its step and journals the
-    assembled completion. ``output_type`` (a pydantic model or any type
+    ``stream=True`` streams each turn inside its step (chat completions, or
+    the Messages API's server-sent events) and journals the assembled
+    completion. ``output_type`` (a pydantic model or any type
     pydantic validates) makes the final answer a validated value: the model is
     asked for JSON fitting its schema and, when an answer does not fit, told
     why and asked again at most ``output_retries`` times (see
@@ -112,11 +112,6 @@ class Agent:
         validate.count(max_turns, "max_turns", error=errors.DefinitionError)
         validate.count(output_retries, "output_retries", low=0, error=errors.DefinitionError)
         completions.warn_if_client_retries(client)
-        if stream and messages_api.is_anthropic(client):
-            raise errors.DefinitionError(
-                "Agent(stream=True) streams chat completions only; an Anthropic client's turns "
-                "are made whole (leave stream unset)"
-            )
         self.client = client
         self.model = model
         self.instructions = instructions
@@ -237,7 +232,8 @@ class Agent:
                         raise self.output.exhausted(corrections, str(exc)) from None
                     messages.append(self.output.correction(str(exc)))
                     continue
-                value = await steps.run_step(_accepted, value, name=f"output:{self.name}")
+                step = self.output.accepted
+                value = await steps.run_step(step, value, name=f"output:{self.name}")
                 return AgentResult(value, messages, meter.usage(), turn, calls_made)
             calls_made += len(calls)
             names = {str(c.get("id") or ""): _tool_event(c, replayed, turn) for c in calls}
@@ -335,11 +331,6 @@ def _tool_event(call: Mapping[str, Any], replayed: bool, turn: int) -> events.Ag
         replayed=replayed,
         turn=turn,
     )
-
-
-def _accepted(value: Any) -> Any:
-    """The step that journals a validated final answer (replay returns the recorded one)."""
-    return value
 
 
 #: What stops the run itself rather than failing one tool call: raised at once.

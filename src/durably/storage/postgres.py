@@ -20,10 +20,12 @@ conditional UPDATE or a ``SELECT ... FOR UPDATE`` (``claim``, the fence of
 WHERE clause against the committed row, so of two claims on the same epoch
 exactly one updates a row.
 
-Connections. ``?connections=N`` (4 unless given, at most 64) store threads
+Connections. ``?connections=N`` (1 unless given, at most 64) store threads
 (:class:`~durably.storage.thread.StoreThread`) take batches from one queue, each
 on a connection of its own: while one batch waits for its COMMIT (a disk flush
-on the server) or for a row lock, the next runs on another. Verbs that lock
+on the server) or for a row lock, the next runs on another. With more than one,
+two calls that were not awaited one after the other may commit in either order
+(with one they commit in the order they were made). Verbs that lock
 many workflows' rows at once (the heartbeat, ``request_cancel``, ...) run
 alone (``base.alone``), so two batches of one process never wait for each
 other in a cycle. When a connection is lost (a server restart, a failover, a
@@ -86,8 +88,11 @@ DEFAULTS = {
 }
 
 #: How many connections, each with its own store thread, a process opens unless the URL
-#: says ``?connections=N``: concurrent workflows' commits run on them side by side.
-DEFAULT_CONNECTIONS = 4
+#: says ``?connections=N``: concurrent workflows' commits run on them side by side. One by
+#: default: calls then commit in the order they were made, which code that starts a
+#: workflow and goes on without awaiting the start's commit may rely on (see
+#: docs/decisions.md).
+DEFAULT_CONNECTIONS = 1
 
 #: The schema durably's tables go into unless the URL says ``?schema=NAME``.
 DEFAULT_SCHEMA = "durably"

@@ -29,7 +29,8 @@ _STOP = object()
 
 class StoreThread:
     """Runs a Store's verbs on dedicated threads (``store.threads``), batching concurrent
-    calls. Callers that need an order between two calls wait for the first (they all do)."""
+    calls. With one thread calls commit in the order they were queued; with several, a
+    caller that needs an order between two calls awaits the first before the second."""
 
     def __init__(self, store: base.Store, *, max_batch: int = 128) -> None:
         self.store = store
