@@ -4,13 +4,14 @@
 
 One table: per-step latency (SQLite FULL, NORMAL, PostgreSQL) against one raw
 commit; a sync ``def`` step against an async one on the same engine; workflow
-throughput (1 and 10 steps, 1/10/100 in flight) against raw commits per second;
-recovery of killed workflows against running as many fresh; replay per step
-against reading the rows back; a signal's wake-up; journal bytes per step against
-the result's own JSON; and DBOS Transact on the same workloads when ``dbos`` is
-installed. Rounds are interleaved (every row once per round, baseline and durably
-back to back), databases are warm (made once, reused by every round), and each
-cell is ``median [min-max]`` over the rounds.
+throughput (1 and 10 steps, 1/10/100 in flight; 1, 2 and 4 worker processes on
+one PostgreSQL database) against raw commits per second; recovery of killed
+workflows against running as many fresh; replay per step against reading the
+rows back; a signal's wake-up; journal bytes per step against the result's own
+JSON; and DBOS Transact on the same workloads when ``dbos`` is installed. Rounds
+are interleaved (every row once per round, baseline and durably back to back),
+databases are warm (made once, reused by every round), and each cell is
+``median [min-max]`` over the rounds.
 
 This is a benchmark, not a test: nothing asserts on speed. See docs/performance.md.
 """
@@ -40,6 +41,10 @@ import durably
 from benchmarks import workloads
 
 REPO = Path(__file__).resolve().parent.parent
+
+#: durably's PostgreSQL engines here use four store connections (the default is one:
+#: see docs/decisions.md); the raw baseline uses one connection.
+PG_OPTIONS = "?connections=4"
 
 # --- what is measured ---------------------------------------------------------------------
 
@@ -95,6 +100,12 @@ def make_rows(sizes: Sizes) -> list[Row]:
                         "wf/s", b, "throughput", (steps, k, sizes.totals[k]),
                         "raw commits/s / steps", dbos=True)
                 )  # fmt: skip
+    for procs in (1, 2, 4):
+        rows.append(
+            Row(f"procs-pg-{procs}", f"1-step wf/s, {procs} worker process(es) x 100 in flight, "
+                "PostgreSQL", "wf/s", "pg", "processes", (procs, 100, sizes.totals[100]),
+                "raw commits/s")
+        )  # fmt: skip
     for b in ("full", "pg"):
         rows.append(
             Row(f"recovery-{b}", f"{sizes.recovery} killed wfs done after restart, {names[b]}",
@@ -137,7 +148,7 @@ class Backends:
         self._fresh += 1
         if backend == "pg":
             assert self.pg_url is not None
-            return self.pg_url(f"{name}_{self._fresh}")
+            return self.pg_url(f"{name}_{self._fresh}") + PG_OPTIONS
         mode = "full" if backend == "full" else "normal"
         return f"sqlite:///{self.workdir}/{name}-{self._fresh}.db?synchronous={mode}"
 
@@ -145,7 +156,7 @@ class Backends:
         for b in sorted(backends):
             if b == "pg":
                 assert self.pg_url is not None
-                url = self.pg_url("bench_durably")
+                url = self.pg_url("bench_durably") + PG_OPTIONS
                 self.raw[b] = workloads.RawPostgres(self.pg_url("bench_raw"))
             else:
                 url = f"sqlite:///{self.workdir}/durably-{b}.db?synchronous={b}"
@@ -179,6 +190,9 @@ async def measure(row: Row, be: Backends) -> tuple[float, float]:
         steps = row.params[0]
         base = 1e6 / await asyncio.to_thread(raw.commit_us, 200) / steps
         return base, await workloads.throughput(engine, *row.params)
+    if row.kind == "processes":
+        base = 1e6 / await asyncio.to_thread(raw.commit_us, 200)
+        return base, await workloads.processes_throughput(be.urls[row.backend], *row.params)
     if row.kind == "replay":
         base = await asyncio.to_thread(raw.read_us, row.params[0])
         return base, await workloads.replay_us(engine, row.params[0])

@@ -35,7 +35,8 @@ def test_quick_benchmark_prints_every_row_beside_its_baseline(tmp_path: Path) ->
                 "tp1-full-100", "tp10-full-1", "recovery-full", "replay-100", "replay-1000",
                 "signal-full", "bytes-full"]  # fmt: skip
     if pg:
-        expected += ["step-pg", "tp1-pg-100", "recovery-pg", "signal-pg", "bytes-pg"]
+        expected += ["step-pg", "tp1-pg-100", "procs-pg-1", "procs-pg-4", "recovery-pg",
+                     "signal-pg", "bytes-pg"]  # fmt: skip
     rows = {line.split(" | ")[0].strip(): line.split(" | ") for line in lines if " | " in line}
     for name in expected:
         assert name in rows, f"row {name} missing from:\n{out}"

@@ -9,7 +9,7 @@ import pytest
 
 import durably
 from durably import journal
-from durably.storage import base, create_store, dispatch
+from durably.storage import base, create_store, thread
 
 RAN: list[str] = []
 
@@ -56,20 +56,20 @@ async def test_a_plain_step_costs_one_commit(sqlite_url: str, monkeypatch: Any) 
 
 
 def test_the_store_rejects_writes_after_park_or_finish(sqlite_url: str) -> None:
-    thread = dispatch.StoreThread(create_store(sqlite_url))
-    thread.start()
-    store = thread.store
+    runner = thread.StoreThread(create_store(sqlite_url))
+    runner.start()
+    store = runner.store
     try:
         new = base.NewWorkflow("w", "flow", '{"args":[],"kwargs":{}}', None, None)
-        info, _ = thread.call_sync(store.create_workflow, new, "me", 1e12, 1.0)
+        info, _ = runner.call_sync(store.create_workflow, new, "me", 1e12, 1.0)
         entry = journal.Entry(1, "step", "a", "completed", 1, "1", 1.0, 1.0)
-        thread.call_sync(store.park, "w", info.epoch, "sleeping", 5.0, [entry], [], [], 2.0)
+        runner.call_sync(store.park, "w", info.epoch, "sleeping", 5.0, [entry], [], [], 2.0)
         late = journal.Entry(2, "step", "b", "completed", 1, "2", 3.0, 3.0)
         with pytest.raises(durably.FencedError):
-            thread.call_sync(store.append_entries, "w", info.epoch, [late], 3.0)
-        assert [e.seq for e in thread.call_sync(store.load_history, "w")] == [1]
+            runner.call_sync(store.append_entries, "w", info.epoch, [late], 3.0)
+        assert [e.seq for e in runner.call_sync(store.load_history, "w")] == [1]
     finally:
-        thread.stop()
+        runner.stop()
 
 
 class Boom(Exception):

@@ -49,6 +49,16 @@ def test_every_query_is_used_by_the_library() -> None:
     assert unused == [], f"queries nothing runs: {unused}"
 
 
+def test_a_query_written_with_its_direction_open_is_made_both_ways() -> None:
+    queries = sqlbase.load_queries()
+    assert QUERIES.count("-- name: search_workflows") == 1  # written once
+    newest, oldest = queries["search_workflows"], queries["search_workflows_oldest_first"]
+    assert "ORDER BY created_at DESC" in newest and "created_at < :after_created" in newest
+    assert "ORDER BY created_at ASC" in oldest and "created_at > :after_created" in oldest
+    left = [name for name, sql in queries.items() if "{past}" in sql or "{order}" in sql]
+    assert left == [], f"direction slots left unfilled in {left}"
+
+
 def test_status_lists_in_sql_are_the_sets_journal_defines() -> None:
     lists = STATUS_IN.findall(QUERIES)
     assert len(lists) >= 8  # the finished, parked, live and final-entry lists are all found

@@ -20,7 +20,7 @@ import pytest
 
 import durably
 from durably import errors, journal
-from durably.storage import base, create_store, dispatch
+from durably.storage import base, create_store, thread
 from durably.storage import sqlbase as sqlstore
 
 NOW = 1_000_000.0
@@ -612,20 +612,20 @@ def test_a_failing_op_does_not_undo_the_others_in_its_batch(store, db):
 
 
 def test_the_store_thread_serves_concurrent_callers(store_url):
-    thread = dispatch.StoreThread(create_store(store_url))
-    thread.start()
+    runner = thread.StoreThread(create_store(store_url))
+    runner.start()
     try:
 
         async def main() -> list[Any]:
-            s = thread.store
-            calls = [thread.call(s.create_workflow, new(f"w{i}"), "e", NOW, NOW) for i in range(20)]
+            s = runner.store
+            calls = [runner.call(s.create_workflow, new(f"w{i}"), "e", NOW, NOW) for i in range(20)]
             return await asyncio.gather(*calls)
 
         results = asyncio.run(main())
         assert all(created for _, created in results)
-        assert len(thread.call_sync(thread.store.list_workflows, None, None, 100)) == 20
+        assert len(runner.call_sync(runner.store.list_workflows, None, None, 100)) == 20
     finally:
-        thread.stop()
+        runner.stop()
 
 
 # --- PostgreSQL: the connection ---------------------------------------------------------------
@@ -668,18 +668,18 @@ def test_postgres_unreachable_names_the_database_not_the_password(pg_cluster):
 
 
 def test_postgres_store_survives_a_server_restart(pg_cluster, postgres_url):
-    thread = dispatch.StoreThread(create_store(postgres_url))
-    thread.start()
-    s = thread.store
+    runner = thread.StoreThread(create_store(postgres_url))
+    runner.start()
+    s = runner.store
     try:
-        thread.call_sync(s.create_workflow, new("before"), None, None, NOW)
+        runner.call_sync(s.create_workflow, new("before"), None, None, NOW)
         pg_cluster.restart()
         # The connection died while idle: the next batch reconnects before it begins.
-        thread.call_sync(s.create_workflow, new("after"), None, None, NOW)
-        ids = {w.workflow_id for w in thread.call_sync(s.list_workflows, None, None, 10)}
+        runner.call_sync(s.create_workflow, new("after"), None, None, NOW)
+        ids = {w.workflow_id for w in runner.call_sync(s.list_workflows, None, None, 10)}
         assert ids == {"before", "after"}
     finally:
-        thread.stop()
+        runner.stop()
 
 
 def test_postgres_batch_cut_by_a_restart_fails_and_the_next_reconnects(pg_cluster, postgres_url):

@@ -17,7 +17,7 @@ import click
 
 import durably
 from durably import archive, errors, journal
-from durably.storage import bulk, create_store, dispatch
+from durably.storage import bulk, create_store, thread
 
 R = TypeVar("R")
 
@@ -56,7 +56,7 @@ class _Session:
     """The database's store, on its thread, for one command."""
 
     def __init__(self, url: str) -> None:
-        self.thread = dispatch.StoreThread(create_store(url))
+        self.thread = thread.StoreThread(create_store(url))
         self.store = self.thread.store
 
     def __enter__(self) -> _Session:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from durably import journal, operations, step_runner, validate
-from durably.storage import base, create_store, dispatch, resolve_url
+from durably.storage import base, create_store, resolve_url, thread
 from durably.storage.base import WorkflowQuery
 
 R = TypeVar("R")
@@ -28,7 +28,7 @@ class Client:
     def __init__(self, url: str | None = None, *, create: bool = True) -> None:
         """``create=False`` for a reader: a database that does not exist (a mistyped
         path) raises DatabaseNotFound on open instead of being created empty."""
-        self._store = dispatch.StoreThread(create_store(resolve_url(url), create=create))
+        self._store = thread.StoreThread(create_store(resolve_url(url), create=create))
         self.url = self._store.store.url  # as shown in messages: without a password
         self._ops = operations.Operations(self._store.store, time.time)
         self._open = False

@@ -42,7 +42,7 @@ from durably import (
     workflows,
 )
 from durably import retention as retention_policy
-from durably.storage import base, create_store, dispatch, resolve_url
+from durably.storage import base, create_store, resolve_url, thread
 
 if TYPE_CHECKING:
     from durably.queues import Queue
@@ -174,7 +174,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         if len({q.name for q in self.queues}) != len(self.queues):
             raise ValueError("each queue may be given once")
         self._database = resolve_url(url)  # with its password, for the watchdog's connection
-        self._store = dispatch.StoreThread(create_store(self._database))
+        self._store = thread.StoreThread(create_store(self._database))
         self.url = self._store.store.url  # as shown in messages: without a password
         self._step_threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=step_threads, thread_name_prefix="durably-step"

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durably import errors, journal, liveness, operations, runtime, serving, workflows
-from durably.storage import base, dispatch
+from durably.storage import base, thread
 
 if TYPE_CHECKING:
     from durably.queues import Queue
@@ -43,7 +43,7 @@ class Recovery:
     poll_interval: float
     strict_code: bool
     queues: tuple[Queue, ...]
-    _store: dispatch.StoreThread
+    _store: thread.StoreThread
     _me: journal.ExecutorInfo | None
     _services: runtime.Services | None
     _runs: dict[str, runtime.Run]

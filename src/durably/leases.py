@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Collection
 
 from durably import errors, journal, operations, runtime
-from durably.storage import dispatch
+from durably.storage import thread
 
 log = logging.getLogger("durably")
 
@@ -41,7 +41,7 @@ class Leases:
 
     def __init__(
         self,
-        store: dispatch.StoreThread,
+        store: thread.StoreThread,
         lease_seconds: float,
         clock: Callable[[], float],
         running: Callable[[], Collection[str]],

@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
 from durably import codec, errors, journal, step_runner, validate, workflows
-from durably.storage import base, dispatch
+from durably.storage import base, thread
 
 T = TypeVar("T")
 
@@ -406,7 +406,7 @@ def _epoch(when: float | datetime.datetime | None, what: str) -> float | None:
 # --- running a plan -----------------------------------------------------------------------
 
 
-def run_sync(plan: Plan[T], store: dispatch.StoreThread) -> T:
+def run_sync(plan: Plan[T], store: thread.StoreThread) -> T:
     """Run the plan from synchronous code: verbs on the store thread, pauses as sleeps."""
     with contextlib.closing(plan):
         answer: Any = None
@@ -422,7 +422,7 @@ def run_sync(plan: Plan[T], store: dispatch.StoreThread) -> T:
                 answer = store.call_sync(op.fn, *op.args, write=op.write)
 
 
-async def run_async(plan: Plan[T], store: dispatch.StoreThread, changes: Changes) -> T:
+async def run_async(plan: Plan[T], store: thread.StoreThread, changes: Changes) -> T:
     """Run the plan on an event loop; a pause ends early on a change seen since the last read."""
     with contextlib.closing(plan):
         answer: Any = None

@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from durably import codec, errors, faults, journal, replay, runstate
-from durably.storage import dispatch
+from durably.storage import thread
 
 if TYPE_CHECKING:
     from durably.steps import StepDefinition
@@ -87,7 +87,7 @@ _HOLDING = runstate.HOLDING
 class Services:
     """What a run needs from its engine."""
 
-    store: dispatch.StoreThread
+    store: thread.StoreThread
     clock: Callable[[], float]
     step_threads: concurrent.futures.ThreadPoolExecutor
     stopping: asyncio.Event

@@ -1,12 +1,14 @@
 """The storage interface, in domain verbs.
 
-A :class:`Store` is synchronous and used from one thread at a time (the
-:class:`~durably.storage.dispatch.StoreThread` that the engine awaits). Each verb
+A :class:`Store` is synchronous and used from the
+:class:`~durably.storage.thread.StoreThread` that the engine awaits: one thread at
+a time, or as many as its ``threads``, each with a connection of its own. Each verb
 runs inside a transaction opened by :meth:`Store.run_batch`, which may hold the
 verbs of several workflows at once (group commit): a verb that fails is rolled
-back to its own savepoint and the others still commit. The engine never sees
-SQL; a new backend implements these verbs, or, for a SQL database, only the
-dialect hooks of :class:`~durably.storage.sql.SqlStore`.
+back alone (the batch runs again with a savepoint for each verb) and the
+others still commit once. The engine never sees SQL; a new backend implements
+these verbs, or, for a SQL database, only the dialect hooks of
+:class:`~durably.storage.sql.SqlStore`.
 """
 
 from __future__ import annotations
@@ -14,9 +16,25 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from durably import errors, journal
+
+_Verb = TypeVar("_Verb", bound=Callable[..., Any])
+
+
+def alone(verb: _Verb) -> _Verb:
+    """Mark a verb that may lock the rows of many workflows at once (or of a workflow
+    another run holds): a store with several threads runs it in a transaction of its own
+    while no other batch is in flight, so it never waits in a cycle with one of them
+    (PostgreSQL would break such a cycle after a second by failing one side)."""
+    verb.runs_alone = True  # type: ignore[attr-defined]
+    return verb
+
+
+def runs_alone(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` (a verb, bound or not) is marked with :func:`alone`."""
+    return bool(getattr(fn, "runs_alone", False))
 
 
 @dataclasses.dataclass(slots=True)
@@ -146,6 +164,11 @@ class Store(abc.ABC):
     #: (see ``create_store``): a database that does not exist then raises DatabaseNotFound.
     create: bool = True
 
+    #: How many threads may run batches at once, each on a connection of its own (see
+    #: ``use_own_connection``). 1 where a second writer would only wait for the first
+    #: (SQLite's one write lock).
+    threads: int = 1
+
     # --- lifecycle -------------------------------------------------------------
 
     @abc.abstractmethod
@@ -155,6 +178,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the connection. Idempotent."""
+
+    def use_own_connection(self) -> None:
+        """Give the calling thread a connection of its own, from now until ``close``.
+
+        Every other thread shares the store's one connection (one thread at a
+        time); a store with ``threads`` > 1 is called so by its extra threads.
+        """
+        if self.threads > 1:  # pragma: no cover - a backend's bug
+            raise NotImplementedError(f"{type(self).__name__} has threads but one connection")
 
     @abc.abstractmethod
     def run_batch(self, ops: Sequence[Op]) -> None:
@@ -348,6 +380,7 @@ class Store(abc.ABC):
     ) -> bool:
         """Keep a signal for the workflow and wake it if it waits; False for a repeated key."""
 
+    @alone
     def send_signals(
         self, signals: Sequence[tuple[str, str, str, str | None]], now: float
     ) -> list[bool]:

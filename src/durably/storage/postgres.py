@@ -11,20 +11,29 @@ SQLite file stays busy for at most ``busy_timeout``).
 Transactions. The connection is in autocommit mode and every batch opens its
 own transaction with an explicit ``BEGIN``, exactly as the SQLite dialect does,
 so the transaction boundaries are the ones :meth:`SqlStore.run_batch` draws and
-nothing is begun behind its back. Isolation is READ COMMITTED: every verb that
-decides on a row does so in one conditional UPDATE (``claim``, the fence of
+nothing is begun behind its back. The ``BEGIN`` is sent with the batch's first
+statement, pipelined, and a step's fence and journal write are one statement
+(``fence_and_write_entry``), so a plain step's commit is two round trips.
+Isolation is READ COMMITTED: every verb that decides on a row does so in one
+conditional UPDATE or a ``SELECT ... FOR UPDATE`` (``claim``, the fence of
 ``append_entries``), whose row lock makes a rival wait and then re-check its
 WHERE clause against the committed row, so of two claims on the same epoch
 exactly one updates a row.
 
-One connection. The store is driven by one thread
-(:class:`~durably.storage.dispatch.StoreThread`), so one connection is all it
-can use; a pool would only add a second place where connections die. When the
-connection is lost (a server restart, a failover, a network cut) the batch that
-was running fails with DatabaseUnavailable -- its outcome is unknown if the loss
-hit its COMMIT -- and the next batch connects again. A batch that finds the
-connection dead before it ran anything (the server restarted while we were
-idle) reconnects at once: nothing of it had reached the server.
+Connections. ``?connections=N`` (1 unless given, at most 64) store threads
+(:class:`~durably.storage.thread.StoreThread`) take batches from one queue, each
+on a connection of its own: while one batch waits for its COMMIT (a disk flush
+on the server) or for a row lock, the next runs on another. With more than one,
+two calls that were not awaited one after the other may commit in either order
+(with one they commit in the order they were made). Verbs that lock
+many workflows' rows at once (the heartbeat, ``request_cancel``, ...) run
+alone (``base.alone``), so two batches of one process never wait for each
+other in a cycle. When a connection is lost (a server restart, a failover, a
+network cut) the batch that was running on it fails with DatabaseUnavailable --
+its outcome is unknown if the loss hit its COMMIT -- and that thread's next
+batch connects again. A batch that finds the connection dead before it ran
+anything (the server restarted while we were idle) reconnects at once: nothing
+of it had committed.
 
 Claiming. ``claim_next`` selects the claimable rows ``FOR UPDATE SKIP LOCKED``
 and claims them in the same transaction: concurrent claimers on any number of
@@ -66,8 +75,8 @@ import psycopg.errors
 import psycopg.pq
 from psycopg import sql as pgsql
 
-from durably import errors
-from durably.storage import base, sql, sqlbase
+from durably import errors, journal
+from durably.storage import base, entries, sql, sqlbase
 
 log = logging.getLogger("durably")
 
@@ -77,6 +86,13 @@ DEFAULTS = {
     "application_name": "durably",
     "options": "-c lock_timeout=5000",
 }
+
+#: How many connections, each with its own store thread, a process opens unless the URL
+#: says ``?connections=N``: concurrent workflows' commits run on them side by side. One by
+#: default: calls then commit in the order they were made, which code that starts a
+#: workflow and goes on without awaiting the start's commit may rely on (see
+#: docs/decisions.md).
+DEFAULT_CONNECTIONS = 1
 
 #: The schema durably's tables go into unless the URL says ``?schema=NAME``.
 DEFAULT_SCHEMA = "durably"
@@ -118,8 +134,9 @@ def _paramstyle(sql_text: str) -> str:
     return _TOKEN.sub(rewrite, sql_text)
 
 
-def split_schema(url: str) -> tuple[str, list[str]]:
-    """The URL without its ``schema`` query parameters (libpq knows none), and their values."""
+def split_schema(url: str, name: str = "schema") -> tuple[str, list[str]]:
+    """The URL without its ``schema`` (or ``name``) query parameters (libpq knows none),
+    and their values."""
     head, sep, rest = url.partition("?")
     if not sep:
         return url, []
@@ -127,7 +144,7 @@ def split_schema(url: str) -> tuple[str, list[str]]:
     kept, found = [], []
     for part in query.split("&"):
         key, _, value = part.partition("=")
-        if urllib.parse.unquote_plus(key) == "schema":
+        if urllib.parse.unquote_plus(key) == name:
             found.append(urllib.parse.unquote_plus(value))
         elif part:
             kept.append(part)
@@ -179,6 +196,8 @@ class PostgresStore(sql.SqlStore):
             raise errors.DatabaseURLError(f"not a postgresql URL: {redact(url)!r}")
         super().__init__(url)
         libpq_url, schemas = split_schema(url)
+        libpq_url, pools = split_schema(libpq_url, "connections")
+        self.threads = _connections(pools, url)
         if len(schemas) > 1:
             raise errors.DatabaseURLError(
                 f"schema= is given {len(schemas)} times in {redact(url)!r}"
@@ -207,8 +226,13 @@ class PostgresStore(sql.SqlStore):
         self._conninfo = psycopg.conninfo.make_conninfo("", **params)
         self._password = str(params.get("password") or "")
         self.url = redact(url)
-        self._conn: psycopg.Connection[Any] | None = None
         self._open = False
+        #: The connection and transaction state every thread shares (the store is used from
+        #: one thread at a time), but the threads that asked for one of their own.
+        self._shared = _Session()
+        self._local = threading.local()
+        self._sessions_lock = threading.Lock()
+        self._connections: set[psycopg.Connection[Any]] = set()  # every thread's, to close
 
     @property
     def where(self) -> str:
@@ -238,20 +262,60 @@ class PostgresStore(sql.SqlStore):
             raise
 
     def close(self) -> None:
+        """Close every thread's connection (the store threads have stopped)."""
         self._open = False
         self._drop()
+        with self._sessions_lock:
+            others, self._connections = self._connections, set()
+        for conn in others:
+            conn.close()
+
+    def use_own_connection(self) -> None:
+        # The store's other threads (StoreThread, when threads > 1); closed by close().
+        self._local.session = _Session()
+
+    @property
+    def _session(self) -> _Session:
+        """The calling thread's connection and transaction state."""
+        session: _Session = getattr(self._local, "session", self._shared)
+        return session
+
+    @property
+    def _conn(self) -> psycopg.Connection[Any] | None:
+        """This thread's connection, if it has one."""
+        return self._session.conn
+
+    @property
+    def _begin_pending(self) -> bool:
+        """This thread's batch began (``_begin``) but its BEGIN is not sent yet: it goes with
+        the first statement, pipelined, so a one-statement step costs BEGIN, it and COMMIT
+        two round trips."""
+        return self._session.begin_pending
+
+    @_begin_pending.setter
+    def _begin_pending(self, pending: bool) -> None:
+        self._session.begin_pending = pending
 
     def _connect(self) -> psycopg.Connection[Any]:
         self._drop()
         try:
-            self._conn = psycopg.connect(self._conninfo, autocommit=True)
-            if self._schema_settled:
-                _use_schema(self._conn, self.schema)
+            conn = psycopg.connect(self._conninfo, autocommit=True)
         except psycopg.Error as exc:
             raise errors.DatabaseUnavailable(
                 f"cannot connect to {self.where}: {self._scrub(exc)}"
             ) from None
-        return self._conn
+        self._session.conn = conn
+        with self._sessions_lock:
+            self._connections.add(conn)
+        if self._schema_settled:
+            try:
+                _use_schema(conn, self.schema)
+            except psycopg.Error as exc:
+                self._drop()
+                raise errors.DatabaseUnavailable(
+                    f"cannot connect to {self.where}: {self._scrub(exc)}"
+                ) from None
+        return conn
 
     def _settle_schema(self, conn: psycopg.Connection[Any]) -> None:
         """Choose the schema: the URL's; else ``durably``, unless an earlier durably laid
@@ -271,8 +335,11 @@ class PostgresStore(sql.SqlStore):
         self._schema_settled = True
 
     def _drop(self) -> None:
-        if self._conn is not None:
-            conn, self._conn = self._conn, None
+        conn = self._session.conn
+        if conn is not None:
+            self._session.conn = None
+            with self._sessions_lock:
+                self._connections.discard(conn)
             conn.close()
 
     @property
@@ -290,23 +357,32 @@ class PostgresStore(sql.SqlStore):
         return _paramstyle(sql_text)
 
     def _execute(self, sql_text: str, params: Mapping[str, Any] | None = None) -> Any:
-        return self.conn.execute(sql_text, params)
+        if not self._begin_pending:
+            return self.conn.execute(sql_text, params)
+        self._begin_pending = False
+        conn = self.conn
+        try:
+            return _begin_with(conn, sql_text, params)
+        except psycopg.OperationalError:
+            if not conn.broken:
+                raise
+            # The connection died while idle; nothing of this batch reached the server, or
+            # only inside a transaction that dies with the connection: send both again.
+            return _begin_with(self._connect(), sql_text, params)
 
     def _begin(self, write: bool) -> None:
         if not self._open:
             raise errors.DatabaseUnavailable(f"{self.url} is closed")
         conn = self._conn
         if conn is None or conn.closed:  # lost during an earlier batch
-            conn = self._connect()
-        try:
-            conn.execute("BEGIN")
-        except psycopg.OperationalError:
-            if not conn.broken:
-                raise
-            # The connection died while idle; nothing of this batch reached the server.
-            self._connect().execute("BEGIN")
+            self._connect()
+        # Sent with the batch's first statement (_execute), in one round trip.
+        self._begin_pending = True
 
     def _commit(self) -> None:
+        if self._begin_pending:  # nothing was sent: nothing to commit
+            self._begin_pending = False
+            return
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
             # PostgreSQL answers COMMIT of an aborted transaction with a silent ROLLBACK.
             self._rollback()
@@ -317,6 +393,7 @@ class PostgresStore(sql.SqlStore):
         self.conn.execute("COMMIT")
 
     def _rollback(self) -> None:
+        self._begin_pending = False
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             return
@@ -329,6 +406,31 @@ class PostgresStore(sql.SqlStore):
 
     def _next_savepoint(self) -> None:
         self._execute("RELEASE SAVEPOINT op; SAVEPOINT op")  # one round trip, not two
+
+    def _fence_and_write(
+        self, workflow_id: str, epoch: int, entry: journal.Entry, now: float
+    ) -> tuple[entries.Fence, int | None]:
+        # One statement, so one round trip: the fence's SELECT ... FOR UPDATE and the upsert
+        # of the first entry, written only if the fence held.
+        found = self._q(
+            "fence_and_write_entry",
+            workflow_id=workflow_id,
+            epoch=epoch,
+            seq=entry.seq,
+            kind=entry.kind,
+            name=entry.name,
+            status=entry.status,
+            attempt=entry.attempt,
+            payload=entry.payload,
+            started_at=entry.started_at,
+            finished_at=entry.finished_at,
+            wake_at=entry.wake_at,
+        ).fetchone()
+        if found is None:  # the fence did not hold: nothing was written
+            raise self._fenced_off(workflow_id, epoch)
+        cancel_requested, crash_count, written = found
+        fence = entries.Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count))
+        return fence, int(written)
 
     def _notify(self, channel: str, payload: str) -> None:
         params = {"channel": channel, "payload": payload}
@@ -431,6 +533,36 @@ class PostgresStore(sql.SqlStore):
     def _scrub(self, exc: BaseException) -> str:
         text = " ".join(str(exc).split())
         return text.replace(self._password, "***") if self._password else text
+
+
+class _Session:
+    """A connection to the database and whether its batch's BEGIN is still to send."""
+
+    __slots__ = ("begin_pending", "conn")
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection[Any] | None = None
+        self.begin_pending = False
+
+
+def _connections(given: list[str], url: str) -> int:
+    """The ``connections=N`` of the URL: how many store threads, each with a connection."""
+    if not given:
+        return DEFAULT_CONNECTIONS
+    if len(given) > 1 or not given[0].isdigit() or not 1 <= int(given[0]) <= 64:
+        raise errors.DatabaseURLError(
+            f"connections={given[-1]!r} in {redact(url)!r}: give how many connections "
+            "(and store threads) each process opens, one number from 1 to 64"
+        )
+    return int(given[0])
+
+
+def _begin_with(conn: psycopg.Connection[Any], sql_text: str, params: Any) -> Any:
+    """BEGIN and the transaction's first statement, pipelined: one round trip."""
+    with conn.pipeline():
+        conn.execute("BEGIN")
+        cursor = conn.execute(sql_text, params)
+    return cursor
 
 
 def _use_schema(conn: psycopg.Connection[Any], schema: str) -> None:

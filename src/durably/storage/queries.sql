@@ -54,7 +54,9 @@ LIMIT :limit
 -- name: search_workflows
 -- One page of workflows, newest first, filtered by status, name, queue, parent, id (or
 -- its prefix) and creation time; a page after another starts past the
--- (created_at, workflow_id) of the other's last row.
+-- (created_at, workflow_id) of the other's last row. Written once, its direction left
+-- open; the loader (sqlbase.load_queries) makes it oldest first too, under the name
+-- search_workflows_oldest_first.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
@@ -69,30 +71,9 @@ WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:created_after AS DOUBLE PRECISION) IS NULL OR created_at >= :created_after)
   AND (CAST(:created_before AS DOUBLE PRECISION) IS NULL OR created_at < :created_before)
   AND (CAST(:after_created AS DOUBLE PRECISION) IS NULL
-       OR created_at < :after_created
+       OR created_at {past} :after_created
        OR (created_at = :after_created AND workflow_id > :after_id))
-ORDER BY created_at DESC, workflow_id
-LIMIT :limit OFFSET :offset
-
--- name: search_workflows_oldest_first
--- As search_workflows, oldest first: the cursor moves the other way.
-SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
-       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
-FROM workflows
-WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
-  AND (CAST(:name AS TEXT) IS NULL OR name = :name)
-  AND (CAST(:queue AS TEXT) IS NULL OR queue = :queue)
-  AND (CAST(:parent_id AS TEXT) IS NULL OR parent_id = :parent_id)
-  AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = :workflow_id)
-  AND (CAST(:id_prefix AS TEXT) IS NULL
-       OR SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix)
-  AND (CAST(:created_after AS DOUBLE PRECISION) IS NULL OR created_at >= :created_after)
-  AND (CAST(:created_before AS DOUBLE PRECISION) IS NULL OR created_at < :created_before)
-  AND (CAST(:after_created AS DOUBLE PRECISION) IS NULL
-       OR created_at > :after_created
-       OR (created_at = :after_created AND workflow_id > :after_id))
-ORDER BY created_at, workflow_id
+ORDER BY created_at {order}, workflow_id
 LIMIT :limit OFFSET :offset
 
 -- name: count_by_status
@@ -263,6 +244,35 @@ SET kind = excluded.kind, name = excluded.name,
 WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
   AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
        OR excluded.kind = 'cancel')
+
+-- name: fence_and_write_entry
+-- The fence and one entry's upsert in one statement (PostgreSQL only: a data-modifying
+-- WITH; a step's commit is then one round trip): the row this epoch owns, locked; the
+-- entry written only if the fence held, as upsert_entry would; returns what the fence found
+-- (no row: it did not hold) and how many entries were written (0: one was there already).
+WITH fence AS (
+    SELECT cancel_requested, crash_count FROM workflows
+    WHERE workflow_id = :workflow_id AND epoch = :epoch AND owner IS NOT NULL
+    FOR UPDATE
+), written AS (
+    INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
+                         finished_at, wake_at)
+    SELECT CAST(:workflow_id AS TEXT), CAST(:seq AS BIGINT), CAST(:kind AS TEXT),
+           CAST(:name AS TEXT), CAST(:status AS TEXT), CAST(:attempt AS BIGINT),
+           CAST(:payload AS TEXT), CAST(:started_at AS DOUBLE PRECISION),
+           CAST(:finished_at AS DOUBLE PRECISION), CAST(:wake_at AS DOUBLE PRECISION)
+    FROM fence
+    ON CONFLICT (workflow_id, seq) DO UPDATE
+    SET kind = excluded.kind, name = excluded.name,
+        status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
+        started_at = excluded.started_at, finished_at = excluded.finished_at,
+        wake_at = excluded.wake_at
+    WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
+      AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
+           OR excluded.kind = 'cancel')
+    RETURNING 1
+)
+SELECT cancel_requested, crash_count, (SELECT COUNT(*) FROM written) AS written FROM fence
 
 -- name: entry_at
 -- The journal entry at one seq.

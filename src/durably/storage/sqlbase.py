@@ -2,9 +2,10 @@
 
 :class:`SqlBase` is the machinery under :class:`~durably.storage.sql.SqlStore`
 (the verbs): it loads the named queries of ``queries.sql`` and the migrations
-of ``migrations/``, runs a batch of verbs in one transaction with a savepoint
-each (group commit), and declares what a dialect subclass provides: the
-connection, how a transaction begins, how parameters are spelled, how tables
+of ``migrations/``, runs a batch of verbs in one transaction (group commit; a
+savepoint each only when one of them failed), and declares what a dialect
+subclass provides: the connection, how a transaction begins, how parameters are
+spelled, how tables
 are listed, how driver errors map to durably's errors, and the two things only
 a server database has -- the locking clause that lets concurrent claimers skip
 each other's rows (``skip_locked``) and notifications sent on commit
@@ -31,6 +32,14 @@ _MIGRATION = re.compile(r"^(\d{4})_(\w+)\.sql$")
 #: The NOTIFY channel (PostgreSQL) on which committed changes wake listening executors.
 CHANNEL = "durably"
 
+#: A query written with its direction open (``{past}``, ``{order}``, e.g. a page of
+#: workflows) is made twice: newest first under its own name, oldest first under its
+#: name + ``_oldest_first``. ``{past}`` compares with the cursor: past it is older, or newer.
+_DIRECTIONS = {
+    "": {"past": "<", "order": "DESC"},
+    "_oldest_first": {"past": ">", "order": "ASC"},
+}
+
 _MAX_PAYLOAD = 4000  # characters; PostgreSQL refuses a NOTIFY payload of 8000 bytes or more
 
 
@@ -43,7 +52,17 @@ def load_queries() -> dict[str, str]:
     """
     text = importlib.resources.files("durably.storage").joinpath("queries.sql").read_text()
     parts = _NAME.split(text)
-    return {name: sql.strip() for name, sql in zip(parts[1::2], parts[2::2], strict=True)}
+    queries = {}
+    for name, sql in zip(parts[1::2], parts[2::2], strict=True):
+        if "{order}" not in sql:
+            queries[name] = sql.strip()
+            continue
+        for suffix, words in _DIRECTIONS.items():  # one query, written once, both ways
+            directed = sql
+            for slot, word in words.items():
+                directed = directed.replace("{" + slot + "}", word)
+            queries[name + suffix] = directed.strip()
+    return queries
 
 
 @functools.cache
@@ -179,17 +198,38 @@ class SqlBase(base.Store):
         return self._map_error(exc) if isinstance(exc, self.driver_errors) else exc
 
     def run_batch(self, ops: Sequence[base.Op]) -> None:
-        write = any(op.write for op in ops)
-        try:
-            self._begin(write)
-        except Exception as exc:
-            mapped = self._translate(exc)
-            for op in ops:
-                op.error = mapped
+        if not self._begin_batch(ops):
             return
         if len(ops) == 1:
             self._run_alone(ops[0])
             return
+        # Optimistically without savepoints (they cost a round trip an op on a server):
+        # when an op fails, everything is undone and the batch runs again, guarded.
+        try:
+            for op in ops:
+                op.result = op.fn(*op.args)
+        except Exception:
+            self._rollback()
+            for op in ops:
+                op.result = None
+            if self._begin_batch(ops):
+                self._run_guarded(ops)
+            return
+        self._finish(ops)
+
+    def _begin_batch(self, ops: Sequence[base.Op]) -> bool:
+        """Open the batch's transaction; False, with every op failed, if it cannot be."""
+        try:
+            self._begin(any(op.write for op in ops))
+        except Exception as exc:
+            mapped = self._translate(exc)
+            for op in ops:
+                op.error = mapped
+            return False
+        return True
+
+    def _run_guarded(self, ops: Sequence[base.Op]) -> None:
+        """Run the ops with a savepoint each: one that fails is undone alone."""
         try:
             self._execute("SAVEPOINT op")
             for i, op in enumerate(ops):

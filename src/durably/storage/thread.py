@@ -1,9 +1,12 @@
-"""One thread per store that runs every storage call, committing in groups.
+"""The store's threads, which run every storage call, committing in groups.
 
-The engine is asyncio; the stores are synchronous. Every call is queued to this
-thread, which drains whatever is waiting and runs it in one transaction, so
+The engine is asyncio; the stores are synchronous. Every call is queued to the
+store thread, which drains whatever is waiting and runs it in one transaction, so
 concurrent workflows share one commit (group commit) and the event loop never
-blocks on a disk flush. See docs/decisions.md.
+blocks on a disk flush. A store that can use several connections (PostgreSQL,
+``Store.threads``) gets as many threads, taking batches from the one queue: while
+one waits for its COMMIT, the next batch runs on another connection. See
+docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from durably import errors
@@ -30,38 +33,55 @@ _BREATHE_EVERY = 0.001
 
 
 class StoreThread:
-    """Runs a Store's verbs on a dedicated thread, batching concurrent calls."""
+    """Runs a Store's verbs on dedicated threads (``store.threads``), batching concurrent
+    calls. With one thread calls commit in the order they were queued; with several, a
+    caller that needs an order between two calls awaits the first before the second."""
 
     def __init__(self, store: base.Store, *, max_batch: int = 128) -> None:
         self.store = store
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._exec = threading.Lock()  # whoever runs store verbs holds it: thread or inline
+        self._exec = threading.Lock()  # one thread: whoever runs verbs holds it (or inline)
+        self._alone = store.threads <= 1
+        self._gate = _Gate()
         self._breathed = 0.0  # time.monotonic() when an inline commit last yielded the loop
 
     def start(self) -> None:
-        """Open the store on the thread and begin serving. Raises what open raised."""
+        """Open the store on a thread and begin serving. Raises what open raised."""
         with self._lock:
-            if self._thread is not None:
+            if self._threads:
                 return
-            self._thread = threading.Thread(target=self._serve, name="durably-store", daemon=True)
-            self._thread.start()
+            self._threads = [self._spawn(0)]
         try:
             self.call_sync(self.store.open, write=True, _raw=True)
         except BaseException:
             self.stop()
             raise
+        with self._lock:  # the others connect on their first batch
+            if self._threads:
+                self._threads += [self._spawn(i) for i in range(1, self.store.threads)]
+
+    def _spawn(self, i: int) -> threading.Thread:
+        name = "durably-store" if i == 0 else f"durably-store-{i}"
+        thread = threading.Thread(target=self._serve, args=(i > 0,), name=name, daemon=True)
+        thread.start()
+        return thread
 
     def stop(self) -> None:
-        """Finish queued calls, close the store and end the thread."""
+        """Finish queued calls, close the store and end the threads."""
         with self._lock:
-            thread, self._thread = self._thread, None
-            if thread is None:
+            threads, self._threads = self._threads, []
+            if not threads:
                 return
             self._queue.put(_STOP)  # under the lock: nothing can be queued behind it
-        thread.join()
+        for thread in threads:
+            thread.join()
+        with contextlib.suppress(queue.Empty):  # the stop each thread passed on: nothing else
+            while True:
+                self._queue.get_nowait()
+        self._close()
 
     def submit(
         self, fn: Callable[..., T], *args: Any, write: bool = True, _raw: bool = False
@@ -85,7 +105,7 @@ class StoreThread:
         not after each: a loop iteration costs as much as the rest of a step's
         Python on SQLite NORMAL, and the loop was quiet when each commit began.
         """
-        if inline and self._queue.empty() and self._exec.acquire(blocking=False):
+        if inline and self._alone and self._queue.empty() and self._exec.acquire(blocking=False):
             try:
                 op = base.Op(fn, args, write)
                 done = self.store.run_inline(op)
@@ -112,11 +132,13 @@ class StoreThread:
 
     def _put(self, op: base.Op, waiter: Any, raw: bool) -> None:
         with self._lock:
-            if self._thread is None:
+            if not self._threads:
                 raise errors.DatabaseUnavailable(f"{self.store.url} is closed")
             self._queue.put((op, waiter, raw))
 
-    def _serve(self) -> None:
+    def _serve(self, own_connection: bool = False) -> None:
+        if own_connection:  # the first thread uses the store's connection, opened by start()
+            self.store.use_own_connection()
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -129,19 +151,31 @@ class StoreThread:
                     break
                 if nxt is _STOP:
                     self._run(batch)
-                    self._close()
+                    self._queue.put(_STOP)  # for the other threads
                     return
                 batch.append(nxt)
             self._run(batch)
-        self._close()
+        self._queue.put(_STOP)  # for the other threads
 
     def _close(self) -> None:
         with self._exec:  # an inline call may still be running on the loop's thread
             self.store.close()
 
     def _run(self, batch: list[Any]) -> None:
-        with self._exec:
-            self._run_locked(batch)
+        if self._alone:
+            with self._exec:
+                self._run_locked(batch)
+            return
+        # A connection per thread; nothing runs inline. A verb marked base.alone runs in a
+        # transaction of its own while no other batch is in flight (see _Gate).
+        shared = [item for item in batch if not base.runs_alone(item[0].fn)]
+        if shared:
+            with self._gate.shared():
+                self._run_locked(shared)
+        for item in batch:
+            if base.runs_alone(item[0].fn):
+                with self._gate.alone():
+                    self._run_locked([item])
 
     def _run_locked(self, batch: list[Any]) -> None:
         # A caller cancelled while queued (Engine.close cancelling a recovery pass) gets
@@ -173,6 +207,45 @@ class StoreThread:
         for loop, pairs in by_loop.items():
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
                 loop.call_soon_threadsafe(_resolve, pairs)
+
+
+class _Gate:
+    """Batches run side by side (``shared``); a verb marked ``base.alone`` waits for the
+    batches in flight to end, and holds new ones back until it is done (``alone``)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0  # shared batches in flight
+        self._alone = False  # a lone verb in flight
+        self._waiting = 0  # lone verbs waiting: new batches wait behind them
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._alone or self._waiting:
+                self._cond.wait()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            while self._alone or self._running:
+                self._cond.wait()
+            self._waiting -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._alone = False
+                self._cond.notify_all()
 
 
 def _wanted(waiter: Any) -> bool:

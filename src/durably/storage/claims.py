@@ -1,0 +1,354 @@
+"""Workflow rows and who runs them: create, read, search, claim, release, executors.
+
+The verbs that decide which executor holds a workflow at which epoch (the
+claim bumps it, so the previous holder's writes are fenced off) and the
+executors' heartbeats that keep those leases. Part of
+:class:`~durably.storage.sql.SqlStore`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from durably import codec, errors, journal
+from durably.storage import base, bulk, rows
+
+
+class ClaimVerbs(bulk.BulkVerbs):
+    """Workflow rows, claims and executors, for :class:`~durably.storage.sql.SqlStore`."""
+
+    def create_workflow(
+        self, new: base.NewWorkflow, owner: str | None, lease_expires_at: float | None, now: float
+    ) -> tuple[journal.WorkflowInfo, bool]:
+        if new.debounce_key is not None and new.queue is not None:
+            self._lock_queue(new.queue, now)  # debounced enqueues of a queue take turns
+        created = self._insert_workflow(new, owner, lease_expires_at, now)
+        if created and new.debounce_key is not None:
+            self._supersede(new, now)
+        if created and owner:
+            self._q(
+                "insert_claim",
+                workflow_id=new.workflow_id,
+                epoch=1,
+                owner=owner,
+                now=now,
+                previous_owner=None,
+                reason="start",
+            )
+        elif created and new.delay > 0:
+            self._wake("timer", at=now + new.delay)
+        elif created:
+            self._wake("work")
+        row = self.get_workflow(new.workflow_id)
+        if row is None and new.queue is not None and new.deduplication_id is not None:
+            found = self._q(
+                "deduplicated", queue=new.queue, deduplication_id=new.deduplication_id
+            ).fetchone()
+            row = self.get_workflow(str(found[0])) if found else None
+        if row is None:
+            raise errors.StoreError(
+                f"workflow {new.workflow_id!r} was neither created nor found in {self.url}"
+            )
+        return row, created
+
+    def _insert_workflow(
+        self, new: base.NewWorkflow, owner: str | None, lease_expires_at: float | None, now: float
+    ) -> bool:
+        """Insert the workflow's row (owned by ``owner``, else pending); False if it exists."""
+        status = journal.Status.RUNNING if owner else journal.Status.PENDING
+        cursor = self._q(
+            "create_workflow",
+            workflow_id=new.workflow_id,
+            name=new.name,
+            version=new.version,
+            source_hash=new.source_hash,
+            status=status.value,
+            input=new.input,
+            owner=owner,
+            epoch=1 if owner else 0,
+            lease_expires_at=lease_expires_at,
+            parent_id=new.parent_id,
+            now=now,
+            queue=new.queue,
+            priority=new.priority,
+            deduplication_id=new.deduplication_id,
+            started_at=now if owner else None,
+            max_recoveries=new.max_recoveries,
+            wake_at=now + new.delay if new.delay > 0 and not owner else None,
+            partition_key=new.partition_key,
+            debounce_key=new.debounce_key,
+        )
+        return bool(cursor.rowcount == 1)
+
+    def _supersede(self, new: base.NewWorkflow, now: float) -> None:
+        """End the not yet started workflows of ``new``'s queue and debounce key."""
+        exc = errors.Superseded(
+            f"superseded by workflow {new.workflow_id!r}, enqueued later on queue "
+            f"{new.queue!r} with debounce key {new.debounce_key!r}; it never ran"
+        )
+        self._q(
+            "supersede_debounced",
+            error=json.dumps(codec.encode_error(exc)),
+            now=now,
+            queue=new.queue,
+            debounce_key=new.debounce_key,
+            workflow_id=new.workflow_id,
+        )
+
+    def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
+        row = rows.first(self._q("get_workflow", workflow_id=workflow_id))
+        return rows.workflow(row) if row else None
+
+    def _lock_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
+        """The workflow's row, locked until the transaction ends where the dialect needs a
+        row lock (``lock_row``); a rival deciding on the same workflow waits for it."""
+        sql_text = self._queries["get_workflow"] + self.lock_row
+        row = rows.first(self._execute(sql_text, {"workflow_id": workflow_id}))
+        return rows.workflow(row) if row else None
+
+    def list_workflows(
+        self, status: str | None, name: str | None, limit: int
+    ) -> list[journal.WorkflowInfo]:
+        found = rows.every(self._q("list_workflows", status=status, name=name, limit=limit))
+        return [rows.workflow(r) for r in found]
+
+    def search_workflows(self, query: base.WorkflowQuery) -> list[journal.WorkflowInfo]:
+        after_created, after_id = query.after if query.after is not None else (None, None)
+        params = {
+            "status": query.status,
+            "name": query.name,
+            "queue": query.queue,
+            "parent_id": query.parent_id,
+            "id_prefix": query.id_prefix,
+            "created_after": query.created_after,
+            "created_before": query.created_before,
+            "after_created": after_created,
+            "after_id": after_id,
+            "workflow_id": None,
+            "limit": query.limit,
+            "offset": query.offset,
+        }
+        sql_name = "search_workflows_oldest_first" if query.order == "asc" else "search_workflows"
+        if query.ids is None:
+            return [rows.workflow(r) for r in rows.every(self._q(sql_name, **params))]
+        # Given ids: one primary-key read each (a list parameter is not portable SQL), then
+        # ordered and paged here; there are at most as many rows as ids.
+        found = [
+            rows.workflow(r)
+            for wid in dict.fromkeys(query.ids)
+            for r in rows.every(self._q(sql_name, **{**params, "workflow_id": wid, "offset": 0}))
+        ]
+        found.sort(key=lambda w: w.workflow_id)
+        found.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
+        return found[query.offset : query.offset + query.limit]
+
+    def count_by_status(self) -> dict[str, int]:
+        return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
+
+    def claim_next(
+        self,
+        owner: str,
+        runnable: Sequence[base.Runnable],
+        lease_expires_at: float,
+        now: float,
+        limit: int,
+        queues: Sequence[base.QueueLimits] = (),
+        same_code: Mapping[str, str] | None = None,
+    ) -> list[journal.WorkflowInfo]:
+        if limit <= 0:
+            return []
+        self._q("create_runnable")
+        self._q("clear_runnable")
+        hashes = same_code or {}
+        for name, version in sorted(set(runnable), key=lambda r: (r[0], r[1] or "")):
+            self._q(
+                "add_runnable", name=name, version=version or "", source_hash=hashes.get(name, "")
+            )
+        picked = self._pick("claimable_unqueued", now=now, limit=limit)
+        claimed = [self._take(c, owner, lease_expires_at, now) for c in picked]
+        # In name order, so that two claimers of the same queues never wait for each other
+        # in a cycle.
+        for queue in sorted(queues, key=lambda q: q.name):
+            room, starts = self._room(queue, owner, now)
+            room = min(room, limit - len(claimed))
+            if room <= 0:
+                continue
+            if queue.partitioned and queue.concurrency is not None:
+                # the concurrency holds per partition key: the query leaves each its place
+                picked = self._pick(
+                    "claimable_partitioned",
+                    queue=queue.name,
+                    now=now,
+                    limit=room,
+                    concurrency=queue.concurrency,
+                )
+            else:
+                picked = self._pick("claimable_queued", queue=queue.name, now=now, limit=room)
+            for *candidate, started_at in picked:
+                if started_at is None:  # a first claim: a start, within the rate limit
+                    if starts <= 0:
+                        continue
+                    starts -= 1
+                claimed.append(self._take(candidate, owner, lease_expires_at, now))
+        return claimed
+
+    def _pick(self, query: str, /, **params: Any) -> list[Any]:
+        """The claimable rows a query selects, locked against other claimers where they run."""
+        return list(self._execute(self._queries[query] + self.skip_locked, params).fetchall())
+
+    def _room(self, queue: base.QueueLimits, owner: str, now: float) -> tuple[int, int]:
+        """How many more workflows of the queue this owner may run now, and how many
+        of them may be starts (first claims) within the rate limit.
+
+        Locks the queue's row first: its claimers count and claim one at a time.
+        A partitioned queue's concurrency is left to the claim query (per key).
+        """
+        self._lock_queue(queue.name, now)
+        since = now - queue.rate_per
+        running, mine, started = self._q(
+            "queue_load", queue=queue.name, owner=owner, now=now, since=since
+        ).fetchone()
+        room = starts = 1 << 30
+        if queue.concurrency is not None and not queue.partitioned:
+            room = min(room, queue.concurrency - int(running))
+        if queue.worker_concurrency is not None:
+            room = min(room, queue.worker_concurrency - int(mine))
+        if queue.rate_limit is not None:
+            starts = queue.rate_limit - int(started)
+        return room, starts
+
+    def _lock_queue(self, name: str, now: float) -> None:
+        """Lock the queue's row (made the first time) until the transaction ends."""
+        if self._q("lock_queue", queue=name, now=now).rowcount != 1:
+            self._q("create_queue", queue=name, now=now)
+            self._q("lock_queue", queue=name, now=now)
+
+    def _take(
+        self, candidate: Sequence[Any], owner: str, lease_expires_at: float, now: float
+    ) -> journal.WorkflowInfo:
+        """Claim one selected row (still locked by this transaction); record why."""
+        workflow_id, status, previous_owner, epoch = candidate
+        crashed = previous_owner is not None and status == journal.Status.RUNNING
+        cursor = self._q(
+            "claim",
+            owner=owner,
+            lease_expires_at=lease_expires_at,
+            crashed=1 if crashed else 0,
+            now=now,
+            workflow_id=workflow_id,
+            epoch=epoch,
+        )
+        if cursor.rowcount != 1:  # only if a dialect let another claimer take a selected row
+            raise errors.StoreError(f"workflow {workflow_id!r} changed hands while being claimed")
+        reason = "recovery" if crashed else ("resume" if epoch else "start")
+        self._q(
+            "insert_claim",
+            workflow_id=workflow_id,
+            epoch=int(epoch) + 1,
+            owner=owner,
+            now=now,
+            previous_owner=previous_owner,
+            reason=reason,
+        )
+        row = self.get_workflow(workflow_id)
+        assert row is not None
+        return row
+
+    def unclaimed(self, now: float, limit: int) -> list[base.Unclaimed]:
+        found = self._q("unclaimed", now=now, limit=limit).fetchall()
+        return [base.Unclaimed(str(r[0]), str(r[1]), r[2], r[3], r[4]) for r in found]
+
+    def load_claims(self, workflow_id: str) -> list[journal.Claim]:
+        return [
+            journal.Claim(**r) for r in rows.every(self._q("load_claims", workflow_id=workflow_id))
+        ]
+
+    def release(self, workflow_id: str, epoch: int, now: float, crashed: bool = False) -> None:
+        query = "release_crashed" if crashed else "release_one"
+        if self._q(query, workflow_id=workflow_id, epoch=epoch, now=now).rowcount:
+            self._wake("work")
+
+    @base.alone
+    def release_owned(self, owner: str, now: float) -> int:
+        released = int(self._q("release_owned", owner=owner, now=now).rowcount)
+        if released:
+            self._wake("work")
+        return released
+
+    # --- executors ---------------------------------------------------------------------
+
+    def register_executor(self, info: journal.ExecutorInfo) -> None:
+        self._q(
+            "register_executor",
+            executor_id=info.executor_id,
+            host=info.host,
+            pid=info.pid,
+            pid_start=info.pid_start,
+            started_at=info.started_at,
+            heartbeat_at=info.heartbeat_at,
+            serves=json.dumps(
+                {"workflows": [list(w) for w in info.workflows], "queues": list(info.queues)},
+                separators=(",", ":"),
+            ),
+        )
+
+    @base.alone
+    def heartbeat(
+        self, executor: journal.ExecutorInfo, now: float, lease_expires_at: float
+    ) -> list[tuple[str, int]]:
+        held = self._q(
+            "renew_leases", owner=executor.executor_id, lease_expires_at=lease_expires_at
+        ).fetchall()
+        self.register_executor(dataclasses.replace(executor, heartbeat_at=now))
+        return [(str(r[0]), int(r[1])) for r in held]
+
+    @base.alone
+    def keep_leases(
+        self,
+        executor: journal.ExecutorInfo,
+        now: float,
+        lease_expires_at: float,
+        held: Sequence[tuple[str, int]],
+    ) -> list[str]:
+        kept = []
+        for workflow_id, epoch in held:
+            cursor = self._q(
+                "keep_lease",
+                workflow_id=workflow_id,
+                owner=executor.executor_id,
+                epoch=epoch,
+                lease_expires_at=lease_expires_at,
+            )
+            if cursor.rowcount:
+                kept.append(workflow_id)
+        self.register_executor(dataclasses.replace(executor, heartbeat_at=now))
+        return kept
+
+    def list_executors(self) -> list[journal.ExecutorInfo]:
+        out = []
+        for row in rows.every(self._q("list_executors")):
+            workflows, queues = _serves(row.pop("serves"))
+            out.append(journal.ExecutorInfo(**row, workflows=workflows, queues=queues))
+        return out
+
+    @base.alone
+    def remove_executor(self, executor_id: str, expire_leases: bool) -> None:
+        if expire_leases:
+            self._q("expire_leases", owner=executor_id)
+        self._q("remove_executor", executor_id=executor_id)
+
+
+def _serves(
+    text: str | None,
+) -> tuple[tuple[tuple[str, str | None, str | None], ...], tuple[str, ...]]:
+    """The workflows and queues an executor registered as served (none if unreadable:
+    an executor of an older durably, which did not say)."""
+    try:
+        data = json.loads(text or "{}")
+        workflows = tuple((str(n), v, h) for n, v, h in data.get("workflows", ()))
+        return workflows, tuple(str(q) for q in data.get("queues", ()))
+    except (ValueError, TypeError, AttributeError):
+        return (), ()

@@ -1,0 +1,244 @@
+"""Journal writes under the fence: append entries, finish a workflow, park it.
+
+Every write of a run goes through ``_fence``, which checks the run's epoch
+still owns the workflow, then ``_upsert``, which writes entries idempotently
+(a commit repeated after a lost COMMIT finds its own entries). Part of
+:class:`~durably.storage.sql.SqlStore`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from durably import errors, journal
+from durably.storage import claims, rows
+
+
+@dataclasses.dataclass(slots=True)
+class Fence:
+    """What the fence found on the workflow's row: the write may go on at this epoch.
+
+    ``crash_count`` is the crashes in a row a recovery left counted; the first new
+    final entry written under this fence resets them (and zeroes this field).
+    """
+
+    workflow_id: str
+    epoch: int
+    cancel_requested: bool
+    crash_count: int
+
+
+class EntryVerbs(claims.ClaimVerbs):
+    """The journal and the fenced writes, for :class:`~durably.storage.sql.SqlStore`."""
+
+    def load_history(self, workflow_id: str) -> list[journal.Entry]:
+        return [rows.entry(r) for r in rows.every(self._q("load_history", workflow_id=workflow_id))]
+
+    def _fence(self, workflow_id: str, epoch: int, now: float) -> Fence:
+        """Check the epoch still owns the workflow (locking its row); return what it found.
+
+        A plain SELECT (``FOR UPDATE`` where the dialect needs a row lock), so a
+        step's commit writes no workflow page. A parked or finished workflow has
+        no owner, so nothing more is written to it at that epoch. When a
+        recovery left crashes counted, the first new final entry resets them
+        (see ``_upsert``): intents, parks and pending waits are not progress.
+        """
+        sql_text = self._queries["fence"] + self.lock_row
+        # Read by position, on every commit: the fence's own two columns, in this order.
+        found = self._execute(sql_text, {"workflow_id": workflow_id, "epoch": epoch}).fetchone()
+        if found is None:
+            raise self._fenced_off(workflow_id, epoch)
+        cancel_requested, crash_count = found
+        return Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count))
+
+    def _fenced_off(self, workflow_id: str, epoch: int) -> errors.DurablyError:
+        """Why the fence did not hold: the workflow is gone, or another epoch owns it."""
+        row = rows.first(self._q("owner_of", workflow_id=workflow_id))
+        if row is None:
+            return errors.WorkflowNotFound(f"no workflow {workflow_id!r} in {self.url}")
+        return errors.FencedError(
+            f"workflow {workflow_id!r} is now at epoch {row['epoch']} (owner {row['owner']}, "
+            f"status {row['status']}); this executor held epoch {epoch} and must stop"
+        )
+
+    def _fence_and_write(
+        self, workflow_id: str, epoch: int, entry: journal.Entry, now: float
+    ) -> tuple[Fence, int | None]:
+        """The fence, and the write of ``entry`` under it where the dialect does both in
+        one statement: (what the fence found, how many rows the write changed), or with
+        None when the entry is not written yet (the caller writes it).
+
+        Here, the fence alone: an embedded database has no round trip to save.
+        PostgreSQL overrides it (``fence_and_write_entry``).
+        """
+        return self._fence(workflow_id, epoch, now), None
+
+    def _fenced_upsert(
+        self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
+    ) -> Fence:
+        """``_fence`` then ``_upsert``, the fence and the first entry's write in one
+        statement where the dialect can (a step's commit: one round trip)."""
+        if not entries:
+            return self._fence(workflow_id, epoch, now)
+        fence, written = self._fence_and_write(workflow_id, epoch, entries[0], now)
+        if written is None:
+            self._upsert(workflow_id, entries, now, fence)
+        else:
+            self._wrote(workflow_id, entries[0], written, now, fence)
+            self._upsert(workflow_id, entries[1:], now, fence)
+        return fence
+
+    def _progressed(self, fence: Fence | None, now: float) -> None:
+        """A new final entry was written under ``fence``: the crashes in a row end here."""
+        if fence is not None and fence.crash_count:
+            fence.crash_count = 0
+            self._q("progress", workflow_id=fence.workflow_id, epoch=fence.epoch, now=now)
+
+    def _upsert(
+        self,
+        workflow_id: str,
+        entries: Sequence[journal.Entry],
+        now: float,
+        fence: Fence | None,
+    ) -> None:
+        """Write entries; under a ``fence``, the first new final one resets counted crashes."""
+        for e in entries:
+            cursor = self._q(
+                "upsert_entry",
+                workflow_id=workflow_id,
+                seq=e.seq,
+                kind=e.kind,
+                name=e.name,
+                status=e.status,
+                attempt=e.attempt,
+                payload=e.payload,
+                started_at=e.started_at,
+                finished_at=e.finished_at,
+                wake_at=e.wake_at,
+            )
+            self._wrote(workflow_id, e, cursor.rowcount, now, fence)
+
+    def _wrote(
+        self, workflow_id: str, e: journal.Entry, written: int, now: float, fence: Fence | None
+    ) -> None:
+        """What follows the upsert of ``e`` that changed ``written`` rows: progress, or a
+        refusal unless the journal already holds this very entry; a cancel closes the
+        review it ends, an event is published."""
+        if written == 1 and e.status in journal.FINAL_ENTRY_STATUSES:
+            self._progressed(fence, now)
+        elif written != 1 and not self._holds(workflow_id, e):
+            raise errors.StoreError(
+                f"workflow {workflow_id!r} seq {e.seq} already holds a final or a "
+                f"different entry; refusing to overwrite it with {e.describe()}"
+            )
+        if e.kind == journal.Kind.CANCEL:  # a step awaiting review will not be decided
+            self._q(
+                "decide_review",
+                workflow_id=workflow_id,
+                seq=e.seq,
+                decision="cancelled",
+                outcome=None,
+                decided_by="cancel",
+                now=now,
+            )
+        if e.kind == journal.Kind.EVENT and e.payload is not None:
+            self._q(
+                "publish_event",
+                workflow_id=workflow_id,
+                key=e.name,
+                value=e.payload,
+                seq=e.seq,
+                now=now,
+            )
+
+    def _entry_at(self, workflow_id: str, seq: int) -> journal.Entry | None:
+        row = rows.first(self._q("entry_at", workflow_id=workflow_id, seq=seq))
+        return None if row is None else rows.entry(row)
+
+    def _holds(self, workflow_id: str, entry: journal.Entry) -> bool:
+        """True if the journal already holds this very entry (a commit repeated because
+        the first one's outcome was unknown, its connection lost at COMMIT)."""
+        found = self._entry_at(workflow_id, entry.seq)
+        return found is not None and (
+            found.kind,
+            found.name,
+            found.status,
+            found.attempt,
+            found.payload,
+        ) == (entry.kind, entry.name, entry.status, entry.attempt, entry.payload)
+
+    def _final_at(self, workflow_id: str, seq: int) -> journal.Entry | None:
+        found = self._entry_at(workflow_id, seq)
+        return found if found is not None and found.status in journal.FINAL_ENTRY_STATUSES else None
+
+    def append_entries(
+        self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
+    ) -> bool:
+        fence = self._fenced_upsert(workflow_id, epoch, entries, now)
+        return fence.cancel_requested
+
+    def finish_workflow(
+        self,
+        workflow_id: str,
+        epoch: int,
+        status: str,
+        output: str | None,
+        error: str | None,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> None:
+        self._fenced_upsert(workflow_id, epoch, entries, now)
+        parent_id, queue = self._q(
+            "finish_workflow",
+            status=status,
+            output=output,
+            error=error,
+            now=now,
+            workflow_id=workflow_id,
+            epoch=epoch,
+        ).fetchone()
+        if parent_id is not None:
+            self._q("wake_parent", parent_id=parent_id, now=now)
+            self._wake("join", str(parent_id), name=workflow_id)
+        if queue is not None:
+            self._wake("work")  # a place in its queue is free
+
+    # --- waiting ------------------------------------------------------------------------
+
+    def park(
+        self,
+        workflow_id: str,
+        epoch: int,
+        status: str,
+        wake_at: float | None,
+        entries: Sequence[journal.Entry],
+        signals: Sequence[str],
+        children: Sequence[str],
+        now: float,
+    ) -> bool:
+        fence = self._fenced_upsert(workflow_id, epoch, entries, now)
+        for name in signals:
+            if self._q("next_signal", workflow_id=workflow_id, name=name).fetchone():
+                return False
+        for child_id in children:
+            child = self.get_workflow(child_id)
+            if child is None or child.finished:
+                return False
+        if (
+            fence.cancel_requested
+            and not self._q("cancel_delivered", workflow_id=workflow_id).fetchone()
+        ):
+            wake_at = now  # asked to stop meanwhile: due at once, so a claim delivers it
+        (queue,) = self._q(
+            "park", status=status, wake_at=wake_at, now=now, workflow_id=workflow_id, epoch=epoch
+        ).fetchone()
+        if wake_at is not None:
+            self._wake("timer", at=wake_at)
+        if queue is not None:
+            self._wake("work")  # a place in its queue is free
+        return True
+
+    def next_wake(self) -> float | None:
+        row = self._q("next_wake").fetchone()
+        return None if row is None or row[0] is None else float(row[0])

@@ -1,0 +1,160 @@
+"""What people do to workflows: cancel, reopen, fork, and decide steps under review.
+
+Unlike a run's writes these are not fenced by an epoch (no run holds the
+workflow for them); the ones that decide on a workflow lock its row first.
+Part of :class:`~durably.storage.sql.SqlStore`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Sequence
+
+from durably import errors, journal, replay
+from durably.storage import base, rows, signals
+
+
+class ReviewVerbs(signals.SignalVerbs):
+    """Operator verbs and reviews, for :class:`~durably.storage.sql.SqlStore`."""
+
+    @base.alone
+    def request_cancel(self, workflow_id: str, now: float) -> list[str]:
+        if self.get_workflow(workflow_id) is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        cancelled: list[str] = []
+        todo = [workflow_id]
+        while todo:
+            wid = todo.pop()
+            if self._q("request_cancel", workflow_id=wid, now=now).rowcount == 1:
+                cancelled.append(wid)
+                self._wake("cancel", wid)
+            todo.extend(str(r[0]) for r in self._q("unfinished_children", workflow_id=wid))
+        return cancelled
+
+    def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:
+        info = self._lock_workflow(workflow_id)
+        if info is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        if info.status == journal.Status.PENDING and info.queue is not None:
+            self._q("dequeue", workflow_id=workflow_id, now=now)  # not started: start it now
+            self._wake("work")
+            started = self.get_workflow(workflow_id)
+            assert started is not None
+            return started
+        edit = replay.plan_reopen(workflow_id, info.status, self.load_history(workflow_id))
+        if edit.delete_from is not None:
+            self._q("delete_entries_from", workflow_id=workflow_id, seq=edit.delete_from)
+        if edit.retry_seq is not None:
+            self._q("retry_entry", workflow_id=workflow_id, seq=edit.retry_seq, now=now)
+        self._q("reopen", workflow_id=workflow_id, now=now)
+        self._wake("work")
+        reopened = self.get_workflow(workflow_id)
+        assert reopened is not None
+        return reopened
+
+    def fork(
+        self, workflow_id: str, from_seq: int, new_id: str, now: float
+    ) -> journal.WorkflowInfo:
+        info = self.get_workflow(workflow_id)
+        if info is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        new = base.NewWorkflow(
+            new_id,
+            info.name,
+            info.input,
+            info.version,
+            info.source_hash,
+            max_recoveries=info.max_recoveries,
+        )
+        forked, created = self.create_workflow(new, None, None, now)
+        if not created:
+            raise errors.WorkflowIdConflict(f"workflow id {new_id!r} is already taken")
+        self._q("copy_entries", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
+        self._q("copy_events", new_id=new_id, workflow_id=workflow_id, seq=from_seq, now=now)
+        self._q("mark_fork", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
+        self._wake("work")
+        return dataclasses.replace(forked, forked_from=workflow_id, forked_from_seq=from_seq)
+
+    def open_review(
+        self,
+        workflow_id: str,
+        epoch: int,
+        intent: journal.Entry,
+        idempotency_key: str,
+        reason: str,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> None:
+        self._fenced_upsert(workflow_id, epoch, entries, now)
+        self._q(
+            "open_review",
+            workflow_id=workflow_id,
+            seq=intent.seq,
+            attempt=intent.attempt,
+            step=intent.name,
+            idempotency_key=idempotency_key,
+            intent=intent.payload,
+            reason=reason,
+            now=now,
+        )
+
+    def reviews(self, workflow_id: str | None) -> list[journal.Review]:
+        return [
+            journal.Review(**r)
+            for r in rows.every(self._q("open_reviews", workflow_id=workflow_id))
+        ]
+
+    def resolve(
+        self,
+        workflow_id: str,
+        seq: int,
+        decision: str,
+        outcome: str | None,
+        decided_by: str,
+        now: float,
+    ) -> journal.Review:
+        # Decided under the workflow's row lock (SQLite: the write lock of BEGIN IMMEDIATE):
+        # a rival resolver waits here, then finds the review decided.
+        info = self._lock_workflow(workflow_id)
+        if info is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        open_ = [r for r in self.reviews(workflow_id) if r.seq == seq]
+        if info.status != journal.Status.NEEDS_REVIEW or not open_:
+            raise self._nothing_to_resolve(workflow_id, seq, info.status)
+        review = open_[0]
+        entry = replay.resolved_entry(review, decision, outcome, now)
+        decided = self._q(
+            "decide_review",
+            workflow_id=workflow_id,
+            seq=seq,
+            decision=decision,
+            outcome=outcome,
+            decided_by=decided_by,
+            now=now,
+        )
+        if decided.rowcount != 1:  # only if a dialect let a rival in past the row lock
+            raise self._nothing_to_resolve(workflow_id, seq, info.status)
+        # Unfenced (a person decides, no run holds the workflow): resets no crash count.
+        self._upsert(workflow_id, [entry], now, None)
+        self._q("review_decided", workflow_id=workflow_id, now=now)
+        self._wake("work")
+        return dataclasses.replace(
+            review, decision=decision, outcome=outcome, decided_by=decided_by, decided_at=now
+        )
+
+    def _nothing_to_resolve(self, workflow_id: str, seq: int, status: str) -> errors.DurablyError:
+        """Why there is nothing to decide at ``seq``: who decided it, if anyone did."""
+        row = self._q("review_at", workflow_id=workflow_id, seq=seq).fetchone()
+        if row is not None:
+            decision, by, at = row
+            when = datetime.datetime.fromtimestamp(float(at), datetime.UTC).isoformat(
+                timespec="seconds"
+            )
+            return errors.AlreadyResolved(
+                f"workflow {workflow_id!r} has no step awaiting a decision at seq {seq}: it "
+                f"was decided already ({decision} by {by!r} at {when})"
+            )
+        return errors.NothingToResolve(
+            f"workflow {workflow_id!r} ({status}) has no step awaiting a decision at seq {seq}"
+        )

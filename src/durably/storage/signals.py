@@ -1,0 +1,184 @@
+"""Signals, events and children: what a parked workflow waits for, and how it gets it.
+
+``receive_signal``, ``join_child`` and the messaging verbs of workflow code
+(``post_signal``, ``read_event``) settle a wait's entry under the fence,
+idempotently; ``send_signal`` stores a signal and makes its waiting workflow
+claimable. Part of :class:`~durably.storage.sql.SqlStore`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from durably import errors, journal, replay
+from durably.storage import base, entries
+
+
+class SignalVerbs(entries.EntryVerbs):
+    """Signals, events and child workflows, for :class:`~durably.storage.sql.SqlStore`."""
+
+    def _settle_wait(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        now: float,
+        outcome: Callable[[], journal.Entry],
+    ) -> journal.Entry:
+        """The shared shape of receive_signal and join_child: fenced, idempotent.
+
+        A wait already final (its first commit's outcome was unknown to the
+        caller) is returned as it is; otherwise ``outcome()`` decides what to write.
+        """
+        fence = self._fence(workflow_id, epoch, now)
+        done = self._final_at(workflow_id, wait.seq)
+        if done is not None:
+            self._upsert(workflow_id, entries, now, fence)
+            return done
+        final = outcome()
+        self._upsert(workflow_id, [*entries, final], now, fence)
+        return final
+
+    def receive_signal(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> journal.Entry:
+        def outcome() -> journal.Entry:
+            found = self._q("next_signal", workflow_id=workflow_id, name=wait.name).fetchone()
+            if found is not None:
+                self._q("consume_signal", workflow_id=workflow_id, num=found[0], seq=wait.seq)
+            return replay.signal_outcome(wait, None if found is None else found[1], now)
+
+        return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
+
+    def send_signal(
+        self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
+    ) -> bool:
+        # Under the workflow's row lock, so of two senders of one key the second sees the
+        # first's signal; ON CONFLICT in insert_signal is the backstop.
+        target = self._lock_workflow(workflow_id)
+        if target is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        if idempotency_key is not None:
+            dup = self._q(
+                "signal_by_key", workflow_id=workflow_id, idempotency_key=idempotency_key
+            ).fetchone()
+            if dup is not None:
+                return False
+        if target.finished:
+            raise errors.WorkflowFinished(
+                f"workflow {workflow_id!r} is {target.status}: signal {name!r} could never be "
+                "received, so it was not kept"
+            )
+        rows = self._q("count_signal", workflow_id=workflow_id, now=now).fetchall()
+        inserted = self._q(
+            "insert_signal",
+            workflow_id=workflow_id,
+            num=int(rows[0][0]),
+            name=name,
+            payload=payload,
+            idempotency_key=idempotency_key,
+            now=now,
+        )
+        if inserted.rowcount != 1:
+            return False
+        self._wake("signal", workflow_id, name=name)
+        return True
+
+    def get_event(self, workflow_id: str, key: str) -> str | None:
+        row = self._q("get_event", workflow_id=workflow_id, key=key).fetchone()
+        return None if row is None else str(row[0])
+
+    def post_signal(
+        self,
+        workflow_id: str,
+        epoch: int,
+        send: journal.Entry,
+        entries: Sequence[journal.Entry],
+        target: str,
+        name: str,
+        payload: str,
+        now: float,
+    ) -> journal.Entry:
+        def outcome() -> journal.Entry:
+            key = f"{workflow_id}:{send.seq}"
+            try:
+                self.send_signal(target, name, payload, key, now)
+            except (errors.WorkflowNotFound, errors.WorkflowFinished) as exc:
+                error = {"type": f"durably.errors.{type(exc).__name__}", "message": str(exc)}
+                return replay.sent_outcome(send, json.dumps(error), now)
+            return replay.sent_outcome(send, None, now)
+
+        return self._settle_wait(workflow_id, epoch, send, entries, now, outcome)
+
+    def read_event(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        source: str,
+        key: str,
+        now: float,
+    ) -> journal.Entry:
+        def outcome() -> journal.Entry:
+            return replay.signal_outcome(wait, self.get_event(source, key), now)
+
+        return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
+
+    def commit_receipt(
+        self,
+        workflow_id: str,
+        epoch: int,
+        entries: Sequence[journal.Entry],
+        events: Sequence[tuple[str, str]],
+        now: float,
+    ) -> bool:
+        requested = self.append_entries(workflow_id, epoch, entries, now)
+        seq = entries[-1].seq
+        for key, value in events:
+            self._q(
+                "publish_event", workflow_id=workflow_id, key=key, value=value, seq=seq, now=now
+            )
+        return requested
+
+    def start_child(
+        self,
+        workflow_id: str,
+        epoch: int,
+        entries: Sequence[journal.Entry],
+        child: base.NewWorkflow,
+        now: float,
+    ) -> journal.WorkflowInfo:
+        self._fenced_upsert(workflow_id, epoch, entries, now)
+        self._insert_workflow(dataclasses.replace(child, parent_id=workflow_id), None, None, now)
+        self._wake("work")
+        row = self.get_workflow(child.workflow_id)
+        assert row is not None
+        return row
+
+    def join_child(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> journal.Entry:
+        def outcome() -> journal.Entry:
+            return replay.join_outcome(wait, self.get_workflow(wait.name), now)
+
+        return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
+
+    def list_signals(self, workflow_id: str) -> list[dict[str, Any]]:
+        rows = self._q("list_signals", workflow_id=workflow_id).fetchall()
+        keys = ("num", "name", "payload", "idempotency_key", "sent_at", "consumed_seq")
+        return [dict(zip(keys, r, strict=True)) for r in rows]

@@ -1,0 +1,248 @@
+"""PostgreSQL: a step's commit costs one statement for the fence and the write together.
+
+The statements are counted in libpq's own protocol trace of the store's real
+connection (a ``Query`` or a ``Sync`` is one statement the client waits for), so
+nothing of the store is replaced. The refusals of the one-statement write are
+checked here too, including the race it exists for: a claim that bumps the epoch
+while the write waits for the row lock.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+import durably
+from durably import errors, journal
+from durably.storage import base, create_store
+from tests.test_store import LEASE, NOW, Verbs, owned, step, take_over
+
+
+@pytest.fixture
+def pg_store(postgres_url: str) -> Iterator[Any]:
+    store = create_store(postgres_url)
+    store.open()
+    yield store
+    store.close()
+
+
+def traced(store: Any, ops: list[base.Op]) -> list[str]:
+    """Run ``ops`` as one batch; every statement sent, BEGIN and COMMIT included.
+
+    A ``Query`` or a ``Sync`` is one wait for the server (a round trip); a statement
+    sent in the same pipeline as the next one has no ``Sync`` of its own.
+    """
+    fd, path = tempfile.mkstemp(suffix=".trace")
+    pgconn = store.conn.pgconn
+    pgconn.trace(fd)
+    pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE)
+    try:
+        store.run_batch(ops)
+    finally:
+        pgconn.untrace()
+        with open(path, encoding="utf-8", errors="replace") as f:
+            trace = f.read()
+        os.close(fd)
+        os.unlink(path)
+    sent, text = [], ""
+    for line in trace.splitlines():
+        fields = line.split("\t")
+        if len(fields) >= 3 and fields[0] == "F" and fields[2] == "Parse":
+            text = fields[3] if len(fields) > 3 else ""
+        elif len(fields) >= 3 and fields[0] == "F" and fields[2] in ("Query", "Sync"):
+            sent.append(fields[3].strip() if fields[2] == "Query" else text)
+        elif not line.startswith(("F", "B")):  # the rest of a multi-line Parse
+            text += "\n" + line
+    return sent
+
+
+def statements(store: Any, fn: Callable[..., Any], *args: Any) -> tuple[Any, list[str]]:
+    """Run ``fn`` as one op of its own batch; (its result, the statements it sent).
+
+    BEGIN and COMMIT are the batch's, not the verb's: they are left out.
+    """
+    op = base.Op(fn, args, write=True)
+    sent = traced(store, [op])
+    if op.error is not None:
+        raise op.error
+    store.last_round_trips = len(sent)  # each Sync or Query waits for the server once
+    return op.result, [s for s in sent if s.strip('" ') not in ("BEGIN", "COMMIT")]
+
+
+def test_a_plain_steps_fence_and_write_are_one_statement(pg_store: Any) -> None:
+    db = Verbs(pg_store)
+    info = owned(db)
+    for seq in (1, 2):  # the first and a later one (prepared by then or not: the same)
+        cancel, sent = statements(
+            pg_store, pg_store.append_entries, "wf-1", info.epoch, [step(seq)], NOW
+        )
+        assert cancel is False
+        assert len(sent) == 1, sent
+    assert db.load_history("wf-1") == [step(1), step(2)]
+
+
+def test_a_plain_steps_whole_commit_is_two_round_trips(pg_store: Any) -> None:
+    """BEGIN goes with the first statement (pipelined), then COMMIT: two waits, where a raw
+    BEGIN; INSERT; COMMIT takes three."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    for seq in (1, 2, 3):
+        statements(pg_store, pg_store.append_entries, "wf-1", info.epoch, [step(seq)], NOW)
+        assert pg_store.last_round_trips == 2
+    assert db.load_history("wf-1") == [step(1), step(2), step(3)]
+
+
+def test_a_batch_that_succeeds_sends_no_savepoint(pg_store: Any) -> None:
+    """Group commit of three steps: BEGIN with the first, the other two, COMMIT."""
+    db = Verbs(pg_store)
+    infos = [owned(db, wid) for wid in ("a", "b", "c")]
+    ops = [
+        base.Op(pg_store.append_entries, (i.workflow_id, i.epoch, [step(1)], NOW), True)
+        for i in infos
+    ]
+    sent = traced(pg_store, ops)
+    assert [op.error for op in ops] == [None, None, None]
+    assert not any("SAVEPOINT" in s for s in sent), sent
+    assert len(sent) == 4, sent
+    assert [db.load_history(i.workflow_id) for i in infos] == [[step(1)]] * 3
+
+
+def test_a_batch_with_a_failing_op_runs_again_guarded_and_applies_each_op_once(
+    pg_store: Any,
+) -> None:
+    db = Verbs(pg_store)
+    b = owned(db, "b")
+    take_over(db, "b", "ex-b")  # b's first run is now a zombie
+    a = owned(db, "a")
+    ops = [
+        base.Op(pg_store.append_entries, ("a", a.epoch, [step(1)], NOW), True),
+        base.Op(pg_store.append_entries, ("b", b.epoch, [step(1)], NOW), True),
+        base.Op(pg_store.send_signal, ("a", "go", "1", None, NOW), True),
+        base.Op(pg_store.append_entries, ("a", a.epoch, [step(2)], NOW), True),
+    ]
+    sent = traced(pg_store, ops)
+    assert [type(op.error).__name__ for op in ops] == [
+        "NoneType", "FencedError", "NoneType", "NoneType"
+    ]  # fmt: skip
+    assert any("SAVEPOINT" in s for s in sent)  # the second run
+    assert db.load_history("a") == [step(1), step(2)]
+    assert db.load_history("b") == []
+    assert [s["name"] for s in db.list_signals("a")] == ["go"]  # sent once, not twice
+
+
+def test_finish_and_park_fence_and_first_write_are_one_statement(pg_store: Any) -> None:
+    db = Verbs(pg_store)
+    a, b = owned(db, "a"), owned(db, "b")
+    _, sent = statements(
+        pg_store, pg_store.finish_workflow, "a", a.epoch, "completed", "1", None, [step(1)], NOW
+    )
+    assert len(sent) == 2, sent  # the fenced write, then the workflow's final row
+    assert db.get_workflow("a").status == "completed"
+    sleep = journal.Entry(1, "sleep", "nap", "pending", 1, None, NOW, None, NOW + 60)
+    parked, sent = statements(
+        pg_store, pg_store.park, "b", b.epoch, "sleeping", NOW + 60, [sleep], [], [], NOW
+    )
+    assert parked is True
+    assert len(sent) == 3, sent  # the fenced write, the park, its timer's wake-up
+    assert db.load_history("b") == [sleep]
+
+
+def test_the_one_statement_write_refuses_a_stale_epoch_and_writes_nothing(pg_store: Any) -> None:
+    db = Verbs(pg_store)
+    info = owned(db)
+    take_over(db, "wf-1", "ex-b")
+    with pytest.raises(durably.FencedError, match="ex-b"):
+        db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+    assert db.load_history("wf-1") == []
+
+
+def test_the_one_statement_write_refuses_a_parked_or_unknown_workflow(pg_store: Any) -> None:
+    db = Verbs(pg_store)
+    info = owned(db)
+    sleep = journal.Entry(1, "sleep", "nap", "pending", 1, None, NOW, None, NOW + 60)
+    assert db.park("wf-1", info.epoch, "sleeping", NOW + 60, [sleep], [], [], NOW)
+    with pytest.raises(durably.FencedError, match="sleeping"):
+        db.append_entries("wf-1", info.epoch, [step(2)], NOW)
+    with pytest.raises(errors.WorkflowNotFound):
+        db.append_entries("nope", 1, [step(1)], NOW)
+    assert db.load_history("wf-1") == [sleep]
+
+
+def test_the_one_statement_write_keeps_the_entry_rules(pg_store: Any) -> None:
+    """Idempotent repeat accepted, a final entry never replaced, progress resets crashes."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+    db.append_entries("wf-1", info.epoch, [step(1)], NOW)  # the same again: accepted
+    with pytest.raises(errors.StoreError, match="seq 1 already holds"):
+        db.append_entries("wf-1", info.epoch, [step(1, payload='"other"')], NOW)
+    db.release("wf-1", info.epoch, NOW, True)  # the run died: a crash is counted
+    later = NOW + 2 * LEASE
+    (again,) = db.claim_next("ex-b", [("refund", None)], later + LEASE, later, 10)
+    assert again.crash_count == 1
+    db.append_entries("wf-1", again.epoch, [step(2, "running")], later)
+    assert db.get_workflow("wf-1").crash_count == 1  # an intent is not progress
+    db.append_entries("wf-1", again.epoch, [step(2)], later)
+    assert db.get_workflow("wf-1").crash_count == 0
+    assert db.load_history("wf-1") == [step(1), step(2)]
+
+
+def lock_waiters(url: str) -> tuple[int]:
+    """How many sessions of the database wait for a lock now (seen from a new session: a
+    transaction's view of pg_stat_activity is a snapshot)."""
+    with psycopg.connect(url, autocommit=True) as observer:
+        row = observer.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()
+    assert row is not None
+    return (int(row[0]),)
+
+
+def test_a_write_waiting_on_a_claim_is_refused_once_the_claim_commits(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """The row lock of the one statement: a claim holding the row makes the write wait,
+    and once it commits the write sees the new epoch and is fenced off."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    rival = psycopg.connect(postgres_url, autocommit=True)
+    outcome: list[BaseException | None] = []
+    try:
+        rival.execute("SET search_path TO durably")
+        rival.execute("BEGIN")
+        rival.execute(
+            "UPDATE workflows SET epoch = epoch + 1, owner = 'ex-b' WHERE workflow_id = 'wf-1'"
+        )
+
+        def write() -> None:
+            try:
+                db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        deadline = time.monotonic() + 30
+        while True:
+            (waiting,) = lock_waiters(postgres_url)
+            if waiting:
+                break
+            assert writer.is_alive(), f"the write did not wait for the row lock: {outcome}"
+            assert time.monotonic() < deadline, "the write never waited for the claim's row lock"
+            time.sleep(0.01)
+        rival.execute("COMMIT")
+        writer.join(30)
+        assert not writer.is_alive()
+    finally:
+        rival.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], durably.FencedError), outcome
+    assert db.load_history("wf-1") == []
