@@ -165,6 +165,7 @@ class Engine(engine_many.ManyWorkflows):
         queues: Sequence[Queue] = (),
         strict_code: bool = False,
         retention: datetime.timedelta | None = None,
+        strict_replay: bool = False,
     ) -> None:
         self.lease_seconds = validate.number(lease_seconds, "lease_seconds", above=True)
         self.max_recoveries = validate.count(max_recoveries, "max_recoveries", low=0)
@@ -174,7 +175,7 @@ class Engine(engine_many.ManyWorkflows):
         self.inline_commits = inline_commits
         self.clock = clock
         self.queues = tuple(queues)
-        self.strict_code = strict_code
+        self.strict_code, self.strict_replay = strict_code, strict_replay
         self._noted: set[str] = set()  # workflows logged as taken by nobody (once each)
         self._other_code: set[str] = set()  # workflows logged as run on other code (once each)
         self._warned_queues: set[str] = set()  # queues enqueued on without serving them
@@ -239,6 +240,7 @@ class Engine(engine_many.ManyWorkflows):
             on_child=lambda child_id: self._kick_recovery(),
             hold_seconds=self.hold_seconds,
             inline_commits=self.inline_commits,
+            strict_replay=self.strict_replay,
         )
         self._kick = asyncio.Event()
         self._changes = operations.Changes()
@@ -816,7 +818,7 @@ class Engine(engine_many.ManyWorkflows):
         except errors.StoreError as exc:  # the heartbeat releases what nothing runs
             log.warning("cannot load the journal of workflow %s: %s", wid, exc)
             return
-        live = runtime.Run(services, info, history)
+        live = runtime.Run(services, info, history, definition.version, definition.source_hash)
         self._runs[wid] = live
         self._leases.track(live)
         try:

@@ -121,6 +121,10 @@ class Unclaimed:
 Runnable = tuple[str, str | None]
 
 
+#: How many warnings a workflow's row keeps (the newest).
+MAX_WARNINGS = 20
+
+
 def _nothing() -> None:
     """Stop listening where nothing listens."""
 
@@ -350,6 +354,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def get_event(self, workflow_id: str, key: str) -> str | None:
         """The value the workflow last published under ``key``, or None."""
+
+    @abc.abstractmethod
+    def add_warning(self, workflow_id: str, text: str) -> None:
+        """Note ``text`` (one line) on the workflow's row, unless it is noted already.
+
+        Atomic; unfenced (a warning is information, not the workflow's state).
+        Keeps the newest :data:`MAX_WARNINGS`; a workflow that is gone is ignored.
+        """
 
     @abc.abstractmethod
     def start_child(

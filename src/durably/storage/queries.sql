@@ -26,14 +26,14 @@ WHERE queue = :queue AND deduplication_id = :deduplication_id
 -- One workflow's row.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries, warnings
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: list_workflows
 -- Workflows newest first, by status and name if given.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries, warnings
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -46,7 +46,7 @@ LIMIT :limit
 -- (created_at, workflow_id) of the other's last row.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries, warnings
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -67,7 +67,7 @@ LIMIT :limit OFFSET :offset
 -- As search_workflows, oldest first: the cursor moves the other way.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries, warnings
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -203,26 +203,29 @@ SELECT owner, epoch, status FROM workflows WHERE workflow_id = :workflow_id
 -- name: upsert_entry
 -- Write a call's entry at its seq; a final entry, or another call's, is never changed.
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at)
+                     finished_at, wake_at, args_digest)
 VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
-        :finished_at, :wake_at)
+        :finished_at, :wake_at, :args_digest)
 ON CONFLICT (workflow_id, seq) DO UPDATE
 SET kind = excluded.kind, name = excluded.name,
     status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
     started_at = excluded.started_at, finished_at = excluded.finished_at,
-    wake_at = excluded.wake_at
+    wake_at = excluded.wake_at,
+    args_digest = COALESCE(excluded.args_digest, journal.args_digest)
 WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
   AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
        OR excluded.kind = 'cancel')
 
 -- name: entry_at
 -- The journal entry at one seq.
-SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
+       args_digest
 FROM journal WHERE workflow_id = :workflow_id AND seq = :seq
 
 -- name: load_history
 -- A workflow's journal, in seq order.
-SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
+       args_digest
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
 -- name: finish_workflow
@@ -403,8 +406,9 @@ WHERE workflow_id = :workflow_id AND seq = :seq
 -- name: copy_entries
 -- Copy a workflow's journal up to seq under a new id (fork).
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at)
-SELECT :new_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+                     finished_at, wake_at, args_digest)
+SELECT :new_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
+       args_digest
 FROM journal WHERE workflow_id = :workflow_id AND seq <= :seq
 
 -- name: copy_events
@@ -478,12 +482,13 @@ SELECT workflow_id FROM workflows WHERE parent_id = :workflow_id ORDER BY create
 SELECT workflow_id, name, version, source_hash, status, input, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, signal_count, queue, priority, deduplication_id, started_at,
-       forked_from, forked_from_seq, max_recoveries
+       forked_from, forked_from_seq, max_recoveries, warnings
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: export_journal
 -- The journal rows of one workflow, for an archive.
-SELECT workflow_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+SELECT workflow_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
+       args_digest
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
 -- name: export_claims
@@ -514,18 +519,19 @@ INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, o
                        owner, epoch, lease_expires_at, crash_count, wake_at, parent_id,
                        created_at, updated_at, cancel_requested, signal_count, queue, priority,
                        deduplication_id, started_at, forked_from, forked_from_seq,
-                       max_recoveries)
+                       max_recoveries, warnings)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :error,
         NULL, :epoch, NULL, :crash_count, :wake_at, :parent_id,
         :created_at, :updated_at, :cancel_requested, :signal_count, :queue, :priority,
-        :deduplication_id, :started_at, :forked_from, :forked_from_seq, :max_recoveries)
+        :deduplication_id, :started_at, :forked_from, :forked_from_seq, :max_recoveries,
+        :warnings)
 
 -- name: import_journal
 -- Insert one archived journal row.
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at)
+                     finished_at, wake_at, args_digest)
 VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
-        :finished_at, :wake_at)
+        :finished_at, :wake_at, :args_digest)
 
 -- name: import_claims
 -- Insert one archived claims row.
@@ -593,3 +599,11 @@ WHERE workflow_id = :workflow_id
 -- The status is checked again: only a finished workflow is ever removed.
 DELETE FROM workflows
 WHERE workflow_id = :workflow_id AND status IN ('completed', 'failed', 'cancelled', 'diverged')
+
+-- name: warnings_of
+-- The warnings noted on a workflow (one a line), or NULL.
+SELECT warnings FROM workflows WHERE workflow_id = :workflow_id
+
+-- name: set_warnings
+-- Replace the warnings noted on a workflow.
+UPDATE workflows SET warnings = :warnings WHERE workflow_id = :workflow_id

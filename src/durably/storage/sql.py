@@ -310,6 +310,7 @@ class SqlStore(bulk.BulkVerbs):
                 started_at=e.started_at,
                 finished_at=e.finished_at,
                 wake_at=e.wake_at,
+                args_digest=e.args_digest,
             )
             if cursor.rowcount == 1 and e.status in journal.FINAL_ENTRY_STATUSES:
                 self._progressed(fence, now)
@@ -508,6 +509,17 @@ class SqlStore(bulk.BulkVerbs):
     def get_event(self, workflow_id: str, key: str) -> str | None:
         row = self._q("get_event", workflow_id=workflow_id, key=key).fetchone()
         return None if row is None else str(row[0])
+
+    def add_warning(self, workflow_id: str, text: str) -> None:
+        row = self._q("warnings_of", workflow_id=workflow_id).fetchone()
+        if row is None:
+            return
+        lines = str(row[0]).splitlines() if row[0] is not None else []
+        line = " ".join(text.splitlines())
+        if line in lines:
+            return
+        kept = [*lines, line][-base.MAX_WARNINGS :]
+        self._q("set_warnings", workflow_id=workflow_id, warnings="\n".join(kept))
 
     def start_child(
         self,
