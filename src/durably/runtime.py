@@ -523,12 +523,20 @@ class Run:
         if self._services.strict_replay:
             self._replayer.strict_diverge(changed)
             raise changed
+        await self.warn(changed)
+
+    async def warn(self, changed: errors.ArgumentsChanged) -> None:
+        """Log a replay's warning and note it on the workflow's row (once)."""
         log.warning("%s", changed)
         store = self._services.store
-        try:  # noted on the row, once: `durably show` and the workflow's info name it
+        try:  # `durably show` and the workflow's info name it
             await store.call(store.store.add_warning, self.workflow_id, str(changed))
         except errors.StoreError as exc:
             log.warning("could not note the warning on workflow %s: %s", self.workflow_id, exc)
+
+    def call_site(self, seq: int) -> str | None:
+        """The file and line of the code's call at ``seq``, when it was replayed and known."""
+        return self._replayer.site(seq)
 
     def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
         """The journal's entry for this call, delivering a requested cancellation here.
