@@ -139,6 +139,11 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
 
     With ``retention``, finished workflows older than that are pruned, with
     their journals, in small batches (docs/operations.md).
+
+    A replayed step called with other arguments than its journal recorded is a
+    warning, in the log and on the workflow (``WorkflowInfo.warnings``); with
+    ``strict_replay`` the workflow stops as ``diverged`` instead
+    (docs/deploying.md).
     """
 
     def __init__(
@@ -166,7 +171,8 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         self.inline_commits = inline_commits
         self.clock = clock
         self.queues = tuple(queues)
-        self.strict_code, self.strict_replay = strict_code, strict_replay
+        self.strict_code = strict_code
+        self.strict_replay = strict_replay
         self._noted: set[str] = set()  # workflows logged as taken by nobody (once each)
         self._other_code: set[str] = set()  # workflows logged as run on other code (once each)
         self._warned_queues: set[str] = set()  # queues enqueued on without serving them
