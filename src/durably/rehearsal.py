@@ -44,9 +44,10 @@ class Problem:
     message: str
 
     def line(self) -> str:
-        """The problem as one line: id, name, seq and source line, then the message."""
+        """The problem as one line: id, name, seq (and source line unless the message has
+        it), then the message."""
         where = f" seq {self.seq}" if self.seq is not None else ""
-        at = f" at {self.site}" if self.site else ""
+        at = f" at {self.site}" if self.site and self.site not in self.message else ""
         return f"{self.workflow_id} ({self.name}){where}{at}: {self.message}"
 
 
@@ -57,6 +58,9 @@ class Report:
     replayed: tuple[str, ...]
     problems: tuple[Problem, ...]
     warnings: tuple[Problem, ...] = ()
+    #: The workflows whose code ran to its end within the journal (the others stopped
+    #: where their journal ends: unfinished workflows, or a problem).
+    whole: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -87,6 +91,7 @@ class RehearsalRun(runtime.Run):
         super().__init__(services, info, history, definition.version, definition.source_hash)
         self.changed: list[errors.ArgumentsChanged] = []
         self.at: tuple[int, str | None] | None = None  # the last call matched: seq, site
+        self.reached_end = False  # the code returned (or raised) within the journal
 
     def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
         entry = self.recorded(seq, kind, name)  # raises NonDeterminismError on another call
@@ -123,6 +128,7 @@ async def rehearse(
         strict_replay=strict_replay,
     )
     replayed: list[str] = []
+    whole: list[str] = []
     problems: list[Problem] = []
     warnings: list[Problem] = []
     try:
@@ -149,10 +155,12 @@ async def rehearse(
             problem = await task
             if problem is not None:
                 problems.append(problem)
+            elif run.reached_end:
+                whole.append(info.workflow_id)
             warnings.extend(_problem(info, c) for c in run.changed)
     finally:
         threads.shutdown(wait=False)
-    return Report(tuple(replayed), tuple(problems), tuple(warnings))
+    return Report(tuple(replayed), tuple(problems), tuple(warnings), tuple(whole))
 
 
 async def _replay_one(
@@ -167,6 +175,7 @@ async def _replay_one(
             )
         await definition.fn(*call["args"], **call["kwargs"])
         run.check_finished()
+        run.reached_end = True
     except runtime.Suspended:
         pass  # the journal ends here (or a wait needs the store): all of it replayed
     except errors.NonDeterminismError as exc:
@@ -174,6 +183,7 @@ async def _replay_one(
     except Exception as exc:
         if run.diverged is not None:  # caught by the code, re-raised as something else
             return _problem(info, run.diverged)
+        run.reached_end = True
         if isinstance(exc, errors.DecodeError) or info.status not in _MAY_RAISE:
             seq, site = run.at or (None, None)
             what = (
