@@ -245,3 +245,10 @@ def test_a_workflow_no_module_defines_is_a_problem(sqlite_url: str) -> None:
     assert "no workflow named 'replay-unknown-name' is defined by the imported code" in (
         problem.message
     )
+
+
+def test_replay_of_a_missing_archive_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    result = CliRunner().invoke(cli.main, ["replay", str(missing), "--app", "json"])
+    assert result.exit_code != 0
+    assert "nope.jsonl" in result.output and "No such file" in result.output, result.output

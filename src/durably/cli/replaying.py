@@ -12,7 +12,7 @@ from durably.cli.base import _import, main
 
 
 @main.command()
-@click.argument("archive", required=False, type=click.Path(dir_okay=False, exists=True))
+@click.argument("archive", required=False, type=click.Path(dir_okay=False))
 @click.option(
     "--app",
     "modules",
@@ -55,6 +55,11 @@ def replay(
         else:
             recorded = rehearsal.from_database(database, status)
             source = database
+    except OSError as exc:
+        raise click.FileError(str(archive), exc.strerror) from None
+    except UnicodeDecodeError as exc:
+        click.echo(f"error: {archive} is not UTF-8 text ({exc}): not a durably archive", err=True)
+        sys.exit(1)
     except errors.DurablyError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
