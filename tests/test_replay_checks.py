@@ -215,3 +215,17 @@ def test_digests_and_warnings_travel_in_archives_and_older_archives_still_import
         outcome, info = asyncio.run(signal_and_wait(target, "wf-arch"))
         assert outcome == 100
         assert bool(info.warnings) is warned, info.warnings
+
+
+def test_the_digest_of_arguments_is_pinned() -> None:
+    """The digest is part of the journal: recorded journals are compared against it, so its
+    formula never changes silently (a change would flag every replayed step)."""
+    from durably import step_runner
+
+    assert step_runner.args_digest(("order-17", 1250), {}) == "aed22c61b30b3f22"
+    with_keywords = step_runner.args_digest(("order-17",), {"cents": 1250, "a": [1.5, None]})
+    assert with_keywords == "283e9293c5d41404"
+    assert step_runner.args_digest(("order-17",), {"a": [1.5, None], "cents": 1250}) == (
+        with_keywords
+    )  # keywords compare by name, whatever their order
+    assert step_runner.args_digest((object(),), {}) is None  # not encodable: not checked
