@@ -252,3 +252,77 @@ def test_replay_of_a_missing_archive_names_it(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli.main, ["replay", str(missing), "--app", "json"])
     assert result.exit_code != 0
     assert "nope.jsonl" in result.output and "No such file" in result.output, result.output
+
+
+ORDER_APP = """
+import dataclasses
+
+import durably
+
+
+@dataclasses.dataclass
+class {cls}:
+    order_id: str
+{extra}
+
+@durably.step
+def load(order_id: str) -> {cls}:
+    return {cls}(order_id{extra_arg})
+
+
+@durably.workflow(name="replay-ci-orders")
+async def orders(order_id: str) -> str:
+    order = await load(order_id)
+    await durably.wait_for_signal("approve")
+    return order.order_id
+"""
+
+
+def write_orders(tmp_path: Path, cls: str, extra: str = "", extra_arg: str = "") -> Path:
+    path = tmp_path / "app" / "replay_ci_orders.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(ORDER_APP.format(cls=cls, extra=extra, extra_arg=extra_arg))
+    return path
+
+
+RECORD_ORDERS = """
+import asyncio, sys
+import durably
+import replay_ci_orders
+
+async def main(url):
+    async with durably.Engine(url, hold_seconds=0) as engine:
+        handle = await engine.start(replay_ci_orders.orders, "A1", workflow_id="o-1")
+        while await handle.status() != "waiting":
+            await asyncio.sleep(0.02)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_replay_reports_a_recorded_value_that_no_longer_decodes(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A parked workflow's step returned an ``Order``; the class is renamed and gains a
+    required field: today's code cannot decode the receipt. Replay says so, with the seq."""
+    write_orders(tmp_path, "Order")
+    done = run_py(tmp_path, {}, "-c", RECORD_ORDERS, sqlite_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    write_orders(tmp_path, "Purchase", extra="    total: int\n", extra_arg=", 0")
+    done = run_py(
+        tmp_path, {}, "-m", "durably.cli", "--database", sqlite_url, "replay",
+        "--app", "replay_ci_orders", "--status", "waiting",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    [problem] = [ln for ln in done.stdout.splitlines() if ln.startswith("problem: ")]
+    assert problem.startswith("problem: o-1 (replay-ci-orders) seq 1 at "), problem
+    assert "replay_ci_orders.py:" in problem, problem
+    assert "decode" in problem.lower() and "Order" in problem, problem
+
+    write_orders(tmp_path, "Order")  # the compatible code again
+    done = run_py(
+        tmp_path, {}, "-m", "durably.cli", "--database", sqlite_url, "replay",
+        "--app", "replay_ci_orders",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
