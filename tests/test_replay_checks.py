@@ -229,3 +229,27 @@ def test_the_digest_of_arguments_is_pinned() -> None:
         with_keywords
     )  # keywords compare by name, whatever their order
     assert step_runner.args_digest((object(),), {}) is None  # not encodable: not checked
+
+
+def test_replay_in_ci_warns_of_changed_arguments_and_fails_on_them_when_strict(
+    store_url: str, app: tuple[Path, str]
+) -> None:
+    old = deploy(app, "charge(order, 100)")
+    asyncio.run(park(store_url, old, "wf-ci"))
+    new = deploy(app, "charge(order, 250)")
+    line = line_of(app[0], "charge(order, 250)")
+
+    report = durably.testing.replay(database=store_url)
+    assert report.ok and report.replayed == ("wf-ci",), report
+    [warning] = report.warnings
+    assert (warning.seq, warning.site) == (1, f"{app[0]}:{line}")
+    assert "other arguments" in warning.message
+
+    strict = durably.testing.replay(database=store_url, strict_replay=True)
+    assert not strict.ok
+    [problem] = strict.problems
+    assert (problem.workflow_id, problem.seq, problem.site) == ("wf-ci", 1, f"{app[0]}:{line}")
+    assert new.CALLS == []  # no step ran
+    with durably.Client(store_url) as client:  # and nothing was written
+        info = client.get_workflow("wf-ci")
+    assert (info.status, info.warnings) == ("waiting", None)
