@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 import durably
+from durably import cli
 from durably.storage import create_store
 from tests import children
 
@@ -107,6 +109,11 @@ def test_a_workflow_that_reaches_the_point_under_new_code_takes_the_new_path_for
 
     assert out == {"ok": True, "result": ["first", "new_path", "patched=True", "hang", "last"]}
     assert effects(tmp_path) == {"first": 1, "new_path": 1, "hang": 2, "last": 1}
+    # `durably show` names the marker, as a quiet row (a value journaled for replay)
+    shown = CliRunner().invoke(cli.main, ["-d", store_url, "show", "wf-new", "--json"])
+    assert shown.exit_code == 0, shown.output
+    [marker] = [r for r in json.loads(shown.output)["timeline"] if r.get("kind") == "patch"]
+    assert (marker["seq"], marker["label"], marker["quiet"]) == (2, "patch() fix-1", True)
 
 
 def test_deprecate_patch_replays_journals_with_the_marker_and_without(
