@@ -30,8 +30,8 @@ class Replayer:
 
     ``recorded_code`` and ``asked_code`` name the code the workflow started
     under and today's (``version 3, source 1a2b...``), for the messages of a
-    divergence; each call's ``site`` (the file and line of the user's call,
-    given to :meth:`next_seq`) is named there too.
+    divergence; each replayed call's ``site`` (the file and line of the user's
+    call, given to :meth:`note_site`) is named there too.
     """
 
     __slots__ = (

@@ -130,7 +130,10 @@ class Run:
       ``commit(*entries)`` and ``finish(...)`` are the two common verbs;
     * ``clock()``, ``step_threads``, ``child_started(id)``: what the engine lends;
     * ``local(key, factory)``: a value kept for this run only (agents' tallies);
-    * ``block``, ``poke``, ``active``, ``not_active``, ``ready``: waiting and parking.
+    * ``block``, ``poke``, ``active``, ``not_active``, ``ready``: waiting and parking;
+    * ``patched(id)``, ``deprecate_patch(id)``: a change's path, journaled as a marker;
+      ``check_arguments(seq, entry, digest)``: a replayed step's arguments, reported
+      through ``warn`` (the one write outside ``write``: unfenced, information only).
     """
 
     def __init__(
