@@ -26,6 +26,7 @@ from durably.errors import (
     InvalidName,
     MaxTurnsExceeded,
     NonDeterminismError,
+    NondeterministicWait,
     NotADurablyDatabase,
     NothingToResolve,
     NotInWorkflow,
@@ -43,7 +44,9 @@ from durably.errors import (
     WorkflowNotRegistered,
 )
 from durably.journal import Claim, Entry, ExecutorInfo, Review, Status, WorkflowInfo
+from durably.messages import get_event, send_signal
 from durably.queues import Queue
+from durably.races import wait, wait_first
 from durably.steps import Found, NotFound, Retry, Unknown, run_step, step
 from durably.waits import ChildHandle, set_event, sleep, sleep_until, start_child, wait_for_signal
 from durably.workflows import (
@@ -123,6 +126,7 @@ __all__ = [
     "InvalidName",
     "MaxTurnsExceeded",
     "NonDeterminismError",
+    "NondeterministicWait",
     "NotADurablyDatabase",
     "NotFound",
     "NotInWorkflow",
@@ -148,6 +152,7 @@ __all__ = [
     "WorkflowNotRegistered",
     "compensate",
     "deprecate_patch",
+    "get_event",
     "idempotency_key",
     "llm",
     "now",
@@ -155,6 +160,7 @@ __all__ = [
     "random",
     "run",
     "run_step",
+    "send_signal",
     "set_event",
     "sleep",
     "sleep_until",
@@ -163,6 +169,8 @@ __all__ = [
     "step_info",
     "tool",
     "uuid4",
+    "wait",
+    "wait_first",
     "wait_for_signal",
     "workflow",
     "workflow_id",

@@ -54,6 +54,9 @@ class Kind(enum.StrEnum):
     JOIN = "join"  # name is the child's id; payload its outcome
     CANCEL = "cancel"  # the cancellation was delivered at this seq
     PATCH = "patch"  # name is the change id: the code took durably.patched()'s new path here
+    WAIT = "wait"  # name is return_when; payload which of the awaitables had finished
+    SEND = "send_signal"  # name is "<signal> -> <target id>"; sent with key "<id>:<seq>"
+    GET_EVENT = "get_event"  # name is "<key> of <workflow id>"; payload the value read
 
 
 class EntryStatus(enum.StrEnum):

@@ -157,7 +157,7 @@ async def rehearse(
                 problems.append(problem)
             elif run.reached_end:
                 whole.append(info.workflow_id)
-            warnings.extend(_problem(info, c) for c in run.changed)
+            warnings.extend(_problem(info, c, run) for c in run.changed)
     finally:
         threads.shutdown(wait=False)
     return Report(tuple(replayed), tuple(problems), tuple(warnings), tuple(whole))
@@ -179,10 +179,10 @@ async def _replay_one(
     except runtime.Suspended:
         pass  # the journal ends here (or a wait needs the store): all of it replayed
     except errors.NonDeterminismError as exc:
-        return _problem(info, exc)
+        return _problem(info, exc, run)
     except Exception as exc:
         if run.diverged is not None:  # caught by the code, re-raised as something else
-            return _problem(info, run.diverged)
+            return _problem(info, run.diverged, run)
         run.reached_end = True
         if isinstance(exc, errors.DecodeError) or info.status not in _MAY_RAISE:
             seq, site = run.at or (None, None)
@@ -199,8 +199,12 @@ async def _replay_one(
     return None
 
 
-def _problem(info: journal.WorkflowInfo, exc: errors.NonDeterminismError) -> Problem:
-    return Problem(info.workflow_id, info.name, exc.seq, exc.site, str(exc))
+def _problem(
+    info: journal.WorkflowInfo, exc: errors.NonDeterminismError, run: RehearsalRun
+) -> Problem:
+    """The problem an error of replay stands for; its line is the call's, where known."""
+    site = exc.site or run.call_site(exc.seq)
+    return Problem(info.workflow_id, info.name, exc.seq, site, str(exc))
 
 
 #: Recorded ends after which today's code raising is no news.

@@ -93,20 +93,22 @@ class Replayer:
             raise self._diverged
         return self._entries.get(seq)
 
-    def diverge(
+    def mismatch(
         self, seq: int, recorded: str | None, asked: str | None
     ) -> errors.NonDeterminismError:
-        """Record (and return, to raise) the divergence at ``seq``: every later call raises it."""
-        self._diverged = errors.NonDeterminismError(
-            self.workflow_id,
-            seq,
-            recorded,
-            asked,
-            self._sites.get(seq),
-            self.recorded_code,
-            self.asked_code,
+        """The divergence at ``seq`` (the recorded call, the code's), naming the line of the
+        code's call and the code of both sides; kept like any (:meth:`diverge`)."""
+        return self.diverge(
+            errors.NonDeterminismError(
+                self.workflow_id,
+                seq,
+                recorded,
+                asked,
+                self._sites.get(seq),
+                self.recorded_code,
+                self.asked_code,
+            )
         )
-        return self._diverged
 
     def arguments_changed(self, seq: int, entry: journal.Entry) -> errors.ArgumentsChanged:
         """The error (or warning text) for a replayed step called with other arguments."""
@@ -119,10 +121,6 @@ class Replayer:
             self.recorded_code,
             self.asked_code,
         )
-
-    def strict_diverge(self, error: errors.NonDeterminismError) -> None:
-        """Make ``error`` the divergence: every later call raises it (strict replay)."""
-        self._diverged = error
 
     def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
         """What the journal holds at ``seq`` for this call, or None when it is new.
@@ -137,8 +135,15 @@ class Replayer:
         if entry is None or entry.kind == journal.Kind.CANCEL:
             return entry  # a cancellation delivered here stands in for any call
         if entry.kind != kind or entry.name != name:
-            raise self.diverge(seq, entry.describe(), journal.describe_call(kind, name))
+            raise self.mismatch(seq, entry.describe(), journal.describe_call(kind, name))
         return entry
+
+    def diverge(self, error: errors.NonDeterminismError) -> errors.NonDeterminismError:
+        """Stop here with ``error`` (a recorded value the code cannot take); kept and
+        raised again by every later call, like a divergence found by ``lookup``."""
+        if self._diverged is None:
+            self._diverged = error
+        return self._diverged
 
     def record(self, entry: journal.Entry) -> None:
         """Remember an entry this run has just committed."""
@@ -151,7 +156,7 @@ class Replayer:
         beyond = [seq for seq in self._entries if seq > self._last_seq]
         if beyond:
             entry = self._entries[min(beyond)]
-            raise self.diverge(entry.seq, entry.describe(), None)
+            raise self.mismatch(entry.seq, entry.describe(), None)
 
 
 def code_label(version: str | None, source_hash: str | None) -> str | None:
@@ -287,6 +292,14 @@ def signal_outcome(wait: journal.Entry, signal: str | None, now: float) -> journ
     if wait.wake_at is not None and now >= wait.wake_at:
         return dataclasses.replace(wait, status=_S.TIMED_OUT, finished_at=now)
     return wait
+
+
+def sent_outcome(send: journal.Entry, error: str | None, now: float) -> journal.Entry:
+    """A workflow's signal send after the store took it: completed, or failed with
+    ``error`` (the JSON of why the target could not keep it), final either way."""
+    if error is None:
+        return dataclasses.replace(send, status=_S.COMPLETED, finished_at=now)
+    return dataclasses.replace(send, status=_S.FAILED, payload=error, finished_at=now)
 
 
 def join_outcome(
