@@ -4,13 +4,16 @@
 
 The same support agent as agent_openai.py with an ``AsyncAnthropic`` client:
 tool_use blocks, stop reasons and cache tokens are handled natively, and each
-turn is journaled in the provider-neutral shape. Swap the fake server for
-``AsyncAnthropic(max_retries=0)`` to use the real API.
+turn is journaled in the provider-neutral shape. With ``stream=True`` the
+answer's text reaches ``on_event`` in pieces while the model step runs (live
+only: a replayed turn's text comes once, whole, marked replayed). Swap the fake
+server for ``AsyncAnthropic(max_retries=0)`` to use the real API.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from anthropic import AsyncAnthropic
@@ -30,18 +33,22 @@ async def lookup_order(order_id: str) -> dict[str, str]:
     return {"order_id": order_id, "status": "shipped"}
 
 
-def build(client: AsyncAnthropic) -> WorkflowFunction[[str], str]:
+def build(
+    client: AsyncAnthropic,
+    on_event: Callable[[durably.agents.AgentEvent], object] | None = None,
+) -> WorkflowFunction[[str], str]:
     """The support workflow around ``client`` (tests/golden replays its journals)."""
     agent = durably.Agent(
         client=client,
         model="claude-sonnet-4-5",
         instructions="You are a support agent.",
         tools=[lookup_order],
+        stream=True,
     )
 
     @durably.workflow(name="example-agent-anthropic")
     async def support(ticket: str) -> str:
-        result = await agent.run(ticket)
+        result = await agent.run(ticket, on_event=on_event)
         return str(result.output)
 
     return support
@@ -50,13 +57,16 @@ def build(client: AsyncAnthropic) -> WorkflowFunction[[str], str]:
 def main(database: str | None = None) -> None:
     with FakeModelServer(SCRIPT) as server, tempfile.TemporaryDirectory() as tmp:
         client = AsyncAnthropic(base_url=server.anthropic_url, api_key="fake", max_retries=0)
-        support = build(client)
+        pieces: list[durably.agents.AgentEvent] = []
+        support = build(client, on_event=pieces.append)
         database = database or f"sqlite:///{Path(tmp) / 'example.db'}"
         answer = durably.run(support, "Where is order A1?", workflow_id="t-1", database=database)
         print(f"answer: {answer}")
         print(f"model requests: {len(server.requests)} to {server.requests[0]['path']}")
         again = durably.run(support, "Where is order A1?", workflow_id="t-1", database=database)
         print(f"run again: {again} (model requests: {len(server.requests)})")
+        live = [e.text for e in pieces if e.kind == "text" and not e.replayed]
+        print(f"streamed live: {live}")
 
 
 if __name__ == "__main__":
