@@ -188,7 +188,7 @@ def test_digests_and_warnings_travel_in_archives_and_older_archives_still_import
     store_url: str, app: tuple[Path, str], tmp_path: Path
 ) -> None:
     """Exported and imported (SQLite and PostgreSQL to SQLite), a journal keeps its digests,
-    so the import is checked on replay too; an archive from before schema 7 imports."""
+    so the import is checked on replay too; an archive from before schema 8 imports."""
     import json
 
     old = deploy(app, "charge(order, 100)")
