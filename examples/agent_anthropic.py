@@ -13,12 +13,14 @@ server for ``AsyncAnthropic(max_retries=0)`` to use the real API.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from anthropic import AsyncAnthropic
 
 import durably
 from durably.testing import FakeModelServer, by_turn, call, text, tool_calls
+from durably.workflows import WorkflowFunction
 
 SCRIPT = by_turn(
     [tool_calls(call("lookup_order", {"order_id": "A1"})), text("Order A1 has shipped.")]
@@ -31,24 +33,33 @@ async def lookup_order(order_id: str) -> dict[str, str]:
     return {"order_id": order_id, "status": "shipped"}
 
 
-def main() -> None:
+def build(
+    client: AsyncAnthropic,
+    on_event: Callable[[durably.agents.AgentEvent], object] | None = None,
+) -> WorkflowFunction[[str], str]:
+    """The support workflow around ``client`` (tests/golden replays its journals)."""
+    agent = durably.Agent(
+        client=client,
+        model="claude-sonnet-4-5",
+        instructions="You are a support agent.",
+        tools=[lookup_order],
+        stream=True,
+    )
+
+    @durably.workflow(name="example-agent-anthropic")
+    async def support(ticket: str) -> str:
+        result = await agent.run(ticket, on_event=on_event)
+        return str(result.output)
+
+    return support
+
+
+def main(database: str | None = None) -> None:
     with FakeModelServer(SCRIPT) as server, tempfile.TemporaryDirectory() as tmp:
         client = AsyncAnthropic(base_url=server.anthropic_url, api_key="fake", max_retries=0)
-        agent = durably.Agent(
-            client=client,
-            model="claude-sonnet-4-5",
-            instructions="You are a support agent.",
-            tools=[lookup_order],
-            stream=True,
-        )
         pieces: list[durably.agents.AgentEvent] = []
-
-        @durably.workflow(name="example-agent-anthropic")
-        async def support(ticket: str) -> str:
-            result = await agent.run(ticket, on_event=pieces.append)
-            return str(result.output)
-
-        database = f"sqlite:///{Path(tmp) / 'example.db'}"
+        support = build(client, on_event=pieces.append)
+        database = database or f"sqlite:///{Path(tmp) / 'example.db'}"
         answer = durably.run(support, "Where is order A1?", workflow_id="t-1", database=database)
         print(f"answer: {answer}")
         print(f"model requests: {len(server.requests)} to {server.requests[0]['path']}")

@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 
 import durably
 from durably.testing import FakeModelServer, by_turn, call, text, tool_calls
+from durably.workflows import WorkflowFunction
 
 SCRIPT = by_turn(
     [tool_calls(call("lookup_order", {"order_id": "A1"})), text("Order A1 has shipped.")]
@@ -29,22 +30,27 @@ async def lookup_order(order_id: str) -> dict[str, str]:
     return {"order_id": order_id, "status": "shipped"}
 
 
-def main() -> None:
+def build(client: AsyncOpenAI) -> WorkflowFunction[[str], str]:
+    """The support workflow around ``client`` (tests/golden replays its journals)."""
+    agent = durably.Agent(
+        client=client,
+        model="gpt-4.1-mini",
+        instructions="You are a support agent.",
+        tools=[lookup_order],
+    )
+
+    @durably.workflow(name="example-agent-openai")
+    async def support(ticket: str) -> str:
+        result = await agent.run(ticket)
+        return str(result.output)
+
+    return support
+
+
+def main(database: str | None = None) -> None:
     with FakeModelServer(SCRIPT) as server, tempfile.TemporaryDirectory() as tmp:
-        client = AsyncOpenAI(base_url=server.url, api_key="fake", max_retries=0)
-        agent = durably.Agent(
-            client=client,
-            model="gpt-4.1-mini",
-            instructions="You are a support agent.",
-            tools=[lookup_order],
-        )
-
-        @durably.workflow(name="example-agent-openai")
-        async def support(ticket: str) -> str:
-            result = await agent.run(ticket)
-            return str(result.output)
-
-        database = f"sqlite:///{Path(tmp) / 'example.db'}"
+        support = build(AsyncOpenAI(base_url=server.url, api_key="fake", max_retries=0))
+        database = database or f"sqlite:///{Path(tmp) / 'example.db'}"
         answer = durably.run(support, "Where is order A1?", workflow_id="t-1", database=database)
         print(f"answer: {answer}")
         print(f"model requests: {len(server.requests)}")

@@ -18,6 +18,7 @@ from openai import AsyncOpenAI
 import durably
 from durably.integrations.openai_agents import DurableRunner
 from durably.testing import FakeModelServer, by_turn, call, text, tool_calls
+from durably.workflows import WorkflowFunction
 
 SCRIPT = by_turn(
     [tool_calls(call("lookup_order", {"order_id": "A1"})), text("Order A1 has shipped.")]
@@ -38,18 +39,23 @@ agent = Agent(
 )
 
 
-def main() -> None:
+def build(client: AsyncOpenAI) -> WorkflowFunction[[str], str]:
+    """The support workflow around ``client`` (tests/golden replays its journals)."""
     set_tracing_disabled(True)  # the SDK would export traces to api.openai.com
+    config = RunConfig(model_provider=OpenAIProvider(openai_client=client))
+
+    @durably.workflow(name="example-openai-agents")
+    async def support(ticket: str) -> str:
+        result = await DurableRunner.run(agent, ticket, run_config=config, max_cost=1.00)
+        return str(result.final_output)
+
+    return support
+
+
+def main(database: str | None = None) -> None:
     with FakeModelServer(SCRIPT) as server, tempfile.TemporaryDirectory() as tmp:
-        client = AsyncOpenAI(base_url=server.url, api_key="fake", max_retries=0)
-        config = RunConfig(model_provider=OpenAIProvider(openai_client=client))
-
-        @durably.workflow(name="example-openai-agents")
-        async def support(ticket: str) -> str:
-            result = await DurableRunner.run(agent, ticket, run_config=config, max_cost=1.00)
-            return str(result.final_output)
-
-        database = f"sqlite:///{Path(tmp) / 'example.db'}"
+        support = build(AsyncOpenAI(base_url=server.url, api_key="fake", max_retries=0))
+        database = database or f"sqlite:///{Path(tmp) / 'example.db'}"
         answer = durably.run(support, "Where is order A1?", workflow_id="t-1", database=database)
         print(f"answer: {answer}")
         print(f"model requests: {len(server.requests)} to {server.requests[0]['path']}")

@@ -20,33 +20,39 @@ from pydantic_ai.providers.openai import OpenAIProvider
 import durably
 from durably.integrations.pydantic_ai import DurableAgent
 from durably.testing import FakeModelServer, by_turn, call, text, tool_calls
+from durably.workflows import WorkflowFunction
 
 SCRIPT = by_turn(
     [tool_calls(call("lookup_order", {"order_id": "A1"})), text("Order A1 has shipped.")]
 )
 
 
-def main() -> None:
+def build(client: AsyncOpenAI) -> WorkflowFunction[[str], str]:
+    """The support workflow around ``client`` (tests/golden replays its journals)."""
+    agent = Agent(
+        OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client)),
+        instructions="You are a support agent.",
+    )
+
+    @agent.tool_plain
+    def lookup_order(order_id: str) -> dict[str, str]:
+        """Look up an order's status."""
+        return {"order_id": order_id, "status": "shipped"}
+
+    durable_agent = DurableAgent(agent, max_cost=1.00)  # parks for a person at $1
+
+    @durably.workflow(name="example-pydantic-ai")
+    async def support(ticket: str) -> str:
+        result = await durable_agent.run(ticket)
+        return str(result.output)
+
+    return support
+
+
+def main(database: str | None = None) -> None:
     with FakeModelServer(SCRIPT) as server, tempfile.TemporaryDirectory() as tmp:
-        client = AsyncOpenAI(base_url=server.url, api_key="fake", max_retries=0)
-        agent = Agent(
-            OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client)),
-            instructions="You are a support agent.",
-        )
-
-        @agent.tool_plain
-        def lookup_order(order_id: str) -> dict[str, str]:
-            """Look up an order's status."""
-            return {"order_id": order_id, "status": "shipped"}
-
-        durable_agent = DurableAgent(agent, max_cost=1.00)  # parks for a person at $1
-
-        @durably.workflow(name="example-pydantic-ai")
-        async def support(ticket: str) -> str:
-            result = await durable_agent.run(ticket)
-            return str(result.output)
-
-        database = f"sqlite:///{Path(tmp) / 'example.db'}"
+        support = build(AsyncOpenAI(base_url=server.url, api_key="fake", max_retries=0))
+        database = database or f"sqlite:///{Path(tmp) / 'example.db'}"
         answer = durably.run(support, "Where is order A1?", workflow_id="t-1", database=database)
         print(f"answer: {answer}")
         print(f"model requests: {len(server.requests)}")

@@ -13,6 +13,7 @@ from durably.engine import Engine, WorkflowHandle, run
 from durably.errors import (
     AlreadyResolved,
     ApprovalRejected,
+    ArgumentsChanged,
     Cancelled,
     DatabaseLocked,
     DatabaseReadOnly,
@@ -48,7 +49,15 @@ from durably.queues import Queue
 from durably.races import wait, wait_first
 from durably.steps import Found, NotFound, Retry, Unknown, run_step, step
 from durably.waits import ChildHandle, set_event, sleep, sleep_until, start_child, wait_for_signal
-from durably.workflows import compensate, now, random, uuid4, workflow
+from durably.workflows import (
+    compensate,
+    deprecate_patch,
+    now,
+    patched,
+    random,
+    uuid4,
+    workflow,
+)
 
 if typing.TYPE_CHECKING:
     from durably.agents import Agent, AgentResult, llm, tool
@@ -97,6 +106,7 @@ __all__ = [
     "AgentResult",
     "AlreadyResolved",
     "ApprovalRejected",
+    "ArgumentsChanged",
     "Cancelled",
     "ChildHandle",
     "Claim",
@@ -141,10 +151,12 @@ __all__ = [
     "WorkflowNotFound",
     "WorkflowNotRegistered",
     "compensate",
+    "deprecate_patch",
     "get_event",
     "idempotency_key",
     "llm",
     "now",
+    "patched",
     "random",
     "run",
     "run_step",

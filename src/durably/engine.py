@@ -139,6 +139,11 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
 
     With ``retention``, finished workflows older than that are pruned, with
     their journals, in small batches (docs/operations.md).
+
+    A replayed step called with other arguments than its journal recorded is a
+    warning, in the log and on the workflow (``WorkflowInfo.warnings``); with
+    ``strict_replay`` the workflow stops as ``diverged`` instead
+    (docs/deploying.md).
     """
 
     def __init__(
@@ -156,6 +161,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         queues: Sequence[Queue] = (),
         strict_code: bool = False,
         retention: datetime.timedelta | None = None,
+        strict_replay: bool = False,
     ) -> None:
         self.lease_seconds = validate.number(lease_seconds, "lease_seconds", above=True)
         self.max_recoveries = validate.count(max_recoveries, "max_recoveries", low=0)
@@ -166,6 +172,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         self.clock = clock
         self.queues = tuple(queues)
         self.strict_code = strict_code
+        self.strict_replay = strict_replay
         self._noted: set[str] = set()  # workflows logged as taken by nobody (once each)
         self._other_code: set[str] = set()  # workflows logged as run on other code (once each)
         self._warned_queues: set[str] = set()  # queues enqueued on without serving them
@@ -231,6 +238,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             on_signal=lambda wid, name: self._on_wakeup(base.Wakeup("signal", wid, name)),
             hold_seconds=self.hold_seconds,
             inline_commits=self.inline_commits,
+            strict_replay=self.strict_replay,
         )
         self._kick = asyncio.Event()
         self._changes = operations.Changes()
@@ -547,7 +555,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         except errors.StoreError as exc:  # the heartbeat releases what nothing runs
             log.warning("cannot load the journal of workflow %s: %s", wid, exc)
             return
-        live = runtime.Run(services, info, history)
+        live = runtime.Run(services, info, history, definition.version, definition.source_hash)
         self._runs[wid] = live
         self._leases.track(live)
         try:

@@ -29,7 +29,11 @@ def default_message(cls: type[BaseException]) -> str:
 class NonDeterminismError(DurablyError):
     """The code asked for a different durable call than the journal recorded.
 
-    The workflow is marked ``diverged`` and nothing more of it runs.
+    The workflow is marked ``diverged`` and nothing more of it runs. The message
+    names the seq, the recorded call and the code's, the file and line of the
+    code's call (``site``, the user's call site when it is known), and the code
+    each came from: ``recorded_code`` the version or source hash the workflow
+    started with, ``asked_code`` today's.
     """
 
     def __init__(
@@ -38,18 +42,54 @@ class NonDeterminismError(DurablyError):
         seq: int,
         recorded: str | None,
         asked: str | None,
+        site: str | None = None,
+        recorded_code: str | None = None,
+        asked_code: str | None = None,
     ) -> None:
         self.workflow_id = workflow_id
         self.seq = seq
         self.recorded = recorded
         self.asked = asked
-        super().__init__(workflow_id, seq, recorded, asked)
+        self.site = site
+        self.recorded_code = recorded_code
+        self.asked_code = asked_code
+        super().__init__(workflow_id, seq, recorded, asked, site, recorded_code, asked_code)
 
     def __str__(self) -> str:
+        recorded = self.recorded or "nothing"
+        if self.recorded_code:
+            recorded += f" (under {self.recorded_code})"
+        asked = self.asked or "nothing (it returned)"
+        if self.site:
+            asked += f" at {self.site}"
+        if self.asked_code:
+            asked += f" (under {self.asked_code})"
         return (
             f"workflow {self.workflow_id!r} diverged from its journal at seq {self.seq}: "
-            f"the journal recorded {self.recorded or 'nothing'}, "
-            f"the code asked for {self.asked or 'nothing (it returned)'}"
+            f"the journal recorded {recorded}, the code asked for {asked}"
+        )
+
+
+class ArgumentsChanged(NonDeterminismError):
+    """A replayed step was called with other arguments than the journal recorded.
+
+    Raised (the workflow ends ``diverged``) only under ``Engine(strict_replay=True)``;
+    otherwise the change is a warning in the log and on the workflow, and the
+    recorded result is returned as before.
+    """
+
+    def __str__(self) -> str:
+        site = f" at {self.site}" if self.site else ""
+        code = ""
+        if self.recorded_code or self.asked_code:
+            code = (
+                f" (recorded under {self.recorded_code or 'unknown code'}, "
+                f"replayed under {self.asked_code or 'unknown code'})"
+            )
+        return (
+            f"workflow {self.workflow_id!r} seq {self.seq}: {self.asked}{site} was called "
+            f"with other arguments than the journal recorded ({self.recorded}){code}; "
+            "the recorded result belongs to the old arguments"
         )
 
 

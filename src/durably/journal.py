@@ -53,6 +53,7 @@ class Kind(enum.StrEnum):
     CHILD = "child"  # name is the child workflow's name; payload its id
     JOIN = "join"  # name is the child's id; payload its outcome
     CANCEL = "cancel"  # the cancellation was delivered at this seq
+    PATCH = "patch"  # name is the change id: the code took durably.patched()'s new path here
     WAIT = "wait"  # name is return_when; payload which of the awaitables had finished
     SEND = "send_signal"  # name is "<signal> -> <target id>"; sent with key "<id>:<seq>"
     GET_EVENT = "get_event"  # name is "<key> of <workflow id>"; payload the value read
@@ -86,6 +87,9 @@ class Entry:
     started_at: float | None = None
     finished_at: float | None = None
     wake_at: float | None = None  # when a retrying step may try again
+    #: A step's arguments as a short digest of their encoded JSON, checked on replay
+    #: (None: not a step, arguments that cannot be encoded, or journaled before 0.2).
+    args_digest: str | None = None
 
     def describe(self) -> str:
         """The call as people name it: ``step 'issue_refund'``."""
@@ -130,6 +134,8 @@ class WorkflowInfo:
     forked_from: str | None = None  # the workflow this one is a fork of, if it is one
     forked_from_seq: int | None = None  # the last seq of the prefix the fork copied
     max_recoveries: int | None = None  # crashes in a row it may survive; None: the engine's
+    #: What replays found and went on past (a step called with other arguments), a line each.
+    warnings: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -26,15 +26,38 @@ from durably import errors, journal, steps
 
 
 class Replayer:
-    """The journal of one workflow run, consumed seq by seq."""
+    """The journal of one workflow run, consumed seq by seq.
 
-    __slots__ = ("_diverged", "_entries", "_last_seq", "workflow_id")
+    ``recorded_code`` and ``asked_code`` name the code the workflow started
+    under and today's (``version 3, source 1a2b...``), for the messages of a
+    divergence; each replayed call's ``site`` (the file and line of the user's
+    call, given to :meth:`note_site`) is named there too.
+    """
 
-    def __init__(self, workflow_id: str, entries: Iterable[journal.Entry]) -> None:
+    __slots__ = (
+        "_diverged",
+        "_entries",
+        "_last_seq",
+        "_sites",
+        "asked_code",
+        "recorded_code",
+        "workflow_id",
+    )
+
+    def __init__(
+        self,
+        workflow_id: str,
+        entries: Iterable[journal.Entry],
+        recorded_code: str | None = None,
+        asked_code: str | None = None,
+    ) -> None:
         self.workflow_id = workflow_id
         self._entries = {e.seq: e for e in entries}
         self._last_seq = 0
         self._diverged: errors.NonDeterminismError | None = None
+        self._sites: dict[int, str] = {}
+        self.recorded_code = recorded_code
+        self.asked_code = asked_code
 
     @property
     def diverged(self) -> errors.NonDeterminismError | None:
@@ -51,6 +74,54 @@ class Replayer:
         self._last_seq += 1
         return self._last_seq
 
+    def replaying(self, seq: int) -> bool:
+        """Whether the journal holds an entry at ``seq`` (the call there is replayed)."""
+        return seq in self._entries
+
+    def note_site(self, seq: int, site: str | None) -> None:
+        """Remember where the code's call at ``seq`` was made, for the messages about it."""
+        if site is not None:
+            self._sites[seq] = site
+
+    def site(self, seq: int) -> str | None:
+        """The file and line of the code's call at ``seq``, when it was replayed and known."""
+        return self._sites.get(seq)
+
+    def peek(self, seq: int) -> journal.Entry | None:
+        """The entry at ``seq``, without checking it against any call."""
+        if self._diverged is not None:
+            raise self._diverged
+        return self._entries.get(seq)
+
+    def mismatch(
+        self, seq: int, recorded: str | None, asked: str | None
+    ) -> errors.NonDeterminismError:
+        """The divergence at ``seq`` (the recorded call, the code's), naming the line of the
+        code's call and the code of both sides; kept like any (:meth:`diverge`)."""
+        return self.diverge(
+            errors.NonDeterminismError(
+                self.workflow_id,
+                seq,
+                recorded,
+                asked,
+                self._sites.get(seq),
+                self.recorded_code,
+                self.asked_code,
+            )
+        )
+
+    def arguments_changed(self, seq: int, entry: journal.Entry) -> errors.ArgumentsChanged:
+        """The error (or warning text) for a replayed step called with other arguments."""
+        return errors.ArgumentsChanged(
+            self.workflow_id,
+            seq,
+            f"arguments digest {entry.args_digest}",
+            entry.describe(),
+            self._sites.get(seq),
+            self.recorded_code,
+            self.asked_code,
+        )
+
     def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
         """What the journal holds at ``seq`` for this call, or None when it is new.
 
@@ -64,10 +135,7 @@ class Replayer:
         if entry is None or entry.kind == journal.Kind.CANCEL:
             return entry  # a cancellation delivered here stands in for any call
         if entry.kind != kind or entry.name != name:
-            self._diverged = errors.NonDeterminismError(
-                self.workflow_id, seq, entry.describe(), journal.describe_call(kind, name)
-            )
-            raise self._diverged
+            raise self.mismatch(seq, entry.describe(), journal.describe_call(kind, name))
         return entry
 
     def diverge(self, error: errors.NonDeterminismError) -> errors.NonDeterminismError:
@@ -88,10 +156,44 @@ class Replayer:
         beyond = [seq for seq in self._entries if seq > self._last_seq]
         if beyond:
             entry = self._entries[min(beyond)]
-            self._diverged = errors.NonDeterminismError(
-                self.workflow_id, entry.seq, entry.describe(), None
-            )
-            raise self._diverged
+            raise self.mismatch(entry.seq, entry.describe(), None)
+
+
+def code_label(version: str | None, source_hash: str | None) -> str | None:
+    """The code a workflow ran under as messages name it: ``version 3, source 1a2b3c4d``."""
+    parts = []
+    if version is not None:
+        parts.append(f"version {version}")
+    if source_hash is not None:
+        parts.append(f"source {source_hash}")
+    return ", ".join(parts) or None
+
+
+# --- patches --------------------------------------------------------------------------
+
+
+class Patch(enum.Enum):
+    """What ``durably.patched(change_id)`` finds at the next seq."""
+
+    MARKED = "marked"  # the marker of this change: the workflow took the new path here
+    PASSED = "passed"  # another call: old code went past this point (no seq is taken)
+    NEW = "new"  # nothing: the workflow reaches this point now, under the new code
+
+
+def plan_patch(entry: journal.Entry | None, change_id: str) -> Patch:
+    """What the entry at the next seq means for ``patched(change_id)``.
+
+    The marker of this change means the new path was taken (and the marker's
+    seq is consumed); any other entry means the workflow went past this point
+    under code without the patch, which recorded its next call here (no seq is
+    taken, so that call replays as before); nothing recorded means the workflow
+    reaches this point now, and takes the new path.
+    """
+    if entry is None:
+        return Patch.NEW
+    if entry.kind == journal.Kind.PATCH and entry.name == change_id:
+        return Patch.MARKED
+    return Patch.PASSED
 
 
 # --- what a step's entry means for the call -------------------------------------------

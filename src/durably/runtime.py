@@ -14,7 +14,9 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
+import os
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -98,6 +100,7 @@ class Services:
     inline_commits: bool = True  # commit on the loop's thread when nothing else is ready
     commit_patience: float = 30.0  # seconds to wait out a locked or unreachable database
     full_patience: float = 600.0  # seconds to wait for room in a full database
+    strict_replay: bool = False  # a replayed step called with other arguments diverges
 
 
 @dataclasses.dataclass(slots=True)
@@ -136,18 +139,33 @@ class Run:
     * ``clock()``, ``step_threads``, ``child_started(id)``, ``signal_sent(id, name)``:
       what the engine lends;
     * ``local(key, factory)``: a value kept for this run only (agents' tallies);
-    * ``block``, ``poke``, ``active``, ``not_active``, ``ready``: waiting and parking.
+    * ``block``, ``poke``, ``active``, ``not_active``, ``ready``: waiting and parking;
+    * ``patched(id)``, ``deprecate_patch(id)``: a change's path, journaled as a marker;
+      ``check_arguments(seq, entry, digest)``: a replayed step's arguments, reported
+      through ``warn`` (the one write outside ``write``: unfenced, information only).
     """
 
     def __init__(
-        self, services: Services, info: journal.WorkflowInfo, history: list[journal.Entry]
+        self,
+        services: Services,
+        info: journal.WorkflowInfo,
+        history: list[journal.Entry],
+        version: str | None = None,
+        source_hash: str | None = None,
     ) -> None:
+        """``version`` and ``source_hash``: today's code, named in divergence messages."""
         self._services = services
         #: The engine's clock (seconds since the epoch), lent to workflow-side modules.
         self.clock: Callable[[], float] = services.clock
         self.workflow_id = info.workflow_id
         self._epoch = info.epoch
-        self._replayer = replay.Replayer(info.workflow_id, history)
+        self._replayer = replay.Replayer(
+            info.workflow_id,
+            history,
+            replay.code_label(info.version, info.source_hash),
+            replay.code_label(version, source_hash),
+        )
+        self._patches: dict[str, bool] = {}  # durably.patched() answers, once per change id
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
         self._locals: dict[object, Any] = {}
@@ -487,7 +505,73 @@ class Run:
         self._check_live()
         if self.closing and not self._is_compensating():
             raise self.suspend("the workflow function has ended")
-        return self._replayer.next_seq()
+        seq = self._replayer.next_seq()
+        if self._replayer.replaying(seq):  # only a replayed call can diverge: name its line
+            self._replayer.note_site(seq, call_site())
+        return seq
+
+    # --- patches and replayed arguments ------------------------------------------------
+
+    def patched(self, change_id: str) -> bool:
+        """``durably.patched(change_id)``: whether this workflow takes the change's new path.
+
+        The same answer for every call with this id in one run (and on every
+        replay): the first call decides (``replay.plan_patch``), and journals a
+        marker when the workflow reaches the point now.
+        """
+        known = self._patches.get(change_id)
+        if known is not None:
+            return known
+        plan = replay.plan_patch(self._replayer.peek(self.last_seq + 1), change_id)
+        if plan is replay.Patch.PASSED:
+            self._patches[change_id] = False
+            return False
+        seq = self.take_seq()
+        if plan is replay.Patch.NEW:
+            now = self._services.clock()
+            self.stage(
+                journal.Entry(seq, journal.Kind.PATCH, change_id, _COMPLETED, 1, None, now, now)
+            )
+        self._patches[change_id] = True
+        return True
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """``durably.deprecate_patch(change_id)``: step over the change's marker if the
+        journal has one here; journal nothing either way."""
+        if change_id in self._patches:
+            return
+        plan = replay.plan_patch(self._replayer.peek(self.last_seq + 1), change_id)
+        if plan is replay.Patch.MARKED:
+            self.take_seq()
+        self._patches[change_id] = True
+
+    async def check_arguments(self, seq: int, entry: journal.Entry, digest: str | None) -> None:
+        """Report a replayed step called with other arguments than the journal recorded.
+
+        Nothing to check when either digest is unknown. Under ``strict_replay``
+        this is a divergence (raised, and raised again by every later call);
+        otherwise a warning in the log and on the workflow, and the recorded
+        result stands.
+        """
+        if digest is None or entry.args_digest is None or digest == entry.args_digest:
+            return
+        changed = self._replayer.arguments_changed(seq, entry)
+        if self._services.strict_replay:
+            raise self._replayer.diverge(changed)
+        await self.warn(changed)
+
+    async def warn(self, changed: errors.ArgumentsChanged) -> None:
+        """Log a replay's warning and note it on the workflow's row (once)."""
+        log.warning("%s", changed)
+        store = self._services.store
+        try:  # `durably show` and the workflow's info name it
+            await store.call(store.store.add_warning, self.workflow_id, str(changed))
+        except errors.StoreError as exc:
+            log.warning("could not note the warning on workflow %s: %s", self.workflow_id, exc)
+
+    def call_site(self, seq: int) -> str | None:
+        """The file and line of the code's call at ``seq``, when it was replayed and known."""
+        return self._replayer.site(seq)
 
     def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
         """The journal's entry for this call, delivering a requested cancellation here.
@@ -676,6 +760,27 @@ _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUI
 _COMPLETED = journal.EntryStatus.COMPLETED
 
 _FINAL = journal.FINAL_ENTRY_STATUSES
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_ASYNCIO_DIR = os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep
+
+
+def call_site() -> str | None:
+    """``file:line`` of the innermost frame outside durably: the user's durable call.
+
+    None when the call was not made from user code on this stack (a branch that
+    ``asyncio.gather`` runs as a task starts in asyncio's frames).
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_PACKAGE_DIR):
+            if filename.startswith(_ASYNCIO_DIR):
+                return None
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 class _Activity:

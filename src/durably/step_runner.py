@@ -18,6 +18,7 @@ import concurrent.futures
 import contextvars
 import dataclasses
 import functools
+import hashlib
 import inspect
 import json
 from collections.abc import Awaitable, Sequence
@@ -66,6 +67,9 @@ async def _run(
     key = f"{run.workflow_id}:{seq}"
     plan = replay.plan_step(entry, reconciles=step.reconcile is not None)
     action, attempt = plan.action, plan.attempt
+    digest = args_digest(args, kwargs)
+    if entry is not None and digest != entry.args_digest:  # a replay with other arguments?
+        await run.check_arguments(seq, entry, digest)
     if action is not _RUN:
         assert entry is not None  # a new call always runs
         if action is _A.RETURN:
@@ -85,7 +89,15 @@ async def _run(
         run.check_stopping()
         if step.needs_intent:
             faults.reached("before_intent", step.name)
-            intent = _entry(run, seq, step, _S.STARTED, attempt, _intent(args, kwargs, key, where))
+            intent = _entry(
+                run,
+                seq,
+                step,
+                _S.STARTED,
+                attempt,
+                _intent(args, kwargs, key, where),
+                digest=digest,
+            )
             await run.commit(intent)
             faults.reached("after_intent", step.name)
         faults.reached("before_call", step.name)
@@ -102,7 +114,9 @@ async def _run(
             status = _S.FAILED if delay is None else _S.RETRYING
             wake = None if delay is None else finished + delay
             error = error_json(exc)
-            failure = _entry(run, seq, step, status, attempt, error, started, finished, wake)
+            failure = _entry(
+                run, seq, step, status, attempt, error, started, finished, wake, digest
+            )
             await _commit_failure(run, failure, exc, where)
             if delay is None:
                 raise
@@ -112,7 +126,9 @@ async def _run(
             continue
         finished = run.clock()
         faults.reached("after_call", step.name)
-        receipt = _entry(run, seq, step, _S.COMPLETED, attempt, payload, started, finished)
+        receipt = _entry(
+            run, seq, step, _S.COMPLETED, attempt, payload, started, finished, digest=digest
+        )
         await _commit_receipt(run, receipt, where, ctx.events)
         faults.reached("after_receipt", step.name)
         return fresh_result(step, payload, where)
@@ -203,12 +219,29 @@ def _entry(
     started: float | None = None,
     finished: float | None = None,
     wake_at: float | None = None,
+    digest: str | None = None,
 ) -> journal.Entry:
     if started is None:
         started = run.clock()
     return journal.Entry(
-        seq, _STEP, step.name, status, attempt, payload, started, finished, wake_at
+        seq, _STEP, step.name, status, attempt, payload, started, finished, wake_at, digest
     )
+
+
+def args_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """A short digest of a step call's encoded arguments (keywords in name order).
+
+    Journaled with the step and compared when it is replayed. None for
+    arguments that cannot be encoded (a client object, say): those are not checked.
+    """
+    value: list[Any] = list(args)
+    if kwargs:  # positional only (the usual call) encodes a plain list: the fast path
+        value = [value, dict(sorted(kwargs.items()))]
+    try:
+        text = codec.encode(value, where="step arguments")
+    except Exception:
+        return None
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def _intent(args: tuple[Any, ...], kwargs: dict[str, Any], key: str, where: str) -> str:

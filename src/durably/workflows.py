@@ -210,6 +210,50 @@ def uuid4() -> _uuid.UUID:
     return context.require_run("uuid4").journal_value(journal.Kind.UUID4, _uuid.uuid4)
 
 
+# --- patches ---------------------------------------------------------------------
+
+
+def patched(change_id: str) -> bool:
+    """Whether this workflow takes the new path of the change ``change_id``.
+
+    True for a workflow that reaches this point under code that has the patch
+    (a marker is journaled here, so its replays say True too); False for one
+    that went past this point under older code (its journal holds the old
+    path's calls here, which then replay as recorded). So a fix can be
+    deployed under running workflows::
+
+        if durably.patched("refund-in-cents"):
+            await refund_cents(order, cents)
+        else:
+            await refund(order, cents / 100)
+
+    Every call with the same id in one run gives the same answer. Once no
+    workflow that went past it under old code is left, replace the branch by
+    its new path and the call by ``deprecate_patch(change_id)``.
+    """
+    run = context.require_run("patched")
+    return run.patched(_patch_id(change_id, "patched"))
+
+
+def deprecate_patch(change_id: str) -> None:
+    """Mark where ``patched(change_id)`` was, after its old path is gone.
+
+    Replays both journals made with the patch (steps over its marker) and
+    journals made without it (journals nothing), so workflows started under
+    either code keep replaying. Remove it once none of those is left.
+    """
+    run = context.require_run("deprecate_patch")
+    run.deprecate_patch(_patch_id(change_id, "deprecate_patch"))
+
+
+def _patch_id(change_id: object, what: str) -> str:
+    """The change id, checked: a non-empty name a database can store."""
+    checked = validate.name(change_id, f"durably.{what}() change id")
+    if not checked.strip():
+        raise errors.InvalidName(f"durably.{what}() needs a non-empty change id, got {checked!r}")
+    return checked
+
+
 def compensate(fn: Callable[..., Any], *args: Any, name: str | None = None, **kwargs: Any) -> None:
     """Register an undo for something that succeeded (call it right after the step).
 

@@ -230,3 +230,47 @@ def test_a_divergence_on_a_value_is_kept_and_raised_by_every_later_call() -> Non
     assert "at seq 4" in str(mismatch) and "stored value: dict {x: int}" in str(mismatch)
     rebuilt = codec.decode_error(codec.encode_error(mismatch))  # as a handle's result raises it
     assert type(rebuilt) is errors.RecordedValueMismatch and str(rebuilt) == str(mismatch)
+
+
+# --- plan_patch: what durably.patched() finds at the next seq ---------------------------
+
+P = replay.Patch
+
+
+def entry_of(kind: str, name: str) -> journal.Entry:
+    return journal.Entry(5, kind, name, S.COMPLETED, 1, None, 1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("entry", "plan"),
+    [
+        (None, P.NEW),  # the workflow reaches this point now: the new path
+        (entry_of("patch", "fix-1"), P.MARKED),  # it took the new path before
+        (entry_of("patch", "fix-2"), P.PASSED),  # another change's marker: not this one's
+        (entry_of("step", "old_path"), P.PASSED),  # old code went on past this point
+        (entry_of("signal", "go"), P.PASSED),
+        (entry_of("cancel", ""), P.PASSED),  # cancelled here by old code
+    ],
+)
+def test_plan_patch(entry: journal.Entry | None, plan: replay.Patch) -> None:
+    assert replay.plan_patch(entry, "fix-1") is plan
+
+
+def test_a_divergence_names_the_site_and_the_code_of_both_sides() -> None:
+    replayer = replay.Replayer(
+        "wf", [entry_of("step", "charge")], "version 2, source aa", "version 3, source bb"
+    )
+    replayer.note_site(5, "app.py:42")
+    with pytest.raises(errors.NonDeterminismError) as caught:
+        replayer.lookup(5, "step", "refund")
+    assert str(caught.value) == (
+        "workflow 'wf' diverged from its journal at seq 5: the journal recorded step 'charge' "
+        "(under version 2, source aa), the code asked for step 'refund' at app.py:42 "
+        "(under version 3, source bb)"
+    )
+    # rebuilt from its journaled record (codec.encode_error / decode_error), it says the same
+    from durably import codec
+
+    rebuilt = codec.decode_error(codec.encode_error(caught.value))
+    assert isinstance(rebuilt, errors.NonDeterminismError)
+    assert str(rebuilt) == str(caught.value) and rebuilt.site == "app.py:42"

@@ -1,5 +1,5 @@
 """The ``durably`` command line: list, show, start, worker, serve, signal, cancel, resume,
-fork, delete, migrate, demo.
+fork, delete, migrate, demo, replay.
 
 It uses only the public API: a Client to read and start, an Engine to run.
 The database comes from ``--database``, else ``DURABLY_DATABASE_URL``, else
@@ -13,12 +13,12 @@ operations commands (``admin``) are added here.
 
 from durably import admin
 from durably.agents import cli as agents_cli
-from durably.cli import crashes, review, running, selection, workflows
+from durably.cli import crashes, replaying, review, running, selection, workflows
 from durably.cli.base import main
 
 __all__ = ["main"]
 
-_COMMAND_MODULES = (review, running, workflows)  # their commands registered on import
+_COMMAND_MODULES = (replaying, review, running, workflows)  # their commands registered on import
 
 main.add_command(crashes.test_crashes_command)
 main.add_command(agents_cli.approvals_cmd)

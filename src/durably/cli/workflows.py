@@ -219,6 +219,8 @@ def print_receipts(
     )
     for note in notes or []:
         console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
+    for warning in (info.warnings or "").splitlines():  # what replays went on past
+        console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     rows = receipts.receipts(entries, claims)
     names = {e.seq: receipts.label(e) for e in rows if not isinstance(e, receipts.Gap)}
     width = min(max([24, *map(len, names.values())]), 44)

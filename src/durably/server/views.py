@@ -22,7 +22,7 @@ PREVIEW = 120
 # Calls that record a value and take no time worth showing.
 _INSTANT = frozenset({"now", "random", "uuid4", "event", "child", "cancel"})
 # Values the engine journals for its own replay: shown quieter than the work itself.
-_QUIET = frozenset({"now", "random", "uuid4", "event"})
+_QUIET = frozenset({"now", "random", "uuid4", "event", "patch"})
 
 
 def payload(text: str | None) -> Any:

@@ -151,6 +151,10 @@ class Unclaimed:
 Runnable = tuple[str, str | None]
 
 
+#: How many warnings a workflow's row keeps (the newest).
+MAX_WARNINGS = 20
+
+
 def _nothing() -> None:
     """Stop listening where nothing listens."""
 
@@ -453,6 +457,14 @@ class Store(abc.ABC):
     ) -> bool:
         """``append_entries``, and publish the ``(key, value)`` events a step set, at the
         seq of the last entry (its receipt), in the same transaction."""
+
+    @abc.abstractmethod
+    def add_warning(self, workflow_id: str, text: str) -> None:
+        """Note ``text`` (one line) on the workflow's row, unless it is noted already.
+
+        Atomic; unfenced (a warning is information, not the workflow's state).
+        Keeps the newest :data:`MAX_WARNINGS`; a workflow that is gone is ignored.
+        """
 
     @abc.abstractmethod
     def start_child(

@@ -24,11 +24,11 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "owner", "epoch", "lease_expires_at", "crash_count", "wake_at", "parent_id",
         "created_at", "updated_at", "cancel_requested", "signal_count", "queue", "priority",
         "deduplication_id", "started_at", "forked_from", "forked_from_seq", "max_recoveries",
-        "partition_key", "debounce_key",
+        "partition_key", "debounce_key", "warnings",
     ),
     "journal": (
         "workflow_id", "seq", "kind", "name", "status", "attempt", "payload", "started_at",
-        "finished_at", "wake_at",
+        "finished_at", "wake_at", "args_digest",
     ),
     "claims": ("workflow_id", "epoch", "owner", "claimed_at", "previous_owner", "reason"),
     "signals": (
@@ -45,8 +45,16 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 #: an older durably still imports.
 LATER_COLUMNS: dict[str, frozenset[str]] = {
     "workflows": frozenset(
-        {"forked_from", "forked_from_seq", "max_recoveries", "partition_key", "debounce_key"}
+        {
+            "forked_from",
+            "forked_from_seq",
+            "max_recoveries",
+            "partition_key",
+            "debounce_key",
+            "warnings",
+        }
     ),
+    "journal": frozenset({"args_digest"}),
 }
 
 #: Tables of the schema that belong to no workflow (see the module docstring).

@@ -116,6 +116,7 @@ class EntryVerbs(claims.ClaimVerbs):
                 started_at=e.started_at,
                 finished_at=e.finished_at,
                 wake_at=e.wake_at,
+                args_digest=e.args_digest,
             )
             self._wrote(workflow_id, e, cursor.rowcount, now, fence)
 

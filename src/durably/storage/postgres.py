@@ -425,6 +425,7 @@ class PostgresStore(sql.SqlStore):
             started_at=entry.started_at,
             finished_at=entry.finished_at,
             wake_at=entry.wake_at,
+            args_digest=entry.args_digest,
         ).fetchone()
         if found is None:  # the fence did not hold: nothing was written
             raise self._fenced_off(workflow_id, epoch)

@@ -37,14 +37,14 @@ WHERE queue = :queue AND deduplication_id = :deduplication_id
 -- One workflow's row.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries, warnings
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: list_workflows
 -- Workflows newest first, by status and name if given.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries, warnings
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -59,7 +59,7 @@ LIMIT :limit
 -- search_workflows_oldest_first.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries, warnings
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -233,14 +233,15 @@ SELECT owner, epoch, status FROM workflows WHERE workflow_id = :workflow_id
 -- name: upsert_entry
 -- Write a call's entry at its seq; a final entry, or another call's, is never changed.
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at)
+                     finished_at, wake_at, args_digest)
 VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
-        :finished_at, :wake_at)
+        :finished_at, :wake_at, :args_digest)
 ON CONFLICT (workflow_id, seq) DO UPDATE
 SET kind = excluded.kind, name = excluded.name,
     status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
     started_at = excluded.started_at, finished_at = excluded.finished_at,
-    wake_at = excluded.wake_at
+    wake_at = excluded.wake_at,
+    args_digest = COALESCE(excluded.args_digest, journal.args_digest)
 WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
   AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
        OR excluded.kind = 'cancel')
@@ -256,17 +257,19 @@ WITH fence AS (
     FOR UPDATE
 ), written AS (
     INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                         finished_at, wake_at)
+                         finished_at, wake_at, args_digest)
     SELECT CAST(:workflow_id AS TEXT), CAST(:seq AS BIGINT), CAST(:kind AS TEXT),
            CAST(:name AS TEXT), CAST(:status AS TEXT), CAST(:attempt AS BIGINT),
            CAST(:payload AS TEXT), CAST(:started_at AS DOUBLE PRECISION),
-           CAST(:finished_at AS DOUBLE PRECISION), CAST(:wake_at AS DOUBLE PRECISION)
+           CAST(:finished_at AS DOUBLE PRECISION), CAST(:wake_at AS DOUBLE PRECISION),
+           CAST(:args_digest AS TEXT)
     FROM fence
     ON CONFLICT (workflow_id, seq) DO UPDATE
     SET kind = excluded.kind, name = excluded.name,
         status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
         started_at = excluded.started_at, finished_at = excluded.finished_at,
-        wake_at = excluded.wake_at
+        wake_at = excluded.wake_at,
+        args_digest = COALESCE(excluded.args_digest, journal.args_digest)
     WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
       AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
            OR excluded.kind = 'cancel')
@@ -276,12 +279,14 @@ SELECT cancel_requested, crash_count, (SELECT COUNT(*) FROM written) AS written 
 
 -- name: entry_at
 -- The journal entry at one seq.
-SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
+       args_digest
 FROM journal WHERE workflow_id = :workflow_id AND seq = :seq
 
 -- name: load_history
 -- A workflow's journal, in seq order.
-SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
+       args_digest
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
 -- name: finish_workflow
@@ -463,8 +468,9 @@ WHERE workflow_id = :workflow_id AND seq = :seq
 -- name: copy_entries
 -- Copy a workflow's journal up to seq under a new id (fork).
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at)
-SELECT :new_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+                     finished_at, wake_at, args_digest)
+SELECT :new_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
+       args_digest
 FROM journal WHERE workflow_id = :workflow_id AND seq <= :seq
 
 -- name: copy_events
@@ -538,12 +544,13 @@ SELECT workflow_id FROM workflows WHERE parent_id = :workflow_id ORDER BY create
 SELECT workflow_id, name, version, source_hash, status, input, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, signal_count, queue, priority, deduplication_id, started_at,
-       forked_from, forked_from_seq, max_recoveries, partition_key, debounce_key
+       forked_from, forked_from_seq, max_recoveries, partition_key, debounce_key, warnings
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: export_journal
 -- The journal rows of one workflow, for an archive.
-SELECT workflow_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at
+SELECT workflow_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
+       args_digest
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
 -- name: export_claims
@@ -574,19 +581,19 @@ INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, o
                        owner, epoch, lease_expires_at, crash_count, wake_at, parent_id,
                        created_at, updated_at, cancel_requested, signal_count, queue, priority,
                        deduplication_id, started_at, forked_from, forked_from_seq,
-                       max_recoveries, partition_key, debounce_key)
+                       max_recoveries, partition_key, debounce_key, warnings)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :error,
         NULL, :epoch, NULL, :crash_count, :wake_at, :parent_id,
         :created_at, :updated_at, :cancel_requested, :signal_count, :queue, :priority,
         :deduplication_id, :started_at, :forked_from, :forked_from_seq, :max_recoveries,
-        :partition_key, :debounce_key)
+        :partition_key, :debounce_key, :warnings)
 
 -- name: import_journal
 -- Insert one archived journal row.
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at)
+                     finished_at, wake_at, args_digest)
 VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
-        :finished_at, :wake_at)
+        :finished_at, :wake_at, :args_digest)
 
 -- name: import_claims
 -- Insert one archived claims row.
@@ -654,3 +661,11 @@ WHERE workflow_id = :workflow_id
 -- The status is checked again: only a finished workflow is ever removed.
 DELETE FROM workflows
 WHERE workflow_id = :workflow_id AND status IN ('completed', 'failed', 'cancelled', 'diverged')
+
+-- name: warnings_of
+-- The warnings noted on a workflow (one a line), or NULL.
+SELECT warnings FROM workflows WHERE workflow_id = :workflow_id
+
+-- name: set_warnings
+-- Replace the warnings noted on a workflow.
+UPDATE workflows SET warnings = :warnings WHERE workflow_id = :workflow_id

@@ -97,6 +97,17 @@ class SignalVerbs(entries.EntryVerbs):
         row = self._q("get_event", workflow_id=workflow_id, key=key).fetchone()
         return None if row is None else str(row[0])
 
+    def add_warning(self, workflow_id: str, text: str) -> None:
+        row = self._q("warnings_of", workflow_id=workflow_id).fetchone()
+        if row is None:
+            return
+        lines = str(row[0]).splitlines() if row[0] is not None else []
+        line = " ".join(text.splitlines())
+        if line in lines:
+            return
+        kept = [*lines, line][-base.MAX_WARNINGS :]
+        self._q("set_warnings", workflow_id=workflow_id, warnings="\n".join(kept))
+
     def post_signal(
         self,
         workflow_id: str,

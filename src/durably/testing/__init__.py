@@ -1,5 +1,6 @@
 """Test kit for agents built on durably: real services that count side effects, and
-``crash_points`` to kill your own workflow at every commit boundary."""
+``crash_points`` to kill your own workflow at every commit boundary, and ``replay`` to
+check today's code against recorded journals."""
 
 from durably.testing.crashes import (
     Boundary,
@@ -11,6 +12,7 @@ from durably.testing.crashes import (
 )
 from durably.testing.models import FakeModelServer, by_turn, call, failure, text, tool_calls
 from durably.testing.payments import FakePaymentsServer, refund
+from durably.testing.replaying import replay
 
 __all__ = [
     "Boundary",
@@ -25,6 +27,7 @@ __all__ = [
     "crash_points",
     "failure",
     "refund",
+    "replay",
     "text",
     "tool_calls",
 ]
