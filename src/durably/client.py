@@ -135,6 +135,7 @@ class Client:
         *args: Any,
         workflow_id: str | None = None,
         max_recoveries: int | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> str:
         """Commit a pending workflow for a worker to run; return its id.
@@ -142,9 +143,10 @@ class Client:
         ``wf`` is a decorated workflow or a workflow name, which need not be
         registered in this process (a service that does not import the
         workflow code). Idempotent on ``workflow_id`` like ``Engine.start``.
-        ``max_recoveries`` overrides the workflow's and the engine's limit.
+        ``max_recoveries`` overrides the workflow's and the engine's limit;
+        ``timeout`` gives it a deadline, counted from now (see ``Engine.start``).
         """
-        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries)
+        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries, timeout)
         self._run(self._ops.start(new))
         return new.workflow_id
 
@@ -182,7 +184,11 @@ class Client:
         return self._run(self._ops.get_event(workflow_id, key, timeout))
 
     def cancel(self, workflow_id: str) -> list[str]:
-        """Ask the workflow and its unfinished children to stop; the ids asked."""
+        """Ask the workflow and its unfinished children to stop; the ids asked.
+
+        Final once this returns, as ``Engine.cancel``: one not started yet is
+        ``cancelled`` at once and never runs.
+        """
         return self._run(self._ops.cancel(workflow_id))
 
     def resume(self, workflow_id: str) -> None:

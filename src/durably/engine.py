@@ -202,6 +202,7 @@ class Engine(engine_many.ManyWorkflows):
         self._changes = operations.Changes()  # wakes handles and get_event waiting here
         self._timer: asyncio.TimerHandle | None = None  # for the earliest wake-up known here
         self._timer_at = 0.0
+        self._next_wake = float("-inf")  # the store's earliest wake-up or deadline, last read
         self._ops = operations.Operations(self._store.store, clock)
         self._leases = leases.Leases(
             self._store, lease_seconds, clock, self._tasks.keys, self._kick_recovery
@@ -360,6 +361,7 @@ class Engine(engine_many.ManyWorkflows):
         *args: Any,
         workflow_id: str | None = None,
         max_recoveries: int | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle:
         """Start a workflow; return once its id and input are committed.
@@ -371,12 +373,18 @@ class Engine(engine_many.ManyWorkflows):
         existing workflow and runs nothing; a different workflow under that id
         raises WorkflowIdConflict. ``max_recoveries``, recorded with the workflow,
         overrides the decorator's and this engine's limit on crashes in a row.
+        ``timeout`` (seconds or a timedelta; else the decorator's) gives it a
+        deadline, stored in its row (``info.deadline_at``): once it passes, the
+        workflow and its children are cancelled wherever they are, parked or
+        running, and its error names the deadline.
         """
         services = self._require_open()
         if isinstance(wf, str):
             validate.name(wf, "workflow name")
             workflows.definition_of(wf)  # WorkflowNotRegistered, naming what is known
-        new, definition = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries)
+        new, definition = operations.new_workflow(
+            wf, args, kwargs, workflow_id, max_recoveries, timeout
+        )
         owner = None if definition is None else self.executor_id
         info, created = await self._run(self._ops.start(new, owner, self.lease_seconds))
         if created and definition is not None:
@@ -472,7 +480,11 @@ class Engine(engine_many.ManyWorkflows):
         """Cancel the workflow and its unfinished children; the ids asked to stop.
 
         Each receives ``durably.Cancelled`` at its next durable call, so its
-        ``finally`` blocks and compensations still run as steps.
+        ``finally`` blocks and compensations still run as steps. The cancel is
+        final once this returns: one not started yet never starts (it is
+        ``cancelled`` at once), and one whose function returns without another
+        durable call ends ``cancelled`` with its result kept in ``output``. A
+        queued one frees its place in its queue at once.
         """
         asked = await self._run(self._ops.cancel(workflow_id))
         for wid in asked:
@@ -598,6 +610,10 @@ class Engine(engine_many.ManyWorkflows):
                 await self._call(store.remove_executor, other.executor_id, True)
             elif other.heartbeat_at < silent:  # long gone; it registers again if it is not
                 await self._call(store.remove_executor, other.executor_id, False)
+        if self._next_wake <= now:  # a deadline may be due: cancel what passed it
+            expired = await self._call(store.expire_deadlines, now, CLAIM_BATCH)
+            for wid in expired:
+                self._on_wakeup(base.Wakeup("cancel", wid))
         runnable = [(name, version) for name, version, _ in self._me.workflows]
         same_code = {name: h for name, _, h in self._me.workflows if h} if self.strict_code else {}
         claimed = await self._call(
@@ -725,6 +741,7 @@ class Engine(engine_many.ManyWorkflows):
             live.poke(journal.Kind.JOIN, wakeup.name)
         elif live is not None and awake and wakeup.kind == "cancel":
             live.request_cancel()
+            self._kick_recovery()  # its place in its queue is free now
         elif wakeup.kind == "timer":
             self._wake_later(wakeup.at)
         else:
@@ -748,6 +765,7 @@ class Engine(engine_many.ManyWorkflows):
             timeout = self.poll_interval
             try:
                 due = await self._call(self._store.store.next_wake, write=False)
+                self._next_wake = float("inf") if due is None else due
                 # A wake-up already past that the last pass could not claim belongs to
                 # workflows this engine cannot run (other code or version, a full queue):
                 # wait the poll interval, don't spin on it.

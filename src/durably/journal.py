@@ -127,6 +127,8 @@ class WorkflowInfo:
     forked_from: str | None = None  # the workflow this one is a fork of, if it is one
     forked_from_seq: int | None = None  # the last seq of the prefix the fork copied
     max_recoveries: int | None = None  # crashes in a row it may survive; None: the engine's
+    #: When it is cancelled wherever it is (epoch seconds; ``timeout=``); None: never.
+    deadline_at: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -122,14 +122,17 @@ class Queue:
         workflow_id: str | None = None,
         priority: int | None = None,
         deduplication_id: str | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle:
         """Commit the workflow on this queue through an open engine; return its handle.
 
         Committed before this returns. An existing ``workflow_id`` (or, while
         unfinished, ``deduplication_id``) returns the workflow that holds it.
+        ``timeout`` gives it a deadline counted from now, waiting in the queue
+        included: past it, it is cancelled (unstarted, it never runs).
         """
-        new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id)
+        new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id, timeout)
         info = await engine.submit(new)
         operations.check_name(info, new.name)
         return engine.handle(info.workflow_id)
@@ -142,13 +145,14 @@ class Queue:
         workflow_id: str | None = None,
         priority: int | None = None,
         deduplication_id: str | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> str:
         """Commit the workflow on this queue through a Client; return its id.
 
         For code without an event loop (web handlers, scripts). As ``enqueue``.
         """
-        new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id)
+        new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id, timeout)
         info = client.submit(new)
         operations.check_name(info, new.name)
         return info.workflow_id
@@ -161,13 +165,14 @@ class Queue:
         workflow_id: str | None,
         priority: int | None,
         deduplication_id: str | None,
+        timeout: float | None = None,
     ) -> base.NewWorkflow:
         if priority is not None:
             low, high = validate.BIGINT
             validate.count(priority, "priority", low=low, high=high)
         if deduplication_id is not None:
             validate.name(deduplication_id, "deduplication_id")
-        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id)
+        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, timeout=timeout)
         return dataclasses.replace(
             new,
             queue=self.name,

@@ -149,7 +149,12 @@ async def _start_child(
         {"args": list(args), "kwargs": kwargs}, where=f"child workflow {definition.name!r} input"
     )
     new = base.NewWorkflow(
-        child_id, definition.name, payload, definition.version, definition.source_hash
+        child_id,
+        definition.name,
+        payload,
+        definition.version,
+        definition.source_hash,
+        timeout=definition.timeout,  # its deadline is no later than its parent's (the store's)
     )
     now = run.clock()
     started = journal.Entry(
@@ -186,6 +191,11 @@ def finished_outcome(where: str, status: str | None, output: str | None, error: 
     if status == journal.Status.COMPLETED:
         return codec.decode(output or "null", where=f"{where} output")
     if status == journal.Status.CANCELLED:
+        recorded = codec.decode(error, where=f"{where} error") if error else None
+        if isinstance(recorded, dict):
+            cancelled = codec.decode_error(recorded)  # its message names a deadline, if passed
+            if isinstance(cancelled, errors.Cancelled):
+                raise cancelled
         raise errors.Cancelled(f"{where} was cancelled")
     data = codec.decode(error or "{}", where=f"{where} error")
     if isinstance(data, dict):

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from durably import errors, journal, replay
+from durably import cancellation, codec, errors, journal, replay
 from durably.storage import base, bulk
 
 
@@ -31,6 +31,11 @@ class Fence:
     epoch: int
     cancel_requested: bool
     crash_count: int
+    deadline_at: float | None = None
+
+    def asked(self, now: float) -> bool:
+        """True when the workflow must stop: cancel was requested or its deadline passed."""
+        return cancellation.asked(self.cancel_requested, self.deadline_at, now)
 
 
 class SqlStore(bulk.BulkVerbs):
@@ -67,9 +72,18 @@ class SqlStore(bulk.BulkVerbs):
         return row, created
 
     def _insert_workflow(
-        self, new: base.NewWorkflow, owner: str | None, lease_expires_at: float | None, now: float
+        self,
+        new: base.NewWorkflow,
+        owner: str | None,
+        lease_expires_at: float | None,
+        now: float,
+        inherited_deadline: float | None = None,
     ) -> bool:
-        """Insert the workflow's row (owned by ``owner``, else pending); False if it exists."""
+        """Insert the workflow's row (owned by ``owner``, else pending); False if it exists.
+
+        Its deadline is ``new.timeout`` from now, no later than ``inherited_deadline``
+        (a child's: its parent's).
+        """
         status = journal.Status.RUNNING if owner else journal.Status.PENDING
         cursor = self._q(
             "create_workflow",
@@ -89,6 +103,7 @@ class SqlStore(bulk.BulkVerbs):
             deduplication_id=new.deduplication_id,
             started_at=now if owner else None,
             max_recoveries=new.max_recoveries,
+            deadline_at=cancellation.deadline_of(new.timeout, now, inherited_deadline),
         )
         return bool(cursor.rowcount == 1)
 
@@ -273,8 +288,8 @@ class SqlStore(bulk.BulkVerbs):
         # Read by position, on every commit: the fence's own two columns, in this order.
         found = self._execute(sql_text, {"workflow_id": workflow_id, "epoch": epoch}).fetchone()
         if found is not None:
-            cancel_requested, crash_count = found
-            return Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count))
+            cancel_requested, crash_count, deadline_at = found
+            return Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at)
         row = _one(self._q("owner_of", workflow_id=workflow_id))
         if row is None:
             raise errors.WorkflowNotFound(f"no workflow {workflow_id!r} in {self.url}")
@@ -363,7 +378,7 @@ class SqlStore(bulk.BulkVerbs):
     ) -> bool:
         fence = self._fence(workflow_id, epoch, now)
         self._upsert(workflow_id, entries, now, fence)
-        return fence.cancel_requested
+        return fence.asked(now)
 
     def finish_workflow(
         self,
@@ -377,6 +392,13 @@ class SqlStore(bulk.BulkVerbs):
     ) -> None:
         fence = self._fence(workflow_id, epoch, now)
         self._upsert(workflow_id, entries, now, fence)
+        final = cancellation.final_status(status, fence.cancel_requested, fence.deadline_at, now)
+        if final != status:  # it returned after the cancel was committed: cancelled, output kept
+            status = final
+            late = cancellation.cancelled(
+                workflow_id, "after its last durable call", fence.deadline_at, now
+            )
+            error = codec.encode(codec.encode_error(late), where="workflow error")
         parent_id, queue = self._q(
             "finish_workflow",
             status=status,
@@ -414,10 +436,7 @@ class SqlStore(bulk.BulkVerbs):
             child = self.get_workflow(child_id)
             if child is None or child.finished:
                 return False
-        if (
-            fence.cancel_requested
-            and not self._q("cancel_delivered", workflow_id=workflow_id).fetchone()
-        ):
+        if fence.asked(now) and not self._q("cancel_delivered", workflow_id=workflow_id).fetchone():
             wake_at = now  # asked to stop meanwhile: due at once, so a claim delivers it
         (queue,) = self._q(
             "park", status=status, wake_at=wake_at, now=now, workflow_id=workflow_id, epoch=epoch
@@ -519,7 +538,8 @@ class SqlStore(bulk.BulkVerbs):
     ) -> journal.WorkflowInfo:
         fence = self._fence(workflow_id, epoch, now)
         self._upsert(workflow_id, entries, now, fence)
-        self._insert_workflow(dataclasses.replace(child, parent_id=workflow_id), None, None, now)
+        child = dataclasses.replace(child, parent_id=workflow_id)
+        self._insert_workflow(child, None, None, now, inherited_deadline=fence.deadline_at)
         self._wake("work")
         row = self.get_workflow(child.workflow_id)
         assert row is not None
@@ -547,11 +567,42 @@ class SqlStore(bulk.BulkVerbs):
         todo = [workflow_id]
         while todo:
             wid = todo.pop()
-            if self._q("request_cancel", workflow_id=wid, now=now).rowcount == 1:
+            if (
+                self._cancel_unstarted(wid, now)
+                or self._q("request_cancel", workflow_id=wid, now=now).rowcount == 1
+            ):
                 cancelled.append(wid)
                 self._wake("cancel", wid)
             todo.extend(str(r[0]) for r in self._q("unfinished_children", workflow_id=wid))
         return cancelled
+
+    def _cancel_unstarted(self, workflow_id: str, now: float) -> bool:
+        """End a workflow never claimed as cancelled (its code never runs); False if it
+        was claimed (then the run receives the cancel at its next durable call)."""
+        row = self.get_workflow(workflow_id)
+        if row is None or row.status != journal.Status.PENDING or row.epoch != 0:
+            return False
+        error = cancellation.cancelled(workflow_id, "before it started", row.deadline_at, now)
+        ended = self._q(
+            "cancel_unstarted",
+            workflow_id=workflow_id,
+            error=codec.encode(codec.encode_error(error), where="workflow error"),
+            now=now,
+        ).fetchall()
+        if not ended:
+            return False
+        parent_id = ended[0][0]
+        if parent_id is not None:  # as finish_workflow: a parent joining it looks again
+            self._q("wake_parent", parent_id=parent_id, now=now)
+            self._wake("join", str(parent_id), name=workflow_id)
+        return True
+
+    def expire_deadlines(self, now: float, limit: int) -> list[str]:
+        due = [str(r[0]) for r in self._pick("due_deadlines", now=now, limit=limit)]
+        asked: list[str] = []
+        for wid in due:
+            asked.extend(self.request_cancel(wid, now))
+        return list(dict.fromkeys(asked))
 
     def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:
         info = self._lock_workflow(workflow_id)
