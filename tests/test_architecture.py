@@ -142,12 +142,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 #: Private names read off something other than ``self``/``cls``, by module. Each is read
-#: in the module that defines it (a handle of the engine, a server's own app), except
-#: ``step_runner._MISSING``; this set may only shrink. queues.py and leases.py, which
+#: in the module that defines it (a handle of the engine, a server's own app); this set
+#: may only shrink. queues.py and leases.py, which
 #: used to read Engine's and Client's private attributes, are given what they need.
 PRIVATE_READS = {
-    ("durably.client", "step_runner._MISSING"),
-    ("durably.engine", "step_runner._MISSING"),
     ("durably.engine", "engine._changes"),
     ("durably.engine", "engine._tasks"),
     ("durably.testing.models", "app._answer"),

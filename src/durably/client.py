@@ -242,7 +242,7 @@ class Client:
         workflow_id: str,
         seq: int,
         *,
-        result: Any = step_runner._MISSING,
+        result: Any = step_runner.NO_RESULT,
         retry: bool = False,
         fail: str | None = None,
         by: str = "unknown",

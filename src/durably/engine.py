@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
 import datetime
 import functools
@@ -27,7 +26,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from durably import (
     driver,
+    engine_decisions,
     engine_many,
+    engine_recovery,
     errors,
     faults,
     journal,
@@ -35,8 +36,6 @@ from durably import (
     liveness,
     operations,
     runtime,
-    serving,
-    step_runner,
     validate,
     waits,
     watchdog,
@@ -53,14 +52,6 @@ log = logging.getLogger("durably")
 #: Seconds close() gives a task it asked to end (a background loop, a run cancelled after
 #: the drain) before it cancels it, and then again before it gives up on it, naming it.
 STOP_GRACE = 5.0
-
-#: How many of the oldest unclaimed workflows a pass looks at to tell the ones that no
-#: running executor can take (logged once per engine each).
-UNCLAIMED_SCAN = 50
-
-#: The most workflows one recovery pass claims (the rest wait for the next pass, which
-#: follows at once when this one was full, so that other executors get their share).
-CLAIM_BATCH = 100
 
 R = TypeVar("R")
 
@@ -123,7 +114,7 @@ def outcome(info: journal.WorkflowInfo) -> Any:
     )
 
 
-class Engine(engine_many.ManyWorkflows):
+class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.ManyWorkflows):
     """Runs durable workflows against one database (an async context manager).
 
     ``url`` is ``sqlite:///path`` or ``postgresql://...`` (default:
@@ -509,278 +500,6 @@ class Engine(engine_many.ManyWorkflows):
         new_id = await self._run(self._ops.fork(workflow_id, from_seq, workflow_id_new))
         self._kick_recovery()
         return WorkflowHandle(self, new_id)
-
-    async def approve(
-        self,
-        workflow_id: str,
-        *,
-        by: str,
-        tool_call_id: str | None = None,
-        expect: Any = None,
-        override_args: Any = None,
-        note: str = "",
-    ) -> Any:
-        """Approve the workflow's pending tool call, once, bound to the arguments shown.
-
-        See :func:`durably.agents.approve`; who and when are journaled.
-        """
-        from durably.agents import decisions
-
-        fields = decisions.fields("approve", by, note, override_args)
-        return await self._decide(workflow_id, tool_call_id, expect, fields)
-
-    async def reject(
-        self,
-        workflow_id: str,
-        *,
-        by: str,
-        reason: str = "",
-        tool_call_id: str | None = None,
-        expect: Any = None,
-    ) -> Any:
-        """Reject the workflow's pending tool call; the model reads the reason as its result."""
-        from durably.agents import decisions
-
-        fields = decisions.fields("reject", by, reason, None)
-        return await self._decide(workflow_id, tool_call_id, expect, fields)
-
-    async def _decide(
-        self, workflow_id: str, tool_call_id: str | None, expect: Any, fields: dict[str, Any]
-    ) -> Any:
-        """Send the decision's signal (see ``decisions.decide_plan``), then wake local runs
-        as ``send_signal`` does."""
-        from durably.agents import decisions
-
-        plan = decisions.decide_plan(self._ops, workflow_id, tool_call_id, expect, fields)
-        decided = await self._run(plan)
-        self._on_wakeup(base.Wakeup("signal", workflow_id, decided.signal))
-        return decided
-
-    async def list_approvals(
-        self, workflow_id: str | None = None, *, limit: int = 1000
-    ) -> list[Any]:
-        """Tool calls waiting for a person's approval, with their exact arguments."""
-        from durably.agents import decisions
-
-        return await self._run(decisions.list_plan(self._ops, workflow_id, limit))
-
-    async def reviews(self, workflow_id: str | None = None) -> list[journal.Review]:
-        """Steps parked in ``needs_review``, oldest first, with their intent and key."""
-        return await self._run(self._ops.reviews(workflow_id))
-
-    async def resolve(
-        self,
-        workflow_id: str,
-        seq: int,
-        *,
-        result: Any = step_runner._MISSING,
-        retry: bool = False,
-        fail: str | None = None,
-        by: str = "unknown",
-    ) -> journal.Review:
-        """Decide a parked step once: its ``result``, ``retry=True`` or ``fail="reason"``.
-
-        Who decided and when are journaled; the workflow then resumes.
-        """
-        review = await self._run(self._ops.resolve(workflow_id, seq, result, retry, fail, by))
-        self._kick_recovery()
-        return review
-
-    # --- recovery ----------------------------------------------------------------------
-
-    async def recover(self) -> list[str]:
-        """Claim and run every unfinished workflow whose owner is gone; return their ids.
-
-        Also takes the work of the engine's queues that their limits leave room for.
-        """
-        services = self._require_open()
-        if services.stopping.is_set():
-            return []
-        store = self._store.store
-        now = self.clock()
-        assert self._me is not None
-        self._me = self._serving(self._me)  # the heartbeat registers it again with this
-        silent = now - max(10 * self.lease_seconds, 60.0)
-        executors = await self._call(store.list_executors, write=False)
-        for other in executors:
-            if other.executor_id == self.executor_id:
-                continue
-            if liveness.is_dead_here(other):
-                log.info("executor %s is dead; its workflows are free", other.executor_id)
-                await self._call(store.remove_executor, other.executor_id, True)
-            elif other.heartbeat_at < silent:  # long gone; it registers again if it is not
-                await self._call(store.remove_executor, other.executor_id, False)
-        if self._next_wake <= now:  # a deadline may be due: cancel what passed it
-            expired = await self._call(store.expire_deadlines, now, CLAIM_BATCH)
-            for wid in expired:
-                self._on_wakeup(base.Wakeup("cancel", wid))
-        runnable = [(name, version) for name, version, _ in self._me.workflows]
-        same_code = {name: h for name, _, h in self._me.workflows if h} if self.strict_code else {}
-        claimed = await self._call(
-            store.claim_next,
-            self.executor_id,
-            runnable,
-            now + self.lease_seconds,
-            now,
-            CLAIM_BATCH,
-            [q.limits for q in self.queues],
-            same_code,
-        )
-        for info in claimed:
-            definition = workflows.registered(info.name)
-            if definition is None or services.stopping.is_set():  # unregistered meanwhile
-                await self._call(store.release, info.workflow_id, info.epoch, self.clock())
-                continue
-            if (
-                serving.code_differs(info.source_hash, definition.source_hash)
-                and info.workflow_id not in self._other_code
-            ):
-                self._other_code.add(info.workflow_id)  # not again at each wake-up
-                log.warning(
-                    "workflow %s (%r) was started by code with source hash %s; this engine "
-                    "runs it on code with source hash %s (another application's, or a changed "
-                    "function); Engine(strict_code=True) leaves such workflows for another "
-                    "worker",
-                    info.workflow_id,
-                    info.name,
-                    info.source_hash,
-                    definition.source_hash,
-                )
-            self._launch(services, info, definition)
-        if len(claimed) >= CLAIM_BATCH:
-            self._kick_recovery()  # there may be more: take it in the next pass
-        elif now - self._scanned_at >= 5 * self.poll_interval:
-            self._scanned_at = now
-            await self._note_unclaimed(executors, now)
-        return [info.workflow_id for info in claimed]
-
-    async def _note_unclaimed(self, executors: list[journal.ExecutorInfo], now: float) -> None:
-        """Log, once per workflow, the claimable ones that no running executor takes."""
-        me = self._me
-        assert me is not None
-        rows = await self._call(self._store.store.unclaimed, now, UNCLAIMED_SCAN, write=False)
-        others = [e for e in executors if e.executor_id != me.executor_id]
-        live = [me, *serving.running(others, now)]
-        for row in rows:
-            if row.workflow_id in self._noted:
-                continue
-            wanted = serving.describe(row.name, row.version)
-            servers = [e for e in live if e.serves(row.name, row.version)]
-            mine = me.source_hash_of(row.name, row.version)
-            if not servers:
-                log.warning(
-                    "workflow %s waits for workflow %s, which no running worker has "
-                    "registered (this engine has: %s): run a worker that imports its module",
-                    row.workflow_id,
-                    wanted,
-                    ", ".join(n for n, _, _ in me.workflows) or "none",
-                )
-            elif row.queue is not None and not any(row.queue in e.queues for e in servers):
-                log.warning(
-                    "workflow %s waits on queue %r, which no running worker with its code "
-                    "serves: give the queue to an engine (Engine(queues=[...]) or "
-                    "`durably worker MODULE --queue %s`)",
-                    row.workflow_id,
-                    row.queue,
-                    row.queue,
-                )
-            elif (
-                self.strict_code
-                and me.serves(row.name, row.version)
-                and serving.code_differs(row.source_hash, mine)
-            ):
-                log.warning(
-                    "workflow %s (%s) was started by code with source hash %s; this engine "
-                    "has source hash %s and, with strict_code, leaves it for another worker",
-                    row.workflow_id,
-                    wanted,
-                    row.source_hash,
-                    mine,
-                )
-            else:
-                continue
-            self._noted.add(row.workflow_id)
-
-    def _kick_recovery(self) -> None:
-        self._changes.signal()
-        if self._kick is not None:
-            self._kick.set()
-
-    def _wake_later(self, wake_at: float | None) -> None:
-        """A run parked until ``wake_at``: look for work then, from this process.
-
-        One timer, for the earliest wake-up known here: when it fires, the
-        recovery loop claims what is due and then waits for the next one the
-        store holds (``next_wake``), so a later wake-up needs no timer of its own.
-        """
-        if wake_at is None or (self._timer is not None and self._timer_at <= wake_at):
-            return
-        if self._services is None or self._services.stopping.is_set():
-            return  # closing: the next engine finds the wake-up in the store
-        if self._timer is not None:
-            self._timer.cancel()
-        delay = max(0.0, wake_at - self.clock())
-        self._timer = asyncio.get_running_loop().call_later(delay, self._timer_fired)
-        self._timer_at = wake_at
-
-    def _timer_fired(self) -> None:
-        self._timer = None
-        self._kick_recovery()
-
-    def _on_wakeup(self, wakeup: base.Wakeup) -> None:
-        """Act on a committed change: poke the run it concerns if it lives here, else
-        look for work (on the event loop's thread)."""
-        self._changes.signal()
-        if self._services is None:
-            return
-        live = self._runs.get(wakeup.workflow_id or "")
-        awake = live is not None and live.listening
-        if live is not None and awake and wakeup.kind == "signal":
-            live.poke(journal.Kind.SIGNAL, wakeup.name)
-        elif live is not None and awake and wakeup.kind == "join":
-            live.poke(journal.Kind.JOIN, wakeup.name)
-        elif live is not None and awake and wakeup.kind == "cancel":
-            live.request_cancel()
-            self._kick_recovery()  # its place in its queue is free now
-        elif wakeup.kind == "timer":
-            self._wake_later(wakeup.at)
-        else:
-            self._kick_recovery()
-
-    def _on_wakeup_threadsafe(self, loop: asyncio.AbstractEventLoop, wakeup: base.Wakeup) -> None:
-        """The store's listener thread reports a wake-up."""
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is left to wake
-            loop.call_soon_threadsafe(self._on_wakeup, wakeup)
-
-    async def _recovery_loop(self) -> None:
-        """Look for work on every wake-up, timer and poll, until the engine stops.
-
-        It ends on the stopping flag, not only on a cancellation: a cancellation
-        can be lost (see ``operations.wait_event``), and close() must not wait on it forever.
-        """
-        assert self._kick is not None
-        stopping = self._require_open().stopping
-        claimed_last = True
-        while not stopping.is_set():
-            timeout = self.poll_interval
-            try:
-                due = await self._call(self._store.store.next_wake, write=False)
-                self._next_wake = float("inf") if due is None else due
-                # A wake-up already past that the last pass could not claim belongs to
-                # workflows this engine cannot run (other code or version, a full queue):
-                # wait the poll interval, don't spin on it.
-                if due is not None and (claimed_last or due > self.clock()):
-                    timeout = min(timeout, max(0.0, due - self.clock()))
-            except errors.StoreError as exc:
-                log.warning("cannot read the next wake-up: %s", exc)
-            await operations.wait_event(self._kick, timeout)
-            if stopping.is_set():
-                return
-            self._kick.clear()
-            try:
-                claimed_last = bool(await self.recover())
-            except errors.StoreError as exc:
-                log.warning("recovery pass failed: %s", exc)
 
     # --- running one workflow ---------------------------------------------------------
 

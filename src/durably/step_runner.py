@@ -307,14 +307,15 @@ def recorded_error(entry: journal.Entry, where: str) -> BaseException:
     return codec.decode_error(data)
 
 
-_MISSING: Any = object()
+#: The default of ``resolve(result=...)``: no result was given (None is a result).
+NO_RESULT: Any = object()
 
 
 def review_decision(
-    result: Any = _MISSING, retry: bool = False, fail: str | None = None, by: str = "unknown"
+    result: Any = NO_RESULT, retry: bool = False, fail: str | None = None, by: str = "unknown"
 ) -> tuple[str, str | None]:
     """The (decision, outcome JSON) a person's resolve() call stands for; exactly one choice."""
-    chosen = [result is not _MISSING, retry, fail is not None]
+    chosen = [result is not NO_RESULT, retry, fail is not None]
     if sum(chosen) != 1:
         raise ValueError("resolve() takes exactly one of result=..., retry=True or fail='reason'")
     if retry:

@@ -1,0 +1,274 @@
+"""The Engine's recovery: claiming the workflows whose owner is gone, and wake-ups.
+
+A pass (:meth:`Recovery.recover`) runs on every wake-up the store reports, on the
+one timer kept for the earliest wake-up known in this process, and every
+``poll_interval`` seconds; it claims what is due in one ``claim_next``
+transaction and launches a run for each. A part of
+:class:`~durably.engine.Engine`, kept here so that the engine's module holds
+its lifecycle and the run of one workflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from durably import errors, journal, liveness, operations, runtime, serving, workflows
+from durably.storage import base, dispatch
+
+if TYPE_CHECKING:
+    from durably.queues import Queue
+
+R = TypeVar("R")
+
+log = logging.getLogger("durably")
+
+#: How many of the oldest unclaimed workflows a pass looks at to tell the ones that no
+#: running executor can take (logged once per engine each).
+UNCLAIMED_SCAN = 50
+
+#: The most workflows one recovery pass claims (the rest wait for the next pass, which
+#: follows at once when this one was full, so that other executors get their share).
+CLAIM_BATCH = 100
+
+
+class Recovery:
+    """Engine methods that find and claim work; the Engine supplies what is declared here."""
+
+    clock: Callable[[], float]
+    lease_seconds: float
+    poll_interval: float
+    strict_code: bool
+    queues: tuple[Queue, ...]
+    _store: dispatch.StoreThread
+    _me: journal.ExecutorInfo | None
+    _services: runtime.Services | None
+    _runs: dict[str, runtime.Run]
+    _changes: operations.Changes
+    _kick: asyncio.Event | None
+    _timer: asyncio.TimerHandle | None
+    _timer_at: float
+    _next_wake: float  # the store's earliest wake-up or deadline, as last read
+    _scanned_at: float
+    _noted: set[str]
+    _other_code: set[str]
+
+    @property
+    def executor_id(self) -> str:
+        raise NotImplementedError
+
+    def _require_open(self) -> runtime.Services:
+        raise NotImplementedError
+
+    async def _call(self, fn: Callable[..., R], *args: Any, write: bool = True) -> R:
+        raise NotImplementedError
+
+    def _serving(self, me: journal.ExecutorInfo) -> journal.ExecutorInfo:
+        raise NotImplementedError
+
+    def _launch(
+        self,
+        services: runtime.Services,
+        info: journal.WorkflowInfo,
+        definition: workflows.WorkflowDefinition,
+        *,
+        fresh: bool = False,
+    ) -> None:
+        raise NotImplementedError
+
+    async def recover(self) -> list[str]:
+        """Claim and run every unfinished workflow whose owner is gone; return their ids.
+
+        Also takes the work of the engine's queues that their limits leave room for.
+        """
+        services = self._require_open()
+        if services.stopping.is_set():
+            return []
+        store = self._store.store
+        now = self.clock()
+        assert self._me is not None
+        self._me = self._serving(self._me)  # the heartbeat registers it again with this
+        silent = now - max(10 * self.lease_seconds, 60.0)
+        executors = await self._call(store.list_executors, write=False)
+        for other in executors:
+            if other.executor_id == self.executor_id:
+                continue
+            if liveness.is_dead_here(other):
+                log.info("executor %s is dead; its workflows are free", other.executor_id)
+                await self._call(store.remove_executor, other.executor_id, True)
+            elif other.heartbeat_at < silent:  # long gone; it registers again if it is not
+                await self._call(store.remove_executor, other.executor_id, False)
+        if self._next_wake <= now:  # a deadline may be due: cancel what passed it
+            expired = await self._call(store.expire_deadlines, now, CLAIM_BATCH)
+            for wid in expired:
+                self._on_wakeup(base.Wakeup("cancel", wid))
+        runnable = [(name, version) for name, version, _ in self._me.workflows]
+        same_code = {name: h for name, _, h in self._me.workflows if h} if self.strict_code else {}
+        claimed = await self._call(
+            store.claim_next,
+            self.executor_id,
+            runnable,
+            now + self.lease_seconds,
+            now,
+            CLAIM_BATCH,
+            [q.limits for q in self.queues],
+            same_code,
+        )
+        for info in claimed:
+            definition = workflows.registered(info.name)
+            if definition is None or services.stopping.is_set():  # unregistered meanwhile
+                await self._call(store.release, info.workflow_id, info.epoch, self.clock())
+                continue
+            if (
+                serving.code_differs(info.source_hash, definition.source_hash)
+                and info.workflow_id not in self._other_code
+            ):
+                self._other_code.add(info.workflow_id)  # not again at each wake-up
+                log.warning(
+                    "workflow %s (%r) was started by code with source hash %s; this engine "
+                    "runs it on code with source hash %s (another application's, or a changed "
+                    "function); Engine(strict_code=True) leaves such workflows for another "
+                    "worker",
+                    info.workflow_id,
+                    info.name,
+                    info.source_hash,
+                    definition.source_hash,
+                )
+            self._launch(services, info, definition)
+        if len(claimed) >= CLAIM_BATCH:
+            self._kick_recovery()  # there may be more: take it in the next pass
+        elif now - self._scanned_at >= 5 * self.poll_interval:
+            self._scanned_at = now
+            await self._note_unclaimed(executors, now)
+        return [info.workflow_id for info in claimed]
+
+    async def _note_unclaimed(self, executors: list[journal.ExecutorInfo], now: float) -> None:
+        """Log, once per workflow, the claimable ones that no running executor takes."""
+        me = self._me
+        assert me is not None
+        rows = await self._call(self._store.store.unclaimed, now, UNCLAIMED_SCAN, write=False)
+        others = [e for e in executors if e.executor_id != me.executor_id]
+        live = [me, *serving.running(others, now)]
+        for row in rows:
+            if row.workflow_id in self._noted:
+                continue
+            wanted = serving.describe(row.name, row.version)
+            servers = [e for e in live if e.serves(row.name, row.version)]
+            mine = me.source_hash_of(row.name, row.version)
+            if not servers:
+                log.warning(
+                    "workflow %s waits for workflow %s, which no running worker has "
+                    "registered (this engine has: %s): run a worker that imports its module",
+                    row.workflow_id,
+                    wanted,
+                    ", ".join(n for n, _, _ in me.workflows) or "none",
+                )
+            elif row.queue is not None and not any(row.queue in e.queues for e in servers):
+                log.warning(
+                    "workflow %s waits on queue %r, which no running worker with its code "
+                    "serves: give the queue to an engine (Engine(queues=[...]) or "
+                    "`durably worker MODULE --queue %s`)",
+                    row.workflow_id,
+                    row.queue,
+                    row.queue,
+                )
+            elif (
+                self.strict_code
+                and me.serves(row.name, row.version)
+                and serving.code_differs(row.source_hash, mine)
+            ):
+                log.warning(
+                    "workflow %s (%s) was started by code with source hash %s; this engine "
+                    "has source hash %s and, with strict_code, leaves it for another worker",
+                    row.workflow_id,
+                    wanted,
+                    row.source_hash,
+                    mine,
+                )
+            else:
+                continue
+            self._noted.add(row.workflow_id)
+
+    def _kick_recovery(self) -> None:
+        self._changes.signal()
+        if self._kick is not None:
+            self._kick.set()
+
+    def _wake_later(self, wake_at: float | None) -> None:
+        """A run parked until ``wake_at``: look for work then, from this process.
+
+        One timer, for the earliest wake-up known here: when it fires, the
+        recovery loop claims what is due and then waits for the next one the
+        store holds (``next_wake``), so a later wake-up needs no timer of its own.
+        """
+        if wake_at is None or (self._timer is not None and self._timer_at <= wake_at):
+            return
+        if self._services is None or self._services.stopping.is_set():
+            return  # closing: the next engine finds the wake-up in the store
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0.0, wake_at - self.clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._timer_fired)
+        self._timer_at = wake_at
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._kick_recovery()
+
+    def _on_wakeup(self, wakeup: base.Wakeup) -> None:
+        """Act on a committed change: poke the run it concerns if it lives here, else
+        look for work (on the event loop's thread)."""
+        self._changes.signal()
+        if self._services is None:
+            return
+        live = self._runs.get(wakeup.workflow_id or "")
+        awake = live is not None and live.listening
+        if live is not None and awake and wakeup.kind == "signal":
+            live.poke(journal.Kind.SIGNAL, wakeup.name)
+        elif live is not None and awake and wakeup.kind == "join":
+            live.poke(journal.Kind.JOIN, wakeup.name)
+        elif live is not None and awake and wakeup.kind == "cancel":
+            live.request_cancel()
+            self._kick_recovery()  # its place in its queue is free now
+        elif wakeup.kind == "timer":
+            self._wake_later(wakeup.at)
+        else:
+            self._kick_recovery()
+
+    def _on_wakeup_threadsafe(self, loop: asyncio.AbstractEventLoop, wakeup: base.Wakeup) -> None:
+        """The store's listener thread reports a wake-up."""
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is left to wake
+            loop.call_soon_threadsafe(self._on_wakeup, wakeup)
+
+    async def _recovery_loop(self) -> None:
+        """Look for work on every wake-up, timer and poll, until the engine stops.
+
+        It ends on the stopping flag, not only on a cancellation: a cancellation
+        can be lost (see ``operations.wait_event``), and close() must not wait on it forever.
+        """
+        assert self._kick is not None
+        stopping = self._require_open().stopping
+        claimed_last = True
+        while not stopping.is_set():
+            timeout = self.poll_interval
+            try:
+                due = await self._call(self._store.store.next_wake, write=False)
+                self._next_wake = float("inf") if due is None else due
+                # A wake-up already past that the last pass could not claim belongs to
+                # workflows this engine cannot run (other code or version, a full queue):
+                # wait the poll interval, don't spin on it.
+                if due is not None and (claimed_last or due > self.clock()):
+                    timeout = min(timeout, max(0.0, due - self.clock()))
+            except errors.StoreError as exc:
+                log.warning("cannot read the next wake-up: %s", exc)
+            await operations.wait_event(self._kick, timeout)
+            if stopping.is_set():
+                return
+            self._kick.clear()
+            try:
+                claimed_last = bool(await self.recover())
+            except errors.StoreError as exc:
+                log.warning("recovery pass failed: %s", exc)
