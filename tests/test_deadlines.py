@@ -87,7 +87,7 @@ async def queued(label: str) -> str:
 
 async def cancelled_by_deadline(e: durably.Engine, wid: str) -> durably.WorkflowInfo:
     """Wait for ``wid`` to end; check it ended cancelled with its deadline named."""
-    with pytest.raises(durably.Cancelled, match="its deadline .* passed"):
+    with pytest.raises(durably.Cancelled, match=r"its deadline .* passed"):
         await e.handle(wid).result(timeout=15)
     info = await e.get_workflow(wid)
     assert info.status == "cancelled"
