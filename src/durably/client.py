@@ -135,7 +135,7 @@ class Client:
         *args: Any,
         workflow_id: str | None = None,
         max_recoveries: int | None = None,
-        timeout: float | None = None,
+        timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> str:
         """Commit a pending workflow for a worker to run; return its id.

@@ -352,7 +352,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         *args: Any,
         workflow_id: str | None = None,
         max_recoveries: int | None = None,
-        timeout: float | None = None,
+        timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle:
         """Start a workflow; return once its id and input are committed.

@@ -75,7 +75,7 @@ def new_workflow(
     kwargs: dict[str, Any],
     workflow_id: str | None,
     max_recoveries: int | None = None,
-    timeout: float | None = None,
+    timeout: float | datetime.timedelta | None = None,
 ) -> tuple[base.NewWorkflow, workflows.WorkflowDefinition | None]:
     """What ``start`` commits, and the definition behind it if this process has one.
 
@@ -86,8 +86,7 @@ def new_workflow(
     """
     if max_recoveries is not None:
         validate.count(max_recoveries, "max_recoveries", low=0)
-    if timeout is not None:
-        timeout = workflows.check_timeout(timeout, "timeout")
+    seconds = None if timeout is None else workflows.check_timeout(timeout, "timeout")
     definition: workflows.WorkflowDefinition | None = None
     if isinstance(wf, str) and workflows.registered(wf) is None:
         if not wf.strip():
@@ -102,10 +101,10 @@ def new_workflow(
     payload = codec.encode({"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input")
     if max_recoveries is None and definition is not None:
         max_recoveries = definition.max_recoveries
-    if timeout is None and definition is not None:
-        timeout = definition.timeout
+    if seconds is None and definition is not None:
+        seconds = definition.timeout
     new = base.NewWorkflow(
-        wid, name, payload, version, source_hash, max_recoveries=max_recoveries, timeout=timeout
+        wid, name, payload, version, source_hash, max_recoveries=max_recoveries, timeout=seconds
     )
     return new, definition
 

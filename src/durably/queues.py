@@ -35,6 +35,7 @@ worker --queue NAME`` finds them.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from typing import TYPE_CHECKING, Any
 
 from durably import errors, operations, validate
@@ -122,7 +123,7 @@ class Queue:
         workflow_id: str | None = None,
         priority: int | None = None,
         deduplication_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle:
         """Commit the workflow on this queue through an open engine; return its handle.
@@ -145,7 +146,7 @@ class Queue:
         workflow_id: str | None = None,
         priority: int | None = None,
         deduplication_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> str:
         """Commit the workflow on this queue through a Client; return its id.
@@ -165,7 +166,7 @@ class Queue:
         workflow_id: str | None,
         priority: int | None,
         deduplication_id: str | None,
-        timeout: float | None = None,
+        timeout: float | datetime.timedelta | None = None,
     ) -> base.NewWorkflow:
         if priority is not None:
             low, high = validate.BIGINT

@@ -115,7 +115,7 @@ def workflow(
     name: str | None = None,
     version: str | None = None,
     max_recoveries: int | None = None,
-    timeout: float | None = None,
+    timeout: float | datetime.timedelta | None = None,
 ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], WorkflowFunction[P, R]]: ...
 
 
@@ -126,7 +126,7 @@ def workflow(
     name: str | None = None,
     version: str | None = None,
     max_recoveries: int | None = None,
-    timeout: float | None = None,
+    timeout: float | datetime.timedelta | None = None,
 ) -> Any:
     """Make an ``async def`` a durable workflow, registered under ``name`` (default: its qualname).
 
@@ -146,11 +146,12 @@ def workflow(
         validate.count(
             max_recoveries, "workflow(max_recoveries)", low=0, error=errors.DefinitionError
         )
+    seconds = None
     if timeout is not None:
-        timeout = check_timeout(timeout, "workflow(timeout)", errors.DefinitionError)
+        seconds = check_timeout(timeout, "workflow(timeout)", errors.DefinitionError)
     if fn is not None:
-        return _register(fn, name, version, max_recoveries, timeout)
-    return lambda f: _register(f, name, version, max_recoveries, timeout)
+        return _register(fn, name, version, max_recoveries, seconds)
+    return lambda f: _register(f, name, version, max_recoveries, seconds)
 
 
 def check_timeout(timeout: object, what: str, error: type[Exception] = ValueError) -> float:
