@@ -79,6 +79,22 @@ async def parent() -> str:
     return await note(f"parent got {result}")
 
 
+HANG: dict[str, asyncio.Event] = {}
+
+
+@durably.step(at_most_once=True)
+async def transfer(order_id: str) -> str:
+    RAN.append(f"transfer {order_id}")
+    if "hang" in HANG:
+        await HANG["hang"].wait()
+    return f"tr_{order_id}"
+
+
+@durably.workflow(name="td.transfer")
+async def transfer_flow(order_id: str) -> str:
+    return await transfer(order_id)
+
+
 @durably.workflow(name="td.queued")
 async def queued(label: str) -> str:
     RAN.append(f"body {label}")
@@ -133,6 +149,27 @@ async def test_a_running_workflow_is_cancelled_at_its_deadline(
     assert RAN == ["first"]  # the step after the deadline never ran
     if not then_step:
         assert json.loads(info.output or "null") == 5  # its result, kept for inspection
+
+
+async def test_a_workflow_parked_for_review_is_cancelled_at_its_deadline(store_url: str) -> None:
+    HANG["hang"] = asyncio.Event()
+    first = engine(store_url)
+    await first.open()
+    try:  # stopped hard inside the at-most-once step: its intent has no receipt
+        await first.start(transfer_flow, "O-1", workflow_id="t", timeout=2.0)
+        await until(lambda: _ran("transfer O-1"), "the transfer to begin")
+    finally:
+        await first.close(drain_timeout=0.05)
+        del HANG["hang"]
+    async with engine(store_url) as second:  # nothing can tell whether it happened: review
+
+        async def parked() -> bool:
+            return (await second.get_workflow("t")).status == "needs_review"
+
+        await until(parked, "the step to park for review")
+        await cancelled_by_deadline(second, "t")
+        assert await second.reviews("t") == []  # its review was closed, not left open
+    assert RAN == ["transfer O-1"]
 
 
 async def test_a_deadline_cancels_the_children_too(store_url: str) -> None:
