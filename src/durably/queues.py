@@ -16,7 +16,8 @@ an engine given the queue (possibly the one that enqueued it, possibly on
 another machine), when the queue's limits let it:
 
 * ``concurrency``: at most this many of the queue's workflows run at once,
-  counted over every executor (a sleeping or waiting workflow holds no place);
+  counted over every executor (a sleeping or waiting workflow holds no place, nor
+  one asked to cancel, even while its plain code still runs);
 * ``worker_concurrency``: at most this many at once on one executor;
 * ``rate_limit=(limit, per_seconds)``: at most ``limit`` workflows start (are
   first claimed) within any ``per_seconds`` window, measured from the claim
