@@ -139,6 +139,19 @@ async def test_a_workflow_parked_on_a_signal_is_cancelled_at_start_s_timeout(
     assert RAN == ["waiting"]
 
 
+async def test_resume_of_a_workflow_its_deadline_cancelled_runs_it_without_one(
+    store_url: str,
+) -> None:
+    async with engine(store_url) as e:
+        await e.start(waiter, workflow_id="r", timeout=0.5)
+        await cancelled_by_deadline(e, "r")
+        await e.resume("r")
+        assert (await e.get_workflow("r")).deadline_at is None
+        await e.send_signal("r", "never", "late")
+        assert await e.handle("r").result(timeout=15) == "got late"
+    assert RAN == ["waiting", "got late"]
+
+
 @pytest.mark.parametrize("then_step", [True, False], ids=["then-a-step", "then-return"])
 async def test_a_running_workflow_is_cancelled_at_its_deadline(
     store_url: str, then_step: bool
