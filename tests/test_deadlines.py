@@ -24,7 +24,7 @@ from durably import cli
 from durably.queues import Queue
 from durably.server import views
 from tests import cancel_flows
-from tests.test_cancel_final import Workers, until
+from tests.test_cancel_final import Workers, committed, until
 
 RAN: list[str] = []
 
@@ -276,7 +276,7 @@ def test_a_deadline_that_passes_while_the_process_is_dead_cancels_on_recovery(
         first = kit.spawn()
         with durably.Client(store_url) as client:
             client.start(cancel_flows.two_steps, "d", workflow_id="d", timeout=3.0)
-            kit.wait_for(lambda: kit.effects() == ["d:before"], "the first step", first)
+            kit.wait_for(lambda: committed(client, "d"), "the first step's receipt", first)
             kit.kill(first)  # in plain code, between the two steps
             deadline = client.get_workflow("d").deadline_at
             assert deadline is not None
