@@ -63,8 +63,10 @@ async def test_a_sub_agent_runs_as_a_child_workflow_and_rolls_up(store_url: str)
             async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.1) as engine:
                 handle = await engine.start(parent_flow, "A1?", workflow_id="wf")
                 deadline = asyncio.get_running_loop().time() + 15
-                while (status := await handle.status()) != "waiting":
-                    assert status in ("pending", "running"), status
+                # "waiting" comes first while the parent waits for its child: wait for the
+                # parent's last turn, after which it waits for the signal
+                while (status := await handle.status()) != "waiting" or len(server.requests) < 3:
+                    assert status in ("pending", "running", "waiting"), status
                     assert asyncio.get_running_loop().time() < deadline
                     await asyncio.sleep(0.02)
             async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.1) as engine:

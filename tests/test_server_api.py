@@ -664,3 +664,20 @@ def test_pages_show_values_readably_and_mark_bookkeeping_rows(sqlite_url: str) -
     assert 'class="st-completed quiet"' in page
     assert re.search(r"asked \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page), "a readable time"
     assert "<th>queue</th>" not in listing  # no workflow has a queue: no empty column
+
+
+def test_a_query_value_no_database_can_hold_is_a_documented_422(sqlite_http: TestClient) -> None:
+    """A NUL in a query parameter is refused with 422, and every route that reads a query
+    documents 422 (schemathesis generated ``GET /api/reviews?workflow_id=a%00b``)."""
+    doc = sqlite_http.get("/openapi.json").json()
+    for route in ("/api/reviews", "/api/approvals"):
+        r = sqlite_http.get(route, params={"workflow_id": "a\x00b"})
+        assert r.status_code == 422, (route, r.text)
+        assert "NUL" in r.json()["error"]["message"]
+        assert "422" in doc["paths"][route]["get"]["responses"], route
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            if operation.get("parameters") and any(
+                p["in"] == "query" for p in operation["parameters"]
+            ):
+                assert "422" in operation["responses"], (method, path)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -706,6 +707,15 @@ def test_postgres_batch_cut_by_a_restart_fails_and_the_next_reconnects(pg_cluste
         store.close()
 
 
+def _wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def test_postgres_listener_hears_again_after_a_server_restart(pg_cluster, postgres_url):
     store = create_store(postgres_url)
     store.open()
@@ -720,9 +730,13 @@ def test_postgres_listener_hears_again_after_a_server_restart(pg_cluster, postgr
             time.sleep(0.02)
 
     try:
-        time.sleep(0.2)
-        db.create_workflow(new("before"), None, None, NOW)
-        wait_for(base.Wakeup("work"))
+        # LISTEN is issued by the listener's thread: notify until it has (no fixed sleep)
+        deadline = time.monotonic() + 15
+        for n in itertools.count():
+            db.create_workflow(new("before" if n == 0 else f"before-{n}"), None, None, NOW)
+            if _wait_until(lambda: base.Wakeup("work") in got, 0.5):
+                break
+            assert time.monotonic() < deadline, "the listener never heard a notification"
         pg_cluster.restart()
         got.clear()
         wait_for(base.Wakeup("work"))  # reconnected: "you may have missed something"

@@ -25,6 +25,7 @@ from durably.errors import (
     InvalidName,
     MaxTurnsExceeded,
     NonDeterminismError,
+    NondeterministicWait,
     NotADurablyDatabase,
     NothingToResolve,
     NotInWorkflow,
@@ -42,7 +43,9 @@ from durably.errors import (
     WorkflowNotRegistered,
 )
 from durably.journal import Claim, Entry, ExecutorInfo, Review, Status, WorkflowInfo
+from durably.messages import get_event, send_signal
 from durably.queues import Queue
+from durably.races import wait, wait_first
 from durably.steps import Found, NotFound, Retry, Unknown, run_step, step
 from durably.waits import ChildHandle, set_event, sleep, sleep_until, start_child, wait_for_signal
 from durably.workflows import compensate, now, random, uuid4, workflow
@@ -113,6 +116,7 @@ __all__ = [
     "InvalidName",
     "MaxTurnsExceeded",
     "NonDeterminismError",
+    "NondeterministicWait",
     "NotADurablyDatabase",
     "NotFound",
     "NotInWorkflow",
@@ -137,12 +141,14 @@ __all__ = [
     "WorkflowNotFound",
     "WorkflowNotRegistered",
     "compensate",
+    "get_event",
     "idempotency_key",
     "llm",
     "now",
     "random",
     "run",
     "run_step",
+    "send_signal",
     "set_event",
     "sleep",
     "sleep_until",
@@ -151,6 +157,8 @@ __all__ = [
     "step_info",
     "tool",
     "uuid4",
+    "wait",
+    "wait_first",
     "wait_for_signal",
     "workflow",
     "workflow_id",

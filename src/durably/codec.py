@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 
 from durably import errors, errorstate
 
-__all__ = ["decode", "decode_error", "encode", "encode_error"]
+__all__ = ["decode", "decode_error", "decode_shape", "describe_stored", "encode", "encode_error"]
 
 _MARK = "__durably__"
 _MARK_TEXT = '"__durably__"'
@@ -426,6 +426,87 @@ _PLAIN_DECODER = json.JSONDecoder(parse_constant=_bad_constant)
 _TAGGED_DECODER = json.JSONDecoder(
     parse_constant=_bad_constant, object_hook=lambda d: _untag(d) if _MARK in d else d
 )
+
+
+# --- shapes: the data without its classes --------------------------------------------
+
+
+def decode_shape(text: str, *, where: str) -> object:
+    """The data ``text`` holds with its classes left out.
+
+    A dataclass or pydantic model becomes the dict of its fields and an Enum
+    member its value; every other tag is undone as :func:`decode` does. This is
+    what a type the code declares today is built from when the class stored
+    with a value was renamed or changed (see :mod:`durably.declared`).
+    """
+    try:
+        return _SHAPE_DECODER.decode(text)
+    except _Bad as e:
+        raise errors.DecodeError(f"cannot decode {where}: {e}") from e.__cause__
+    except (ValueError, RecursionError) as e:
+        raise errors.DecodeError(f"cannot decode {where}: {e}") from None
+
+
+def _unshape(d: dict[str, Any]) -> object:
+    tag = d[_MARK]
+    if tag in ("dataclass", "pydantic"):
+        return _get(d, "fields", dict)
+    if tag == "enum":
+        return d.get("value")
+    return _untag(d)
+
+
+_SHAPE_DECODER = json.JSONDecoder(
+    parse_constant=_bad_constant, object_hook=lambda d: _unshape(d) if _MARK in d else d
+)
+_SHOWN_FIELDS = 8
+
+
+def describe_stored(text: str) -> str:
+    """A short account of what a stored value is, for an error a person reads.
+
+    ``pydantic 'app:Order' {id: int, total: float}``, ``list of 3 (dict {a: str})``,
+    ``str``: the class path it was stored with, its field names and their kinds.
+    """
+    try:
+        tree = _PLAIN_DECODER.decode(text)
+    except (ValueError, RecursionError, _Bad):
+        return "corrupt JSON"
+    return _describe(tree, 0)
+
+
+def _describe(tree: object, depth: int) -> str:
+    if isinstance(tree, list):
+        if not tree or depth > 1:
+            return f"list of {len(tree)}"
+        return f"list of {len(tree)} ({_describe(tree[0], depth + 1)}, ...)"
+    if not isinstance(tree, dict):
+        return "null" if tree is None else type(tree).__name__
+    tag = tree.get(_MARK)
+    if tag in ("dataclass", "pydantic"):
+        fields = tree.get("fields")
+        shown = _field_kinds(fields) if isinstance(fields, dict) else "{?}"
+        return f"{tag} {tree.get('class')!r} {shown}"
+    if tag == "enum":
+        return f"enum {tree.get('class')!r} value {_REPR.repr(tree.get('value'))}"
+    if isinstance(tag, str):
+        return tag
+    return f"dict {_field_kinds(tree)}"
+
+
+def _field_kinds(fields: dict[str, Any]) -> str:
+    kinds = [f"{name}: {_kind(value)}" for name, value in list(fields.items())[:_SHOWN_FIELDS]]
+    more = ", ..." if len(fields) > _SHOWN_FIELDS else ""
+    return "{" + ", ".join(kinds) + more + "}"
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, dict):
+        tag = value.get(_MARK)
+        if tag in ("dataclass", "pydantic", "enum"):
+            return f"{tag} {value.get('class')!r}"
+        return tag if isinstance(tag, str) else "dict"
+    return "null" if value is None else type(value).__name__
 
 
 # --- errors ------------------------------------------------------------------

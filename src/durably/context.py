@@ -26,6 +26,11 @@ class StepContext:
     name: str
     attempt: int
     idempotency_key: str
+    #: The ``(key, value JSON)`` events the step set (``durably.set_event`` in its body):
+    #: published with its receipt, dropped with a failed attempt.
+    events: list[tuple[str, str]] = dataclasses.field(
+        default_factory=list, compare=False, repr=False
+    )
 
 
 current_run: contextvars.ContextVar[Run | None] = contextvars.ContextVar(

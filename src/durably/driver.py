@@ -17,6 +17,7 @@ from durably import (
     errors,
     faults,
     journal,
+    races,
     runtime,
     step_runner,
     steps,
@@ -60,6 +61,7 @@ async def _drive(
         call = codec.decode(info.input, where=f"workflow {wid!r} input")
         if not isinstance(call, dict):
             raise errors.DecodeError(f"workflow {wid!r} input is not an argument record")
+        races.guard_asyncio_wait()
         context.current_run.set(run)
         result = await definition.fn(*call["args"], **call["kwargs"])
         await run.close()  # a branch the function did not await may still run a step

@@ -229,6 +229,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             stopping=asyncio.Event(),
             on_park=self._wake_later,
             on_child=lambda child_id: self._kick_recovery(),
+            on_signal=lambda wid, name: self._on_wakeup(base.Wakeup("signal", wid, name)),
             hold_seconds=self.hold_seconds,
             inline_commits=self.inline_commits,
         )

@@ -53,6 +53,49 @@ class NonDeterminismError(DurablyError):
         )
 
 
+class NondeterministicWait(DurablyError, RuntimeError):
+    """A first-to-finish ``asyncio.wait`` was called in workflow code; use ``durably.wait``.
+
+    Which awaitable finishes first differs when the workflow is replayed (every
+    journaled call then finishes at once); ``durably.wait`` and
+    ``durably.wait_first`` journal the outcome instead.
+    """
+
+
+class RecordedValueMismatch(NonDeterminismError):
+    """A value the journal recorded no longer decodes into the type the code declares today.
+
+    The workflow is marked ``diverged``, not failed: deploy code whose type takes
+    the stored value (or that keeps the old class), then ``resume`` it. The
+    message names the seq, the call, the stored value's shape and today's type.
+    """
+
+    def __init__(
+        self,
+        workflow_id: str,
+        seq: int,
+        recorded: str | None,
+        stored: str = "",
+        expected: str = "",
+        reason: str = "",
+    ) -> None:
+        super().__init__(workflow_id, seq, recorded, None)
+        self.stored = stored
+        self.expected = expected
+        self.reason = reason
+        self.args = (workflow_id, seq, recorded, stored, expected, reason)
+
+    def __str__(self) -> str:
+        into = "" if self.expected == "none declared" else f" into today's type {self.expected}"
+        return (
+            f"workflow {self.workflow_id!r} diverged from its journal at seq {self.seq}: "
+            f"the recorded result of {self.recorded} does not decode{into}: "
+            f"{self.reason}; stored value: {self.stored}. Deploy code whose "
+            f"type accepts it (or that keeps the old class), then resume the workflow "
+            f"(durably resume {self.workflow_id} --no-wait, for a worker with that code)"
+        )
+
+
 class StepError(DurablyError):
     """A recorded step error whose original exception type cannot be rebuilt.
 
@@ -103,6 +146,18 @@ class EncodeError(DurablyError, TypeError):
 
 class DecodeError(DurablyError, ValueError):
     """A stored payload is corrupt or names a type that is not allowed."""
+
+
+class IncompatibleValue(DecodeError):
+    """A stored value fits neither the class stored with it nor the type declared today."""
+
+    def __init__(
+        self, message: str = "", *, stored: str = "", expected: str = "", reason: str = ""
+    ) -> None:
+        super().__init__(*([message] if message else []))
+        self.stored = stored
+        self.expected = expected
+        self.reason = reason
 
 
 class InvalidName(DurablyError, ValueError):

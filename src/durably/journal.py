@@ -53,6 +53,9 @@ class Kind(enum.StrEnum):
     CHILD = "child"  # name is the child workflow's name; payload its id
     JOIN = "join"  # name is the child's id; payload its outcome
     CANCEL = "cancel"  # the cancellation was delivered at this seq
+    WAIT = "wait"  # name is return_when; payload which of the awaitables had finished
+    SEND = "send_signal"  # name is "<signal> -> <target id>"; sent with key "<id>:<seq>"
+    GET_EVENT = "get_event"  # name is "<key> of <workflow id>"; payload the value read
 
 
 class EntryStatus(enum.StrEnum):

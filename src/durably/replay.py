@@ -70,6 +70,13 @@ class Replayer:
             raise self._diverged
         return entry
 
+    def diverge(self, error: errors.NonDeterminismError) -> errors.NonDeterminismError:
+        """Stop here with ``error`` (a recorded value the code cannot take); kept and
+        raised again by every later call, like a divergence found by ``lookup``."""
+        if self._diverged is None:
+            self._diverged = error
+        return self._diverged
+
     def record(self, entry: journal.Entry) -> None:
         """Remember an entry this run has just committed."""
         self._entries[entry.seq] = entry
@@ -183,6 +190,14 @@ def signal_outcome(wait: journal.Entry, signal: str | None, now: float) -> journ
     if wait.wake_at is not None and now >= wait.wake_at:
         return dataclasses.replace(wait, status=_S.TIMED_OUT, finished_at=now)
     return wait
+
+
+def sent_outcome(send: journal.Entry, error: str | None, now: float) -> journal.Entry:
+    """A workflow's signal send after the store took it: completed, or failed with
+    ``error`` (the JSON of why the target could not keep it), final either way."""
+    if error is None:
+        return dataclasses.replace(send, status=_S.COMPLETED, finished_at=now)
+    return dataclasses.replace(send, status=_S.FAILED, payload=error, finished_at=now)
 
 
 def join_outcome(

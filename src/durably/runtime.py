@@ -34,6 +34,9 @@ Verb = Literal[
     "start_child",
     "receive_signal",
     "join_child",
+    "post_signal",
+    "read_event",
+    "commit_receipt",
 ]
 
 #: Where each verb takes the batch of entries, counted in the arguments after the epoch.
@@ -45,6 +48,9 @@ _BATCH_AT: dict[str, int] = {
     "start_child": 0,  # entries, child
     "receive_signal": 1,  # wait, entries
     "join_child": 1,  # wait, entries
+    "post_signal": 1,  # send, entries, target, name, payload
+    "read_event": 1,  # wait, entries, source, key
+    "commit_receipt": 0,  # entries, events
 }
 
 log = logging.getLogger("durably")
@@ -86,6 +92,7 @@ class Services:
     stopping: asyncio.Event
     on_park: Callable[[float | None], None] = lambda wake_at: None
     on_child: Callable[[str], None] = lambda child_id: None
+    on_signal: Callable[[str, str], None] = lambda workflow_id, name: None
     hold_seconds: float = 1.0  # how long a blocked run stays in memory before it parks
     inline_commits: bool = True  # commit on the loop's thread when nothing else is ready
     commit_patience: float = 30.0  # seconds to wait out a locked or unreachable database
@@ -125,7 +132,8 @@ class Run:
     * ``write(verb, ...)``: the one write path: the staged entries go with one
       fenced store verb, in one transaction, and are then part of the journal;
       ``commit(*entries)`` and ``finish(...)`` are the two common verbs;
-    * ``clock()``, ``step_threads``, ``child_started(id)``: what the engine lends;
+    * ``clock()``, ``step_threads``, ``child_started(id)``, ``signal_sent(id, name)``:
+      what the engine lends;
     * ``local(key, factory)``: a value kept for this run only (agents' tallies);
     * ``block``, ``poke``, ``active``, ``not_active``, ``ready``: waiting and parking.
     """
@@ -179,6 +187,11 @@ class Run:
     def child_started(self, child_id: str) -> None:
         """Tell the engine a child workflow was committed, so it can run it at once."""
         self._services.on_child(child_id)
+
+    def signal_sent(self, workflow_id: str, name: str) -> None:
+        """Tell the engine this run committed signal ``name`` to ``workflow_id``, so that a
+        run of it waiting in this process looks at once."""
+        self._services.on_signal(workflow_id, name)
 
     def local(self, key: object, factory: Callable[[], T]) -> T:
         """The value kept under ``key`` for this run only, made by ``factory`` on first use.
@@ -276,13 +289,21 @@ class Run:
             self._replayer.record(entry)
         if isinstance(result, journal.Entry):
             self._replayer.record(result)
-        if verb == "append_entries":  # a commit: durable now (durably test-crashes counts)
+        if verb in _COMMITS:  # a commit: durable now (durably test-crashes counts)
             faults.committed(self.workflow_id, batch)
         return result
 
-    async def commit(self, *entries: journal.Entry) -> None:
-        """Commit entries (and any staged ones) fenced by this run's epoch."""
-        if await self.write("append_entries", entries=entries):
+    async def commit(self, *entries: journal.Entry, events: Sequence[tuple[str, str]] = ()) -> None:
+        """Commit entries (and any staged ones) fenced by this run's epoch.
+
+        ``events`` (``(key, value JSON)`` pairs a step set) are published in the
+        same transaction, at the seq of the last entry (the step's receipt).
+        """
+        if events:
+            requested = await self.write("commit_receipt", events, entries=entries)
+        else:
+            requested = await self.write("append_entries", entries=entries)
+        if requested:
             self.cancellation.requested = True
 
     async def finish(self, status: str, output: str | None, error: str | None) -> None:
@@ -434,6 +455,10 @@ class Run:
     def last_seq(self) -> int:
         """The seq most recently taken."""
         return self._replayer.last_seq
+
+    def diverge(self, error: errors.NonDeterminismError) -> errors.NonDeterminismError:
+        """Mark the run diverged with ``error`` (the first one wins); returned to be raised."""
+        return self._replayer.diverge(error)
 
     def recorded(self, seq: int, kind: str, name: str) -> journal.Entry | None:
         """What the journal holds at ``seq`` for this call, without delivering a cancellation.
@@ -641,6 +666,9 @@ class Run:
 
 #: The block kind of a step waiting for a person's decision (see step_runner).
 REVIEW = "review"
+
+#: The verbs that only append entries (what the fault observer hears as a commit).
+_COMMITS = frozenset({"append_entries", "commit_receipt"})
 
 #: Journaled values a step could observe: committed before any step starts.
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})

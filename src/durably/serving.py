@@ -37,6 +37,46 @@ def describe(name: str, version: str | None) -> str:
     return repr(name) + (f" version {version!r}" if version else "")
 
 
+def stranded(
+    info: journal.WorkflowInfo, executors: Sequence[journal.ExecutorInfo], now: float
+) -> Note | None:
+    """Why no running code can resume an unfinished workflow, and what to do; None if some can.
+
+    Stranded: no running executor registers its workflow name at its version (a
+    versioned workflow is resumed only by code declaring the same version; an
+    unversioned one by code registering the name without a version).
+    """
+    if info.finished:
+        return None
+    live = running(executors, now)
+    if any(e.serves(info.name, info.version) for e in live):
+        return None
+    wanted = describe(info.name, info.version)
+    others = sorted({v or "" for e in live for n, v, _ in e.workflows if n == info.name})
+    text = f"no running worker has workflow {wanted}"
+    if others:
+        shown = ", ".join(f"version {v!r}" if v else "no version" for v in others)
+        text += f" (running workers have it at {shown})"
+    if info.source_hash:
+        text += f"; it started on source {info.source_hash}"
+    if info.version:
+        todo = (
+            f"run a worker whose code declares @durably.workflow(name={info.name!r}, "
+            f"version={info.version!r}) (keep that version deployed until its workflows finish)"
+        )
+    else:
+        todo = f"run a worker whose code registers workflow {info.name!r} without a version"
+        if others:  # started by name from a process without the code: it got no version
+            todo += (
+                " (a workflow started by name from a process that does not import its code "
+                "gets no version: start it from code that has the versioned workflow)"
+            )
+    return Note(
+        "stranded",
+        f"{text}. To finish it: {todo}; or give it up: durably cancel {info.workflow_id}",
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Note:
     """One thing in a workflow's way: a short ``tag`` for a table, the ``text`` in full."""
@@ -66,6 +106,9 @@ def notes(
     if hashes and all(code_differs(info.source_hash, h) for h in hashes):
         where = "runs on" if owner is not None else "workers have"
         others = ", ".join(sorted(h for h in hashes if h is not None))
-        text = f"other code: started by source {info.source_hash}, {where} {others}"
+        text = (
+            f"other code: started by source {info.source_hash}, {where} {others} (its "
+            "code changed since it started, or another application shares the database)"
+        )
         found.append(Note("other code", text))
     return found

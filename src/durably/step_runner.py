@@ -19,15 +19,17 @@ import dataclasses
 import functools
 import inspect
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from durably import (
     codec,
     context,
+    declared,
     errors,
     faults,
     journal,
+    races,
     replay,
     runtime,
     steps,
@@ -46,6 +48,7 @@ _RUN = replay.Action.RUN
 REVIEW = runtime.REVIEW
 
 
+@races.durable_call
 async def run_step(
     run: Run, seq: int, step: steps.StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -65,7 +68,7 @@ async def _run(
     if action is not _RUN:
         assert entry is not None  # a new call always runs
         if action is _A.RETURN:
-            return codec.decode(entry.payload or "null", where=f"{where} result")
+            return recorded_result(run, seq, step, entry.payload or "null", where)
         if action is _A.RAISE:
             raise recorded_error(entry, where)
         if action is _A.BACKOFF:
@@ -109,20 +112,52 @@ async def _run(
         finished = run.clock()
         faults.reached("after_call", step.name)
         receipt = _entry(run, seq, step, _S.COMPLETED, attempt, payload, started, finished)
-        await _commit_receipt(run, receipt, where)
+        await _commit_receipt(run, receipt, where, ctx.events)
         faults.reached("after_receipt", step.name)
-        return codec.decode(payload, where=f"{where} result")
+        return fresh_result(step, payload, where)
 
 
-async def _commit_receipt(run: Run, receipt: journal.Entry, where: str) -> None:
-    """Commit a step's result; one the database refuses fails the step, once.
+def recorded_result(
+    run: Run, seq: int, step: steps.StepDefinition, payload: str, where: str
+) -> Any:
+    """A receipt's result, decoded into the type the step declares today.
+
+    A result that no longer decodes (its class renamed, a field now required)
+    stops the workflow as ``diverged`` with RecordedValueMismatch, and every
+    later durable call of the run raises it again: deploying compatible code and
+    resuming the workflow goes on from here.
+    """
+    try:
+        return declared.decode_result(
+            payload, declared.declared_result(step.fn), where=f"{where} result"
+        )
+    except errors.IncompatibleValue as exc:
+        call = journal.describe_call(_STEP, step.name)
+        mismatch = errors.RecordedValueMismatch(
+            run.workflow_id, seq, call, exc.stored, exc.expected, exc.reason
+        )
+        raise run.diverge(mismatch) from exc
+
+
+def fresh_result(step: steps.StepDefinition, payload: str, where: str) -> Any:
+    """The result this run just committed, decoded as a replay will decode it."""
+    return declared.decode_result(
+        payload, declared.declared_result(step.fn), where=f"{where} result"
+    )
+
+
+async def _commit_receipt(
+    run: Run, receipt: journal.Entry, where: str, events: Sequence[tuple[str, str]] = ()
+) -> None:
+    """Commit a step's result, with the events its body set; one the database refuses
+    fails the step, once.
 
     The refusal (``StorageDataError``) is permanent for that value: running the
     step again would only produce it again. So the step is recorded as failed
     with the refusal, which is raised into the workflow like any step error.
     """
     try:
-        await run.commit(receipt)
+        await run.commit(receipt, events=events)
     except errors.StorageDataError as refused:
         error = errors.StorageDataError(f"{where}: its result cannot be stored: {refused}")
         failed = dataclasses.replace(receipt, status=_S.FAILED, payload=error_json(error))
@@ -212,7 +247,7 @@ async def _unknown_outcome(
                 intent, status=_S.COMPLETED, payload=payload, finished_at=now
             )
             await _commit_receipt(run, receipt, where)
-            return (codec.decode(payload, where=f"{where} result"),)
+            return (fresh_result(step, payload, where),)
         if action is _A.RUN:
             return None
     else:

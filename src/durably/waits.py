@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal
 
-from durably import codec, context, errors, journal, telemetry, validate, workflows
+from durably import codec, context, errors, journal, races, telemetry, validate, workflows
 from durably.storage import base
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ def sleep_until(when: datetime.datetime) -> Coroutine[Any, Any, None]:
     return _sleep(run, run.take_seq(), lambda now: at)
 
 
+@races.durable_call
 async def _sleep(run: Run, seq: int, wake: Callable[[float], float]) -> None:
     entry = run.lookup(seq, journal.Kind.SLEEP, "")
     if entry is not None and entry.status == _COMPLETED:
@@ -78,6 +79,7 @@ def wait_for_signal(
     return _wait_for_signal(run, run.take_seq(), name, seconds)
 
 
+@races.durable_call
 async def _wait_for_signal(run: Run, seq: int, name: str, timeout: float | None) -> Any:
     entry = run.lookup(seq, journal.Kind.SIGNAL, name)
     if entry is None:
@@ -95,8 +97,16 @@ async def _wait_for_signal(run: Run, seq: int, name: str, timeout: float | None)
 def set_event(key: str, value: Any) -> None:
     """Publish ``value`` under ``key`` for outsiders (``get_event``).
 
-    It is committed with the workflow's next durable call or its end.
+    In workflow code it is committed with the workflow's next durable call or
+    its end. In a step's body it is published with the step's receipt, in the
+    same transaction, so exactly once: an attempt that fails (or is cut by a
+    crash) publishes nothing, and a step replayed from its receipt does not run.
     """
+    step = context.current_step.get()
+    if step is not None and context.current_run.get() is not None:
+        validate.name(key, "event key")
+        step.events.append((key, codec.encode(value, where=f"event {key!r} set in a step")))
+        return
     run = context.require_run("set_event")
     validate.name(key, "event key")
     seq = run.take_seq()
@@ -169,6 +179,7 @@ async def _start_child(
     return ChildHandle(child_id)
 
 
+@races.durable_call
 async def _join(run: Run, seq: int, child_id: str) -> Any:
     entry = run.lookup(seq, journal.Kind.JOIN, child_id)
     if entry is None:

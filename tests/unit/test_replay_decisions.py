@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from durably import errors, journal, replay, steps
+from durably import codec, errors, journal, replay, steps
 
 S = journal.EntryStatus
 A = replay.Action
@@ -209,3 +209,24 @@ def test_resolved_entry(
     # and the step's next call reads it as the person meant (a retry is a back-off due now)
     plan = replay.plan_step(entry, reconciles=False)
     assert plan.action == {"result": A.RETURN, "fail": A.RAISE, "retry": A.BACKOFF}[decision]
+
+
+# --- a recorded value the code cannot take ------------------------------------------------
+
+
+def test_a_divergence_on_a_value_is_kept_and_raised_by_every_later_call() -> None:
+    entries = [step_entry(S.COMPLETED), journal.Entry(5, "now", "", S.COMPLETED, 1, "1.0")]
+    replayer = replay.Replayer("wf", entries)
+    mismatch = errors.RecordedValueMismatch("wf", 4, "step 'charge'", "dict {x: int}", "int", "no")
+    assert replayer.diverge(mismatch) is mismatch
+    assert replayer.diverged is mismatch
+    other = errors.RecordedValueMismatch("wf", 5, "now", "", "", "")
+    assert replayer.diverge(other) is mismatch  # the first one stands
+    with pytest.raises(errors.RecordedValueMismatch) as caught:
+        replayer.lookup(5, "now", "")
+    assert caught.value is mismatch
+    with pytest.raises(errors.RecordedValueMismatch):
+        replayer.check_finished()
+    assert "at seq 4" in str(mismatch) and "stored value: dict {x: int}" in str(mismatch)
+    rebuilt = codec.decode_error(codec.encode_error(mismatch))  # as a handle's result raises it
+    assert type(rebuilt) is errors.RecordedValueMismatch and str(rebuilt) == str(mismatch)

@@ -237,7 +237,8 @@ class Agent:
                         raise self.output.exhausted(corrections, str(exc)) from None
                     messages.append(self.output.correction(str(exc)))
                     continue
-                value = await steps.run_step(_accepted, value, name=f"output:{self.name}")
+                step = self.output.accepted
+                value = await steps.run_step(step, value, name=f"output:{self.name}")
                 return AgentResult(value, messages, meter.usage(), turn, calls_made)
             calls_made += len(calls)
             names = {str(c.get("id") or ""): _tool_event(c, replayed, turn) for c in calls}
@@ -335,11 +336,6 @@ def _tool_event(call: Mapping[str, Any], replayed: bool, turn: int) -> events.Ag
         replayed=replayed,
         turn=turn,
     )
-
-
-def _accepted(value: Any) -> Any:
-    """The step that journals a validated final answer (replay returns the recorded one)."""
-    return value
 
 
 #: What stops the run itself rather than failing one tool call: raised at once.

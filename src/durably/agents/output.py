@@ -42,6 +42,7 @@ class Output:
         self.schema: JSON = closed if closed is not None else schema
         self.strict = closed is not None
         self.name = _schema_name(output_type)
+        self.accepted = _accepting(output_type)
 
     def response_format(self) -> JSON:
         """The chat completions ``response_format`` asking for this schema."""
@@ -114,3 +115,18 @@ def _close(node: Any) -> bool:
 def _schema_name(output_type: Any) -> str:
     name = getattr(output_type, "__name__", None) or "output"
     return "".join(c if c.isalnum() or c in "_-" else "_" for c in str(name))[:64]
+
+
+def _accepting(output_type: Any) -> Any:
+    """The step function that journals a validated final answer, declaring ``output_type``.
+
+    A replay returns the recorded answer, decoded into the agent's ``output_type`` of
+    today (see :mod:`durably.declared`): a class renamed while the workflow was parked
+    still decodes.
+    """
+
+    def accepted(value: Any) -> Any:
+        return value
+
+    accepted.__annotations__ = {"value": Any, "return": output_type}
+    return accepted

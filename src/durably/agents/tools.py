@@ -74,6 +74,7 @@ class Tool(Generic[P, R]):
         self.options = options
         self.signature = schema.signature(fn, name=name, description=options.description)
         self.step: steps.StepFunction[P, R] = self._step(f"tool:{name}")
+        self._for_model = _as_seen_by_model(fn)
         functools.update_wrapper(self, fn)
 
     @property
@@ -93,12 +94,12 @@ class Tool(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<durably tool {self.name!r}>"
 
-    def _step(self, step_name: str) -> steps.StepFunction[Any, Any]:
+    def _step(self, step_name: str, fn: Callable[..., Any] | None = None) -> Any:
         opts = self.options
         make = steps.step(
             name=step_name, retry=opts.retry, timeout=opts.timeout, **opts.step_options
         )
-        return make(self.fn)
+        return make(fn or self.fn)
 
     def gated(self, arguments: dict[str, Any]) -> bool:
         """Whether a call with these (JSON) arguments waits for a person's approval.
@@ -119,9 +120,14 @@ class Tool(Generic[P, R]):
     def call_for_model(self, call_id: str, kwargs: dict[str, Any]) -> Coroutine[Any, Any, Any]:
         """Run the tool for the model's call ``call_id`` as step ``tool:<name>:<call_id>``.
 
-        The seq is taken now.
+        The seq is taken now. The step journals the JSON of the result as the model
+        reads it (see ``result_text``), not the tool's value: the model only ever
+        saw that text, and a replay then needs none of the result's classes (a
+        later deploy may rename or change them).
         """
-        step: steps.StepFunction[..., Any] = self._step(f"tool:{self.name}:{call_id}")
+        step: steps.StepFunction[..., Any] = self._step(
+            f"tool:{self.name}:{call_id}", self._for_model
+        )
         return step(**kwargs)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
@@ -153,6 +159,44 @@ class Tool(Generic[P, R]):
         if decision.override_args is not None:
             args, kwargs = (), self.signature.validate(decision.override_args)[0]
         return await self.step(*args, **kwargs)
+
+
+#: What a tool's result is journaled as when the model called it: JSON data.
+SeenByModel = dict[str, Any] | list[Any] | str | int | float | bool | None
+
+
+def seen_by_model(value: Any) -> SeenByModel:
+    """The JSON data of the text the model reads for ``value`` (``result_text``)."""
+    if isinstance(value, str):
+        return value
+    seen: SeenByModel = json.loads(result_text(value))
+    return seen
+
+
+def _as_seen_by_model(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` returning ``seen_by_model`` of its result; sync stays sync (run in a thread)."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def call_async(*args: Any, **kwargs: Any) -> SeenByModel:
+            return seen_by_model(await fn(*args, **kwargs))
+
+        call_async.__annotations__ = {**fn.__annotations__, "return": SeenByModel}
+        return call_async
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+            return _seen_later(result)
+        return seen_by_model(result)
+
+    call.__annotations__ = {**fn.__annotations__, "return": SeenByModel}
+    return call
+
+
+async def _seen_later(result: Awaitable[Any]) -> SeenByModel:
+    return seen_by_model(await result)
 
 
 def result_text(value: Any) -> str:

@@ -40,6 +40,12 @@ from durably.cli.base import (
 @click.option("--order", type=click.Choice(["desc", "asc"]), default="desc", show_default=True)
 @click.option("--limit", default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--stranded",
+    is_flag=True,
+    help="Only unfinished workflows that no running worker can resume (their workflow "
+    "or version is registered by none), with what to do.",
+)
 @click.pass_obj
 def list_cmd(
     database: str,
@@ -49,20 +55,37 @@ def list_cmd(
     order: str,
     limit: int,
     as_json: bool,
+    stranded: bool,
     **options: Any,
 ) -> None:
     """List workflows, newest first (--order asc: oldest first), filtered.
 
     The note column says why an unfinished workflow may not move: no running
     worker serves its workflow or its queue, or the workers run other code
-    than the code that started it.
+    than the code that started it. With --stranded, only the unfinished
+    workflows that no running worker can resume (none registers their workflow
+    at their version), each with what to do.
     """
     chosen = selection.filters(**options)
-    with _client(database, create=False) as client:
-        rows = client.list_workflows(limit=limit, offset=offset, order=order, after=after, **chosen)
-        executors = client.executors()
     now = time.time()
-    found = {info.workflow_id: serving.notes(info, executors, now) for info in rows}
+    found: dict[str, list[serving.Note]]
+    with _client(database, create=False) as client:
+        executors = client.executors()
+        if stranded:
+            picked = _stranded(client, chosen, executors, now, order, after)[
+                offset : offset + limit
+            ]
+            rows = [info for info, _ in picked]
+            found = {info.workflow_id: [note] for info, note in picked}
+        else:
+            rows = client.list_workflows(
+                limit=limit, offset=offset, order=order, after=after, **chosen
+            )
+    if not stranded:
+        found = {info.workflow_id: serving.notes(info, executors, now) for info in rows}
+    if stranded and not rows and not as_json:
+        console.print("no stranded workflows")
+        return
     if as_json:
         from durably.server import views  # late: `durably --help` does not load the server
 
@@ -94,9 +117,48 @@ def list_cmd(
             _short_when(info.created_at, now),
         )
     console.print(table)
-    for wid, notes in found.items():  # what the marks mean, in full
-        for note in notes:
-            console.print(Text.assemble(("! ", "yellow"), (wid, "bold"), ": ", note.text))
+    for info in rows:  # what the marks mean, in full
+        for note in found[info.workflow_id]:
+            console.print(
+                Text.assemble(("! ", "yellow"), (info.workflow_id, "bold"), ": ", note.text)
+            )
+
+
+_PAGE = 500
+
+
+def _stranded(
+    client: durably.Client,
+    chosen: dict[str, Any],
+    executors: list[durably.ExecutorInfo],
+    now: float,
+    order: str,
+    after: str | None,
+) -> list[tuple[durably.WorkflowInfo, serving.Note]]:
+    """The stranded workflows among those ``chosen`` selects, in ``order``, with why.
+
+    Read page by page over the unfinished statuses (a finished workflow is never
+    stranded), so a database of many finished ones is not read whole.
+    """
+    asked = chosen.pop("status")
+    statuses = [s.value for s in durably.Status if not s.finished]
+    if asked is not None:
+        statuses = [asked] if asked in statuses else []
+    rows: list[durably.WorkflowInfo] = []
+    for status in statuses:
+        cursor: str | None = None
+        while True:
+            page = client.list_workflows(status, limit=_PAGE, order=order, after=cursor, **chosen)
+            rows.extend(page)
+            if len(page) < _PAGE:
+                break
+            cursor = page[-1].workflow_id
+    rows.sort(key=lambda r: (r.created_at, r.workflow_id), reverse=order == "desc")
+    if after is not None:
+        ids = [r.workflow_id for r in rows]
+        rows = rows[ids.index(after) + 1 :] if after in ids else rows
+    notes = [(info, serving.stranded(info, executors, now)) for info in rows]
+    return [(info, note) for info, note in notes if note is not None]
 
 
 @main.command()
@@ -241,8 +303,10 @@ def _runnable_here(database: str, workflow_id: str, modules: tuple[str, ...]) ->
     for module in modules:
         _import(module)
     with _client(database, create=False) as client:
-        name = client.get_workflow(workflow_id).name
-    if workflow_registry.registered(name) is None:
+        info = client.get_workflow(workflow_id)
+    name = info.name
+    here = workflow_registry.registered(name)
+    if here is None:
         where = (
             f"which MODULES ({', '.join(modules)}) did not register"
             if modules
@@ -252,6 +316,14 @@ def _runnable_here(database: str, workflow_id: str, modules: tuple[str, ...]) ->
             f"workflow {workflow_id!r} runs the workflow {name!r}, {where}: give the module "
             f"that defines it (durably resume {workflow_id} MODULE), or --no-wait to leave "
             "it to a running worker"
+        )
+    if here.version != info.version:  # an engine here would never claim it: it would hang
+        loaded = f"version {here.version!r}" if here.version else "no version"
+        raise click.ClickException(
+            f"workflow {workflow_id!r} was started by workflow "
+            f"{serving.describe(name, info.version)}; {', '.join(modules) or 'the code here'} "
+            f"registers it at {loaded}, and only the same version resumes it: give the module "
+            f"of that version, or --no-wait to leave it to a worker that has it"
         )
 
 

@@ -88,7 +88,8 @@ def _operation(spec: api.Spec, operation_id: str) -> dict[str, Any]:
             401,
             *spec.errors,
             *((403,) if spec.method != "GET" else ()),
-            *((422,) if spec.body is not None else ()),  # a body that is not a JSON object
+            # a body that is not a JSON object, or a query value no database can hold (a NUL)
+            *((422,) if spec.body is not None or spec.query else ()),
         }
     )
     for code in codes:

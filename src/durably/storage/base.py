@@ -357,6 +357,60 @@ class Store(abc.ABC):
     def get_event(self, workflow_id: str, key: str) -> str | None:
         """The value the workflow last published under ``key``, or None."""
 
+    # --- messaging from workflow code (fenced like the journal) -------------------------
+
+    @abc.abstractmethod
+    def post_signal(
+        self,
+        workflow_id: str,
+        epoch: int,
+        send: journal.Entry,
+        entries: Sequence[journal.Entry],
+        target: str,
+        name: str,
+        payload: str,
+        now: float,
+    ) -> journal.Entry:
+        """Send signal ``name`` from the workflow to ``target`` and journal the send, all
+        or none, in one transaction: the send is made exactly once.
+
+        The signal's idempotency key is ``"<workflow_id>:<send.seq>"``, so a send
+        repeated (its first commit's outcome unknown) is not kept twice. Returns the
+        send's entry as written: completed, or failed with the error (an unknown or
+        finished target) to raise on every replay. A send already final is returned
+        as it is.
+        """
+
+    @abc.abstractmethod
+    def read_event(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        source: str,
+        key: str,
+        now: float,
+    ) -> journal.Entry:
+        """Journal what workflow ``source`` published under ``key`` (one transaction).
+
+        Returns the wait's entry as written: completed with the value, timed out
+        when ``wait.wake_at`` (the deadline) has passed, else ``wait`` itself
+        (still started). A read already final is returned as it is.
+        """
+
+    @abc.abstractmethod
+    def commit_receipt(
+        self,
+        workflow_id: str,
+        epoch: int,
+        entries: Sequence[journal.Entry],
+        events: Sequence[tuple[str, str]],
+        now: float,
+    ) -> bool:
+        """``append_entries``, and publish the ``(key, value)`` events a step set, at the
+        seq of the last entry (its receipt), in the same transaction."""
+
     @abc.abstractmethod
     def start_child(
         self,

@@ -528,6 +528,59 @@ class SqlStore(bulk.BulkVerbs):
         row = self._q("get_event", workflow_id=workflow_id, key=key).fetchone()
         return None if row is None else str(row[0])
 
+    def post_signal(
+        self,
+        workflow_id: str,
+        epoch: int,
+        send: journal.Entry,
+        entries: Sequence[journal.Entry],
+        target: str,
+        name: str,
+        payload: str,
+        now: float,
+    ) -> journal.Entry:
+        def outcome() -> journal.Entry:
+            key = f"{workflow_id}:{send.seq}"
+            try:
+                self.send_signal(target, name, payload, key, now)
+            except (errors.WorkflowNotFound, errors.WorkflowFinished) as exc:
+                error = {"type": f"durably.errors.{type(exc).__name__}", "message": str(exc)}
+                return replay.sent_outcome(send, json.dumps(error), now)
+            return replay.sent_outcome(send, None, now)
+
+        return self._settle_wait(workflow_id, epoch, send, entries, now, outcome)
+
+    def read_event(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        source: str,
+        key: str,
+        now: float,
+    ) -> journal.Entry:
+        def outcome() -> journal.Entry:
+            return replay.signal_outcome(wait, self.get_event(source, key), now)
+
+        return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
+
+    def commit_receipt(
+        self,
+        workflow_id: str,
+        epoch: int,
+        entries: Sequence[journal.Entry],
+        events: Sequence[tuple[str, str]],
+        now: float,
+    ) -> bool:
+        requested = self.append_entries(workflow_id, epoch, entries, now)
+        seq = entries[-1].seq
+        for key, value in events:
+            self._q(
+                "publish_event", workflow_id=workflow_id, key=key, value=value, seq=seq, now=now
+            )
+        return requested
+
     def start_child(
         self,
         workflow_id: str,

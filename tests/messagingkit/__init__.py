@@ -1,0 +1,1 @@
+"""Child processes for the crash tests of deterministic waits and workflow messaging."""
