@@ -3,13 +3,14 @@
     python -m benchmarks [--quick] [--rounds N] [--rows NAME ...] [--postgres URL] [--no-dbos]
 
 One table: per-step latency (SQLite FULL, NORMAL, PostgreSQL) against one raw
-commit; workflow throughput (1 and 10 steps, 1/10/100 in flight) against raw
-commits per second; recovery of killed workflows against running as many fresh;
-replay per step against reading the rows back; a signal's wake-up; journal bytes
-per step against the result's own JSON; and DBOS Transact on the same workloads
-when ``dbos`` is installed. Rounds are interleaved (every row once per round,
-baseline and durably back to back), databases are warm (made once, reused by
-every round), and each cell is ``median [min-max]`` over the rounds.
+commit; a sync ``def`` step against an async one on the same engine; workflow
+throughput (1 and 10 steps, 1/10/100 in flight) against raw commits per second;
+recovery of killed workflows against running as many fresh; replay per step
+against reading the rows back; a signal's wake-up; journal bytes per step against
+the result's own JSON; and DBOS Transact on the same workloads when ``dbos`` is
+installed. Rounds are interleaved (every row once per round, baseline and durably
+back to back), databases are warm (made once, reused by every round), and each
+cell is ``median [min-max]`` over the rounds.
 
 This is a benchmark, not a test: nothing asserts on speed. See docs/performance.md.
 """
@@ -80,6 +81,11 @@ def make_rows(sizes: Sizes) -> list[Row]:
         rows.append(
             Row(f"step-{b}", f"async step, {names[b]}", "us", b, "step", (sizes.steps,),
                 "raw commit us", dbos=b != "normal")
+        )  # fmt: skip
+    for b in ("full", "normal"):
+        rows.append(
+            Row(f"step-sync-{b}", f"sync def step, {names[b]}", "us", b, "sync",
+                (sizes.steps,), "async step us")
         )  # fmt: skip
     for b in ("full", "pg"):
         for steps in (1, 10):
@@ -166,6 +172,9 @@ async def measure(row: Row, be: Backends) -> tuple[float, float]:
     if row.kind == "step":
         base = await asyncio.to_thread(raw.commit_us, row.params[0])
         return base, await workloads.step_us(engine, row.params[0])
+    if row.kind == "sync":  # against the async step of the same engine, back to back
+        base = await workloads.step_us(engine, row.params[0])
+        return base, await workloads.sync_step_us(engine, row.params[0])
     if row.kind == "throughput":
         steps = row.params[0]
         base = 1e6 / await asyncio.to_thread(raw.commit_us, 200) / steps

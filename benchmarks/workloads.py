@@ -37,6 +37,12 @@ async def bench_step(i: int) -> dict[str, Any]:
 
 
 @durably.step
+def bench_sync_step(i: int) -> dict[str, Any]:
+    """The same step as a plain ``def``: it runs on one of the engine's step threads."""
+    return {**PAYLOAD, "n": i}
+
+
+@durably.step
 async def bench_block() -> None:
     """In the recovery child: hang here (the parent SIGKILLs it); elsewhere return at once."""
     global _blocked
@@ -50,6 +56,15 @@ async def steps_workflow(steps: int) -> int:
     t0 = time.perf_counter()
     for i in range(steps):
         await bench_step(i)
+    _spans.append((t0, time.perf_counter()))
+    return steps
+
+
+@durably.workflow(name="bench-sync-steps")
+async def sync_steps_workflow(steps: int) -> int:
+    t0 = time.perf_counter()
+    for i in range(steps):
+        await bench_sync_step(i)
     _spans.append((t0, time.perf_counter()))
     return steps
 
@@ -168,6 +183,14 @@ async def step_us(engine: durably.Engine, steps: int) -> float:
     """Microseconds per plain async step, timed inside one workflow of ``steps`` steps."""
     _spans.clear()
     await (await engine.start(steps_workflow, steps)).result()
+    ((t0, t1),) = _spans
+    return (t1 - t0) / steps * 1e6
+
+
+async def sync_step_us(engine: durably.Engine, steps: int) -> float:
+    """Microseconds per plain ``def`` step, timed like ``step_us``."""
+    _spans.clear()
+    await (await engine.start(sync_steps_workflow, steps)).result()
     ((t0, t1),) = _spans
     return (t1 - t0) / steps * 1e6
 

@@ -4,8 +4,10 @@
 
 The same support agent as agent_openai.py with an ``AsyncAnthropic`` client:
 tool_use blocks, stop reasons and cache tokens are handled natively, and each
-turn is journaled in the provider-neutral shape. Swap the fake server for
-``AsyncAnthropic(max_retries=0)`` to use the real API.
+turn is journaled in the provider-neutral shape. With ``stream=True`` the
+answer's text reaches ``on_event`` in pieces while the model step runs (live
+only: a replayed turn's text comes once, whole, marked replayed). Swap the fake
+server for ``AsyncAnthropic(max_retries=0)`` to use the real API.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ def main() -> None:
             model="claude-sonnet-4-5",
             instructions="You are a support agent.",
             tools=[lookup_order],
+            stream=True,
         )
+        pieces: list[durably.agents.AgentEvent] = []
 
         @durably.workflow(name="example-agent-anthropic")
         async def support(ticket: str) -> str:
-            result = await agent.run(ticket)
+            result = await agent.run(ticket, on_event=pieces.append)
             return str(result.output)
 
         database = f"sqlite:///{Path(tmp) / 'example.db'}"
@@ -50,6 +54,8 @@ def main() -> None:
         print(f"model requests: {len(server.requests)} to {server.requests[0]['path']}")
         again = durably.run(support, "Where is order A1?", workflow_id="t-1", database=database)
         print(f"run again: {again} (model requests: {len(server.requests)})")
+        live = [e.text for e in pieces if e.kind == "text" and not e.replayed]
+        print(f"streamed live: {live}")
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ def test_quick_benchmark_prints_every_row_beside_its_baseline(tmp_path: Path) ->
     for column in ("baseline", "durably", "vs base", "DBOS"):
         assert column in header
     pg = not pgcluster.missing_tools() or os.environ.get("DURABLY_REQUIRE_POSTGRES") == "1"
-    expected = ["step-full", "step-normal", "tp1-full-100", "tp10-full-1", "recovery-full",
-                "replay-100", "replay-1000", "signal-full", "bytes-full"]  # fmt: skip
+    expected = ["step-full", "step-normal", "step-sync-full", "step-sync-normal",
+                "tp1-full-100", "tp10-full-1", "recovery-full", "replay-100", "replay-1000",
+                "signal-full", "bytes-full"]  # fmt: skip
     if pg:
         expected += ["step-pg", "tp1-pg-100", "recovery-pg", "signal-pg", "bytes-pg"]
     rows = {line.split(" | ")[0].strip(): line.split(" | ") for line in lines if " | " in line}

@@ -40,3 +40,5 @@ def test_the_example_runs_and_prints_its_result(name: str) -> None:
     assert lines[1] == EXAMPLES[name], done.stdout
     # the second run returns the journaled answer: no model request is made again
     assert lines[2] == "run again: Order A1 has shipped. (model requests: 2)", done.stdout
+    if name == "agent_anthropic.py":  # streamed: the answer arrived in pieces, in order
+        assert lines[3] == "streamed live: ['Order A1', ' has shi', 'pped.']", done.stdout

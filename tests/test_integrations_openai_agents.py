@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agents.mcp import MCPServer
 from openai import AsyncOpenAI
 from openai.types.responses import ResponseFunctionToolCall
 
@@ -235,53 +234,3 @@ async def test_an_on_handoff_callback_runs_once_and_a_replay_hands_off_again(
     assert len(server.requests) == 3  # the replay made no model request
     ran = tools.effects(effects)
     assert [e["kind"] for e in ran] == ["lookup", "handoff"]  # the callback ran once
-
-
-class _FilesServer(MCPServer):
-    """An MCP server that must never be reached: the run is refused before."""
-
-    @property
-    def name(self) -> str:
-        return "files"
-
-    async def connect(self) -> None:
-        raise AssertionError("connected")
-
-    async def cleanup(self) -> None:
-        pass
-
-    async def list_tools(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("tools listed")
-
-    async def call_tool(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("tool called")
-
-    async def list_prompts(self) -> Any:
-        raise AssertionError("prompts listed")
-
-    async def get_prompt(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("prompt read")
-
-
-with_mcp = oai_flows.Agent(
-    name="files-agent", model="gpt-4.1-mini", mcp_servers=[_FilesServer()], handoffs=[]
-)
-front_desk = oai_flows.Agent(name="front", model="gpt-4.1-mini", handoffs=[with_mcp])
-
-
-@durably.workflow(name="oai-mcp-refused")
-async def mcp_flow(question: str) -> str:
-    config = oai_flows.RunConfig(model_provider=oai_flows.provider())
-    return str((await DurableRunner.run(front_desk, question, run_config=config)).final_output)
-
-
-async def test_an_agent_with_mcp_servers_is_refused_not_run_undurably(sqlite_url: str) -> None:
-    server = _serve([text("hello")])
-    try:
-        async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.1) as engine:
-            handle = await engine.start(mcp_flow, "hi", workflow_id="wf")
-            with pytest.raises(durably.DefinitionError, match=r"files-agent.*MCP server 'files'"):
-                await handle.result(timeout=20)
-    finally:
-        server.stop()
-    assert server.requests == []  # nothing was asked undurably

@@ -73,17 +73,31 @@ def test_two_schemas_in_one_database_are_isolated(empty_pg: str) -> None:
         assert a.get_workflow("only-in-b") is None
         assert b.get_workflow("only-in-a") is None
         assert [w.workflow_id for w in a.list_workflows(None, None, 10)] == ["only-in-a"]
-        # The wake-up of b reaches b's listener, never a's.
-        deadline = time.monotonic() + 10
-        while not heard_b and time.monotonic() < deadline:
-            b.create_workflow(new(f"poke-{time.monotonic()}"), None, None, NOW)
-            time.sleep(0.05)
-        assert heard_b, "b's listener heard nothing in 10 s"
-        a.create_workflow(new("marker"), None, None, NOW)  # a's own wake-up, after b's
-        deadline = time.monotonic() + 10
-        while not heard_a and time.monotonic() < deadline:
+        # Each listener issues LISTEN from its own thread: notify until both hear.
+        for store, heard in ((a, heard_a), (b, heard_b)):
+            deadline = time.monotonic() + 15
+            while not heard:
+                assert time.monotonic() < deadline, "a listener heard nothing in 15 s"
+                store.create_workflow(new(f"poke-{time.monotonic()}"), None, None, NOW)
+                time.sleep(0.05)
+        heard_a.clear()
+        heard_b.clear()
+        # Now both listen: the wake-up of b reaches b's listener, never a's. Signals name
+        # their workflow, and notifications arrive in commit order: had a's listener heard
+        # b's, it would be in heard_a before a's own.
+        b.send_signal("only-in-b", "from-b", "1", None, NOW)
+        from_b = base.Wakeup("signal", "only-in-b", "from-b")
+        deadline = time.monotonic() + 15
+        while from_b not in heard_b:
+            assert time.monotonic() < deadline, "b's listener heard nothing in 15 s"
             time.sleep(0.01)
-        assert heard_a == [base.Wakeup("work")], heard_a  # only its own
+        a.send_signal("only-in-a", "from-a", "1", None, NOW)
+        from_a = base.Wakeup("signal", "only-in-a", "from-a")
+        deadline = time.monotonic() + 15
+        while from_a not in heard_a:
+            assert time.monotonic() < deadline, "a's listener heard nothing in 15 s"
+            time.sleep(0.01)
+        assert from_b not in heard_a and from_a not in heard_b, (heard_a, heard_b)
     finally:
         stop_a()
         stop_b()

@@ -166,3 +166,41 @@ def test_approve_resolve_and_the_gap_in_a_real_browser(
         page.goto(base + "/workers")
         page.wait_for_selector("table.grid")
         page.screenshot(path=str(artifacts / "07-workers.png"), full_page=True)
+
+
+def test_list_filters_and_a_fork_s_origin_in_a_real_browser(
+    chromium: None, artifacts: Path, sqlite_url: str
+) -> None:
+    """Type into the list's filters (id prefix, then parent) and follow a fork to its origin."""
+    from tests.test_dashboard_filters import family
+
+    family(sqlite_url)
+    with harness.server(sqlite_url) as base, launched() as browser:
+        page = browser.new_page(viewport={"width": 1360, "height": 900})
+        page.set_default_timeout(20_000)
+        page.goto(base + "/")
+        page.fill("input[name=token]", harness.SECRET)
+        page.click("button[type=submit]")
+        page.wait_for_url(base + "/")
+
+        def listed() -> list[str]:
+            return sorted(page.locator("table.grid td a.mono").all_inner_texts())
+
+        assert listed() == ["order-P1", "order-P1-child", "order-P1-fork", "other-Q1"]
+        page.fill("input[name=id_prefix]", "order-P1-")
+        page.click("form.filters button")
+        page.wait_for_url("**id_prefix=order-P1-**")
+        assert listed() == ["order-P1-child", "order-P1-fork"]
+        page.fill("input[name=id_prefix]", "")
+        page.fill("input[name=parent]", "order-P1")
+        page.click("form.filters button")
+        page.wait_for_url("**parent=order-P1**")
+        assert listed() == ["order-P1-child"]
+        page.screenshot(path=str(artifacts / "08-filtered.png"), full_page=True)
+
+        page.goto(base + "/workflows/order-P1-fork")
+        assert "forked from order-P1 at seq 1" in page.inner_text(".forked")
+        page.screenshot(path=str(artifacts / "09-fork.png"), full_page=True)
+        page.click(".forked a")
+        page.wait_for_url(base + "/workflows/order-P1")
+        assert page.locator(".forked").count() == 0

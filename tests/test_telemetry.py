@@ -95,6 +95,12 @@ async def test_a_parked_and_resumed_workflow_has_one_span_per_segment_step_and_w
     async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.05) as engine:
         handle = await engine.start(parks_flow, workflow_id="p")
         await _until_status(engine, "p", "waiting")
+        # the row says waiting once the park committed; the segment's span ends when the
+        # run's task has unwound after it: wait for the span itself
+        deadline = asyncio.get_running_loop().time() + 10
+        while not _named(exported.get_finished_spans(), "workflow "):
+            assert asyncio.get_running_loop().time() < deadline, "the parked segment never ended"
+            await asyncio.sleep(0.01)
         parked = exported.get_finished_spans()
         await engine.send_signal("p", "go", 7)
         assert await handle.result(timeout=20) == ["a", 7, "b"]

@@ -9,12 +9,13 @@ call is the Engine's too, written once in :mod:`durably.operations`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from durably import journal, operations, step_runner
+from durably import journal, operations, step_runner, validate
 from durably.storage import base, create_store, dispatch, resolve_url
 from durably.storage.base import WorkflowQuery
 
@@ -135,6 +136,7 @@ class Client:
         *args: Any,
         workflow_id: str | None = None,
         max_recoveries: int | None = None,
+        delay: float = 0.0,
         timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> str:
@@ -143,10 +145,13 @@ class Client:
         ``wf`` is a decorated workflow or a workflow name, which need not be
         registered in this process (a service that does not import the
         workflow code). Idempotent on ``workflow_id`` like ``Engine.start``.
-        ``max_recoveries`` overrides the workflow's and the engine's limit;
+        ``max_recoveries`` overrides the workflow's and the engine's limit.
+        ``delay`` (seconds): no worker starts it before the delay has passed.
         ``timeout`` gives it a deadline, counted from now (see ``Engine.start``).
         """
+        seconds = validate.number(delay, "delay")
         new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries, timeout)
+        new = dataclasses.replace(new, delay=seconds)
         self._run(self._ops.start(new))
         return new.workflow_id
 

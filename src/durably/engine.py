@@ -353,6 +353,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         *args: Any,
         workflow_id: str | None = None,
         max_recoveries: int | None = None,
+        delay: float = 0.0,
         timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle:
@@ -365,21 +366,25 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         existing workflow and runs nothing; a different workflow under that id
         raises WorkflowIdConflict. ``max_recoveries``, recorded with the workflow,
         overrides the decorator's and this engine's limit on crashes in a row.
+        With a ``delay`` (seconds) it is committed pending instead, and no engine
+        starts it before the delay has passed.
         ``timeout`` (seconds or a timedelta; else the decorator's) gives it a
         deadline, stored in its row (``info.deadline_at``): once it passes, the
         workflow and its children are cancelled wherever they are, parked or
         running, and its error names the deadline.
         """
         services = self._require_open()
+        seconds = validate.number(delay, "delay")
         if isinstance(wf, str):
             validate.name(wf, "workflow name")
             workflows.definition_of(wf)  # WorkflowNotRegistered, naming what is known
         new, definition = operations.new_workflow(
             wf, args, kwargs, workflow_id, max_recoveries, timeout
         )
-        owner = None if definition is None else self.executor_id
+        new = dataclasses.replace(new, delay=seconds)
+        owner = None if definition is None or seconds > 0 else self.executor_id
         info, created = await self._run(self._ops.start(new, owner, self.lease_seconds))
-        if created and definition is not None:
+        if created and definition is not None and owner is not None:
             self._launch(services, info, definition, fresh=True)
         elif not info.finished:
             self._kick_recovery()

@@ -121,6 +121,13 @@ class Cancelled(DurablyError):
     """The workflow was cancelled; raised at its next durable call."""
 
 
+class Superseded(Cancelled):
+    """A debounced enqueue was superseded by a later one with the same key; it never ran.
+
+    Its workflow ends ``cancelled``; awaiting its result raises this, naming the later one.
+    """
+
+
 class ResolvedAsFailed(DurablyError):
     """A person resolved a step under review as failed; the message says who and why."""
 
@@ -196,6 +203,12 @@ class WorkflowArgumentsError(DurablyError, TypeError):
 
     Raised before anything is committed, instead of a workflow that fails at once.
     """
+
+
+class QueueOptionError(DurablyError, ValueError):
+    """An enqueue's options do not fit its queue: a partitioned queue without a
+    ``partition_key`` (or a key on a queue that is not partitioned), or ``debounce``
+    without a ``delay``."""
 
 
 class DefinitionError(DurablyError, TypeError):

@@ -27,6 +27,28 @@ Within a queue, higher ``priority`` runs first, then older work. A
 ``deduplication_id`` makes ``enqueue`` return the workflow of the queue that
 already holds it while that one is unfinished, instead of adding a second.
 
+Per enqueue:
+
+* ``delay=seconds``: not started before the delay has passed (counted from
+  the enqueue, by the clock of the process that enqueued it);
+* ``partition_key=`` on a ``Queue(..., concurrency=n, partition=True)``: at
+  most ``n`` run per key (e.g. one per customer), while different keys run
+  side by side; ``worker_concurrency`` and ``rate_limit`` still hold for the
+  whole queue. A partitioned queue needs a key on every enqueue, and a key on a
+  queue that is not partitioned is refused (``QueueOptionError``): a key that
+  limits nothing is a mistake to report, not to ignore;
+* ``debounce=key`` with ``delay=``: a burst of enqueues with the same key keeps
+  only its last one (its arguments), which starts once ``delay`` has passed
+  after it. Each earlier one that has not started yet is *superseded*: it ends
+  ``cancelled`` in the same transaction, never runs, and awaiting its result
+  raises ``durably.errors.Superseded`` (a ``durably.Cancelled``) naming the
+  later workflow. One that already started is left alone, so the enqueue after
+  it is a run of its own.
+
+A workflow can put a child on a queue: ``durably.start_child(wf, ...,
+queue=llm)`` (and ``partition_key=``); the child waits its turn like any
+enqueued workflow.
+
 Each executor enforces the limits of the Queue object it was given, so give
 every worker the same definition (define it once, in the module the workers
 import). Queues are registered by name when defined, which is how ``durably
@@ -60,6 +82,7 @@ class Queue:
         worker_concurrency: int | None = None,
         rate_limit: tuple[int, float] | None = None,
         priority: int = 0,
+        partition: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise errors.DefinitionError("a queue needs a non-empty name")
@@ -79,11 +102,16 @@ class Queue:
             validate.number(rate_limit[1], per, above=True, error=bad)
         low, high = validate.BIGINT
         validate.count(priority, f"queue {name!r}: priority", low=low, high=high, error=bad)
+        if not isinstance(partition, bool):
+            raise bad(f"queue {name!r}: partition is True or False, not {partition!r}")
+        if partition and concurrency is None:
+            raise bad(f"queue {name!r}: partition=True needs concurrency (the limit per key)")
         self.name = name
         self.concurrency = concurrency
         self.worker_concurrency = worker_concurrency
         self.rate_limit = rate_limit
         self.priority = priority
+        self.partition = partition
         _registry[name] = self
 
     @staticmethod
@@ -106,6 +134,8 @@ class Queue:
             )
             if value is not None
         ]
+        if self.partition:
+            limits.append("partition=True")
         return f"Queue({', '.join([repr(self.name), *limits])})"
 
     @property
@@ -113,7 +143,7 @@ class Queue:
         """The limits as the store's ``claim_next`` takes them."""
         limit, per = self.rate_limit if self.rate_limit is not None else (None, 1.0)
         return base.QueueLimits(
-            self.name, self.concurrency, self.worker_concurrency, limit, float(per)
+            self.name, self.concurrency, self.worker_concurrency, limit, float(per), self.partition
         )
 
     async def enqueue(
@@ -124,6 +154,9 @@ class Queue:
         workflow_id: str | None = None,
         priority: int | None = None,
         deduplication_id: str | None = None,
+        delay: float = 0.0,
+        partition_key: str | None = None,
+        debounce: str | None = None,
         timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle:
@@ -131,10 +164,12 @@ class Queue:
 
         Committed before this returns. An existing ``workflow_id`` (or, while
         unfinished, ``deduplication_id``) returns the workflow that holds it.
+        ``delay``, ``partition_key`` and ``debounce``: see the module docstring.
         ``timeout`` gives it a deadline counted from now, waiting in the queue
         included: past it, it is cancelled (unstarted, it never runs).
         """
-        new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id, timeout)
+        options = _Options(priority, deduplication_id, delay, partition_key, debounce)
+        new = self._new(wf, args, kwargs, workflow_id, options, timeout)
         info = await engine.submit(new)
         operations.check_name(info, new.name)
         return engine.handle(info.workflow_id)
@@ -147,6 +182,9 @@ class Queue:
         workflow_id: str | None = None,
         priority: int | None = None,
         deduplication_id: str | None = None,
+        delay: float = 0.0,
+        partition_key: str | None = None,
+        debounce: str | None = None,
         timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> str:
@@ -154,7 +192,8 @@ class Queue:
 
         For code without an event loop (web handlers, scripts). As ``enqueue``.
         """
-        new = self._new(wf, args, kwargs, workflow_id, priority, deduplication_id, timeout)
+        options = _Options(priority, deduplication_id, delay, partition_key, debounce)
+        new = self._new(wf, args, kwargs, workflow_id, options, timeout)
         info = client.submit(new)
         operations.check_name(info, new.name)
         return info.workflow_id
@@ -165,19 +204,58 @@ class Queue:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         workflow_id: str | None,
-        priority: int | None,
-        deduplication_id: str | None,
+        options: _Options,
         timeout: float | datetime.timedelta | None = None,
     ) -> base.NewWorkflow:
+        priority = options.priority
         if priority is not None:
             low, high = validate.BIGINT
             validate.count(priority, "priority", low=low, high=high)
-        if deduplication_id is not None:
-            validate.name(deduplication_id, "deduplication_id")
+        if options.deduplication_id is not None:
+            validate.name(options.deduplication_id, "deduplication_id")
+        delay = validate.number(options.delay, "delay")
+        self.check_partition_key(options.partition_key)
+        if options.debounce is not None:
+            validate.name(options.debounce, "debounce key")
+            if delay <= 0:
+                raise errors.QueueOptionError(
+                    f"queue {self.name!r}: debounce={options.debounce!r} needs a delay > 0 "
+                    "(the quiet time after the last enqueue of a burst before it starts)"
+                )
         new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, timeout=timeout)
         return dataclasses.replace(
             new,
             queue=self.name,
             priority=self.priority if priority is None else priority,
-            deduplication_id=deduplication_id,
+            deduplication_id=options.deduplication_id,
+            delay=delay,
+            partition_key=options.partition_key,
+            debounce_key=options.debounce,
         )
+
+    def check_partition_key(self, partition_key: str | None) -> None:
+        """Raise QueueOptionError unless the key fits: a partitioned queue needs one, and a
+        queue that is not partitioned refuses one (InvalidName for a key no database
+        stores)."""
+        if partition_key is not None:
+            validate.name(partition_key, "partition_key")
+            if not self.partition:
+                raise errors.QueueOptionError(
+                    f"queue {self.name!r} is not partitioned: partition_key={partition_key!r} "
+                    "would limit nothing (define it with Queue(..., partition=True))"
+                )
+        elif self.partition:
+            raise errors.QueueOptionError(
+                f"queue {self.name!r} is partitioned: each enqueue needs a partition_key"
+            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Options:
+    """The per-enqueue options of ``enqueue`` and ``enqueue_sync``, as given."""
+
+    priority: int | None
+    deduplication_id: str | None
+    delay: float
+    partition_key: str | None
+    debounce: str | None

@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -171,6 +172,7 @@ class Run:
         self._settled.set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._activity = _Activity(self._busier, self._done_with)
 
     # --- what the engine lends ---------------------------------------------------
 
@@ -183,6 +185,11 @@ class Run:
     def step_threads(self) -> concurrent.futures.ThreadPoolExecutor:
         """The pool that runs sync step functions."""
         return self._services.step_threads
+
+    def loop_is_quiet(self) -> bool:
+        """True when this run may hold the event loop's thread for a moment: inline
+        commits are allowed and no other callback waits to run on the loop."""
+        return self._services.inline_commits and _loop_is_quiet()
 
     def child_started(self, child_id: str) -> None:
         """Tell the engine a child workflow was committed, so it can run it at once."""
@@ -243,7 +250,10 @@ class Run:
         else:
             head = (self.workflow_id, self._epoch, *args[:at], batch, *args[at:])
         if not internal:  # the run's own park and final write skip the check
-            await self.ready()
+            if self._settled.is_set():  # the usual case, without a coroutine
+                self._check_live()
+            else:
+                await self.ready()
         delay, waited = 0.05, 0.0
         full_delay, full_waited = _FULL_DELAYS[0], 0.0
         services = self._services
@@ -426,9 +436,7 @@ class Run:
         self, step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Coroutine[Any, Any, Any]:
         """Take the step's seq now, in program order, and return the awaitable that runs it."""
-        from durably import step_runner
-
-        return step_runner.run_step(self, self.take_seq(), step, args, kwargs)
+        return _run_step()(self, self.take_seq(), step, args, kwargs)
 
     def check_stopping(self) -> None:
         """Raise Suspended when no new step may start: the engine or the workflow is ending."""
@@ -523,16 +531,15 @@ class Run:
 
     # --- blocking and parking -------------------------------------------------------
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
+    def active(self) -> contextlib.AbstractContextManager[None]:
         """Mark work in progress: a run with work in progress never parks."""
-        self._busier()
-        try:
-            yield
-        finally:
-            self._calmer()
-            if self.inflight == 0 and self._blocks:
-                self._schedule_park()
+        return self._activity
+
+    def _done_with(self) -> None:
+        """The end of a stretch of ``active()`` work: park if only waits are left."""
+        self._calmer()
+        if self.inflight == 0 and self._blocks:
+            self._schedule_park()
 
     def _busier(self) -> None:
         self.inflight += 1
@@ -676,6 +683,30 @@ _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUI
 _COMPLETED = journal.EntryStatus.COMPLETED
 
 _FINAL = journal.FINAL_ENTRY_STATUSES
+
+
+class _Activity:
+    """What ``Run.active()`` returns: a plain class, not a generator context manager,
+    since every step enters it twice (its call and its commit)."""
+
+    __slots__ = ("_enter", "_leave")
+
+    def __init__(self, enter: Callable[[], None], leave: Callable[[], None]) -> None:
+        self._enter, self._leave = enter, leave
+
+    def __enter__(self) -> None:
+        self._enter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._leave()
+
+
+@functools.cache
+def _run_step() -> Callable[..., Coroutine[Any, Any, Any]]:
+    """``step_runner.run_step`` (that module imports this one): looked up once, not per step."""
+    from durably import step_runner
+
+    return step_runner.run_step
 
 
 def _loop_is_quiet() -> bool:

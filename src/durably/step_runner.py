@@ -14,6 +14,7 @@ the outside world, at-most-once parks the workflow for a person to decide.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import dataclasses
 import functools
@@ -277,9 +278,9 @@ async def invoke(
     faults.step_called(step, ctx)  # the test kit counts calls here (durably test-crashes)
     try:
         if step.timeout is None:
-            return await _call(run, step.fn, args, kwargs, ctx)
+            return await _call(run, step.fn, args, kwargs, ctx, step.is_async)
         async with asyncio.timeout(step.timeout) as scope:
-            return await _call(run, step.fn, args, kwargs, ctx)
+            return await _call(run, step.fn, args, kwargs, ctx, step.is_async)
     except TimeoutError:
         if step.timeout is not None and scope.expired():
             raise errors.StepTimeout(
@@ -290,25 +291,66 @@ async def invoke(
 
 
 async def _call(
-    run: Run, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: context.StepContext
+    run: Run,
+    fn: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    ctx: context.StepContext,
+    is_async: bool | None = None,
 ) -> Any:
-    """Call a sync or async function with the step context set; sync ones in a thread."""
+    """Call a sync or async function with the step context set; sync ones in a thread.
+
+    ``is_async``: whether ``fn`` is a coroutine function, when the caller knows already.
+
+    A sync function always runs on a step thread, so however long it blocks, the
+    event loop goes on. When nothing else is ready to run on the loop (the test
+    of an inline commit, and off with it), the loop's thread waits for it up to
+    ``HOLD_LOOP`` itself instead of going back to the loop and being woken
+    through it: a quick step then costs one thread wake-up each way and no loop
+    iteration, and its receipt is committed inline next. A longer one is awaited
+    as any other future; the loop was held at most ``HOLD_LOOP``.
+    """
     token = context.current_step.set(ctx)
     try:
-        on_loop = inspect.iscoroutinefunction(fn)
+        on_loop = inspect.iscoroutinefunction(fn) if is_async is None else is_async
         if on_loop:
-            awaitable: Awaitable[Any] = fn(*args, **kwargs)
+            awaitable: Awaitable[Any] | None = fn(*args, **kwargs)
         else:
-            loop = asyncio.get_running_loop()
             call = functools.partial(fn, *args, **kwargs)
-            awaitable = loop.run_in_executor(run.step_threads, contextvars.copy_context().run, call)
+            future = run.step_threads.submit(contextvars.copy_context().run, call)
+            if run.loop_is_quiet() and _done_within(future, HOLD_LOOP):
+                awaitable = None
+            else:
+                awaitable = asyncio.wrap_future(future)
         with watchdog.async_step(ctx, on_loop):  # named if it blocks the event loop
-            result = await awaitable
-            if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+            result = future.result() if awaitable is None else await awaitable
+            if type(result) not in _PLAIN and inspect.isawaitable(result):
+                # a sync callable that returned a coroutine
                 result = await result
         return result
     finally:
         context.current_step.reset(token)
+
+
+#: The longest the event loop's thread waits for a sync step itself (seconds), when
+#: nothing else is ready on the loop; as long as a run of inline commits holds it.
+HOLD_LOOP = 0.001
+
+
+def _done_within(future: concurrent.futures.Future[Any], seconds: float) -> bool:
+    """True if ``future`` finished (with a result or an error) within ``seconds``.
+
+    Blocks this thread, the GIL released, so the step thread runs meanwhile.
+    """
+    try:
+        future.exception(timeout=seconds)  # raises TimeoutError only if not done
+    except TimeoutError:
+        return False
+    return True
+
+
+#: Result types that are never awaitable: the usual ones skip ``inspect.isawaitable``.
+_PLAIN = frozenset({dict, list, str, int, float, bool, type(None), tuple})
 
 
 async def _backoff(run: Run, seq: int, wake_at: float) -> None:

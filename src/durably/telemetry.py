@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -48,9 +49,27 @@ except ImportError:  # the otel extra is not installed
 
 MODEL_STEP_PREFIX = "llm:"
 
+#: A tracer provider named in the environment, which OpenTelemetry loads on first use.
+_PROVIDER_IN_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
 
 def _tracer() -> Any:
     return trace.get_tracer("durably")
+
+
+def _tracing() -> bool:
+    """True when a span can be recorded: OpenTelemetry is installed and a global tracer
+    provider is set (or named in the environment).
+
+    Without a provider every span is a no-op that still costs a context attach and
+    detach and a tracer lookup (10-15 µs, more than the rest of the engine's Python
+    for a step on SQLite NORMAL), so step spans are skipped then. It reads
+    OpenTelemetry's global ``_TRACER_PROVIDER``, as OpenTelemetry's own ProxyTracer
+    does; should that name ever go, spans are always made.
+    """
+    return trace is not None and (
+        _PROVIDER_IN_ENV or getattr(trace, "_TRACER_PROVIDER", True) is not None
+    )
 
 
 @contextlib.contextmanager
@@ -87,12 +106,21 @@ def _outcome(run: Run) -> str:
     return "finished"
 
 
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def step_span(
+    workflow_id: str, seq: int, step: str, attempt: int
+) -> contextlib.AbstractContextManager[Any]:
+    """A span around one real execution of a step; yields it (or None without OpenTelemetry
+    or without a tracer provider set)."""
+    if not _tracing():
+        return _NO_SPAN
+    return _step_span(workflow_id, seq, step, attempt)
+
+
 @contextlib.contextmanager
-def step_span(workflow_id: str, seq: int, step: str, attempt: int) -> Iterator[Any]:
-    """A span around one real execution of a step; yields it (or None without OpenTelemetry)."""
-    if trace is None:
-        yield None
-        return
+def _step_span(workflow_id: str, seq: int, step: str, attempt: int) -> Iterator[Any]:
     attributes: dict[str, str | int] = {
         "durably.workflow_id": workflow_id,
         "durably.seq": seq,

@@ -16,7 +16,17 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Literal
 
-from durably import codec, context, errors, journal, races, telemetry, validate, workflows
+from durably import (
+    codec,
+    context,
+    errors,
+    journal,
+    queues,
+    races,
+    telemetry,
+    validate,
+    workflows,
+)
 from durably.storage import base
 
 if TYPE_CHECKING:
@@ -130,12 +140,46 @@ class ChildHandle:
 
 
 def start_child(
-    wf: Any, *args: Any, workflow_id: str | None = None, **kwargs: Any
+    wf: Any,
+    *args: Any,
+    workflow_id: str | None = None,
+    queue: queues.Queue | str | None = None,
+    partition_key: str | None = None,
+    **kwargs: Any,
 ) -> Coroutine[Any, Any, ChildHandle]:
-    """Start a child workflow; its id is ``"<parent id>:<seq>"`` unless given."""
+    """Start a child workflow; its id is ``"<parent id>:<seq>"`` unless given.
+
+    ``queue`` (a ``durably.Queue`` or its name) puts the child on that queue:
+    it waits its turn within the queue's limits, on an engine serving it,
+    while the parent awaits it as usual (``partition_key``: its partition, on
+    a partitioned queue). It is journaled like any child, so a replay of the
+    parent never starts it again.
+    """
     run = context.require_run("start_child")
     definition = workflows.definition_of(wf)
-    return _start_child(run, run.take_seq(), definition, args, kwargs, workflow_id)
+    queue_name = _queue_name(queue, partition_key)
+    seq = run.take_seq()
+    return _start_child(run, seq, definition, args, kwargs, workflow_id, queue_name, partition_key)
+
+
+def _queue_name(queue: queues.Queue | str | None, partition_key: str | None) -> str | None:
+    """The name of the child's queue, its partition key checked against the queue where this
+    process defines it (as ``enqueue`` checks it)."""
+    if queue is None:
+        if partition_key is not None:
+            raise errors.QueueOptionError("start_child(partition_key=...) needs a queue=")
+        return None
+    name = validate.name(
+        queue if isinstance(queue, str) else getattr(queue, "name", queue), "queue"
+    )
+    if not name:
+        raise errors.InvalidName("start_child(queue=...): a queue name must be non-empty")
+    defined = queue if isinstance(queue, queues.Queue) else queues.Queue.named(name)
+    if defined is not None:
+        defined.check_partition_key(partition_key)
+    elif partition_key is not None:
+        validate.name(partition_key, "partition_key")
+    return name
 
 
 async def _start_child(
@@ -145,6 +189,8 @@ async def _start_child(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     workflow_id: str | None,
+    queue: str | None = None,
+    partition_key: str | None = None,
 ) -> ChildHandle:
     entry = run.lookup(seq, journal.Kind.CHILD, definition.name)
     if entry is not None:
@@ -164,6 +210,8 @@ async def _start_child(
         payload,
         definition.version,
         definition.source_hash,
+        queue=queue,
+        partition_key=partition_key,
         timeout=definition.timeout,  # its deadline is no later than its parent's (the store's)
     )
     now = run.clock()
@@ -202,6 +250,9 @@ def finished_outcome(where: str, status: str | None, output: str | None, error: 
     if status == journal.Status.COMPLETED:
         return codec.decode(output or "null", where=f"{where} output")
     if status == journal.Status.CANCELLED:
+        superseded = _superseded(error)
+        if superseded:
+            raise superseded
         recorded = codec.decode(error, where=f"{where} error") if error else None
         if isinstance(recorded, dict):
             cancelled = codec.decode_error(recorded)  # its message names a deadline, if passed
@@ -212,6 +263,15 @@ def finished_outcome(where: str, status: str | None, output: str | None, error: 
     if isinstance(data, dict):
         raise codec.decode_error(data)
     raise errors.WorkflowFailed(f"{where} ended {status}")
+
+
+def _superseded(error: str | None) -> errors.Superseded | None:
+    """The Superseded a debounced enqueue recorded as its end (see Queue.enqueue), if so."""
+    if not error or "durably.errors.Superseded" not in error:
+        return None  # a cancel's own record is not read: the plain Cancelled says it all
+    data = codec.decode(error, where="cancelled workflow's error")
+    exc = codec.decode_error(data) if isinstance(data, dict) else None
+    return exc if isinstance(exc, errors.Superseded) else None
 
 
 async def _until_final(

@@ -26,8 +26,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 from durably import context, errors, journal
 from durably.storage import base, create_store
@@ -42,21 +41,29 @@ BLOCKED_AFTER = 1.0
 _STEPS: dict[asyncio.Task[object], context.StepContext] = {}
 
 
-@contextmanager
-def async_step(ctx: context.StepContext, on_loop: bool = True) -> Iterator[None]:
+def async_step(ctx: context.StepContext, on_loop: bool = True) -> _Marked:
     """Mark the current task as running step ``ctx`` on the loop (to name it if it blocks).
 
     A step whose code runs in a thread (``on_loop=False``) cannot block the loop: not marked.
     """
-    task = asyncio.current_task() if on_loop else None
-    if task is None:
-        yield
-        return
-    _STEPS[task] = ctx
-    try:
-        yield
-    finally:
-        _STEPS.pop(task, None)
+    return _Marked(asyncio.current_task() if on_loop else None, ctx)
+
+
+class _Marked:
+    """The context manager of ``async_step`` (a plain class: it is entered on every step)."""
+
+    __slots__ = ("_ctx", "_task")
+
+    def __init__(self, task: asyncio.Task[object] | None, ctx: context.StepContext) -> None:
+        self._task, self._ctx = task, ctx
+
+    def __enter__(self) -> None:
+        if self._task is not None:
+            _STEPS[self._task] = self._ctx
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._task is not None:
+            _STEPS.pop(self._task, None)
 
 
 class Watchdog:

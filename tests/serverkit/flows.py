@@ -72,3 +72,12 @@ async def crash_flow(order_id: str, flag: str) -> Any:
     order = await fetch_order(order_id)
     charge = await slow_charge(order_id, flag)
     return {**order, **charge}
+
+
+@durably.workflow(name="srv-parent")
+async def parent_flow(order_id: str) -> Any:
+    """A parent with one child (``<order_id>-child``): the dashboard's parent filter finds it."""
+    child = await durably.start_child(
+        crash_flow, order_id, "/nonexistent-flag", workflow_id=f"{order_id}-child"
+    )
+    return await child.result()

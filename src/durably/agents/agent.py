@@ -30,7 +30,6 @@ from durably.agents import (
     completions,
     events,
     exceptions,
-    messages_api,
     output,
     schema,
     usage,
@@ -76,8 +75,9 @@ class Agent:
     usage (default: the EXAMPLE ``DEFAULT_PRICES``); ``model_settings`` are
     passed to every ``create`` call (temperature, tool_choice, ...); ``retry``
     and ``timeout`` are the model step's (default :class:`ModelRetry`);
-    ``stream=True`` streams each turn inside its step and journals the
-    assembled completion. ``output_type`` (a pydantic model or any type
+    ``stream=True`` streams each turn inside its step (chat completions, or
+    the Messages API's server-sent events) and journals the assembled
+    completion. ``output_type`` (a pydantic model or any type
     pydantic validates) makes the final answer a validated value: the model is
     asked for JSON fitting its schema and, when an answer does not fit, told
     why and asked again at most ``output_retries`` times (see
@@ -112,11 +112,6 @@ class Agent:
         validate.count(max_turns, "max_turns", error=errors.DefinitionError)
         validate.count(output_retries, "output_retries", low=0, error=errors.DefinitionError)
         completions.warn_if_client_retries(client)
-        if stream and messages_api.is_anthropic(client):
-            raise errors.DefinitionError(
-                "Agent(stream=True) streams chat completions only; an Anthropic client's turns "
-                "are made whole (leave stream unset)"
-            )
         self.client = client
         self.model = model
         self.instructions = instructions

@@ -202,7 +202,8 @@ def model_step(
 
     The body runs only when the journal has no result for the call, so it is
     where a call is known to be billed. With ``stream=True`` in the params the
-    stream is consumed inside the step and journaled as one completion.
+    stream (chat completion chunks, or the Messages API's server-sent events)
+    is consumed inside the step and journaled as one completion.
     """
     anthropic = messages_api.is_anthropic(client)
     system = "anthropic" if anthropic else "openai"  # gen_ai.system of its spans
@@ -234,7 +235,8 @@ def model_step(
                 response = await create(**params)
                 if params.get("stream"):
                     async with response as stream:
-                        result = assemble([_seen(call, _dump(chunk)) async for chunk in stream])
+                        chunks = [_seen(call, _dump(chunk)) async for chunk in stream]
+                    result = (messages_api.assemble if anthropic else assemble)(chunks)
                 else:
                     result = _dump(response)
                 call.live = True
@@ -252,7 +254,8 @@ def model_step(
             response = create(**params)
             if params.get("stream"):
                 with response as stream:
-                    result = assemble([_seen(call, _dump(chunk)) for chunk in stream])
+                    chunks = [_seen(call, _dump(chunk)) for chunk in stream]
+                result = (messages_api.assemble if anthropic else assemble)(chunks)
             else:
                 result = _dump(response)
             call.live = True

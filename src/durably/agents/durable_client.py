@@ -14,8 +14,9 @@ request runs in a step thread so the event loop never blocks. With
 ``stream=True`` the awaited value is a :class:`~durably.agents.streams.DurableStream`
 of chunks delivered while the step runs; the journal keeps the assembled
 completion, and a replayed turn yields its recorded message once, with
-``stream.replayed`` True. Streaming is for chat completions; an Anthropic
-client's ``messages.create(stream=True)`` is refused.
+``stream.replayed`` True. An Anthropic client's ``messages.create(stream=True)``
+awaits a :class:`~durably.agents.streams.DurableMessageStream` of its
+server-sent events, journaled the same way.
 """
 
 from __future__ import annotations
@@ -73,13 +74,21 @@ class DurableMessages:
         Takes the client's own keyword arguments. The journal keeps the
         provider-neutral turn (see :mod:`durably.agents.messages_api`): text and
         tool_use blocks, the stop reason, usage with cache reads and writes.
+        With ``stream=True`` await a :class:`~durably.agents.streams.DurableMessageStream`
+        of the server-sent events, delivered while the step runs.
         """
+        owner = self._owner
         if params.get("stream"):
-            raise ValueError(
-                "durably.llm(...).messages.create(stream=True) is not supported: the journal "
-                "holds whole responses, so a replay cannot be a stream. Call it without "
-                "stream=True."
+            stream = streams.DurableMessageStream()
+            pending = completions.call_model(
+                owner.step,
+                params,
+                owner.price_table,
+                limits=owner.limits,
+                native=True,
+                on_chunk=stream.feed,
             )
+            return stream.start(pending)
         owner = self._owner
         pending = completions.call_model(
             owner.step, params, owner.price_table, limits=owner.limits, native=True

@@ -54,7 +54,12 @@ def emit(callback: EventCallback | None, event: AgentEvent) -> None:
 
 
 def delta_text(chunk: dict[str, Any]) -> str:
-    """The text a chat completion chunk adds (first choice), or ""."""
+    """The text a streamed chunk adds: a chat completion chunk's (first choice), or an
+    Anthropic ``content_block_delta`` event's ``text_delta``; else ""."""
+    if "type" in chunk and "choices" not in chunk:  # an Anthropic server-sent event
+        delta = chunk.get("delta") or {}
+        is_text = chunk["type"] == "content_block_delta" and delta.get("type") == "text_delta"
+        return str(delta.get("text") or "") if is_text else ""
     choices = chunk.get("choices") or ()
     if not choices:
         return ""

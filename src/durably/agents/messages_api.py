@@ -26,12 +26,17 @@ were read from and written to the cache, each priced at its own rate
 Kept: text and ``tool_use`` blocks, the stop reason and sequence, usage. Not
 kept: other content blocks (thinking, server tool results, citations); an
 agent that needs them sent back is not supported yet.
+
+Streamed (``"stream": true``), the model step consumes the server-sent events
+and journals the same one record, from the message :func:`assemble` builds;
+a turn served from the journal is given to a streaming caller as the events
+:func:`replay_events` makes of it, its text in one delta.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 JSON = dict[str, Any]
@@ -206,3 +211,68 @@ def message(record: Mapping[str, Any]) -> JSON:
             "cache_creation_input_tokens": written,
         },
     }
+
+
+def assemble(events: Iterable[Mapping[str, Any]]) -> JSON:
+    """The Messages API response (as JSON) the server-sent events of a streamed one make.
+
+    ``message_start`` gives the message; each block starts with
+    ``content_block_start`` and grows by ``text_delta`` pieces or, for a
+    ``tool_use``, ``input_json_delta`` pieces of its input's JSON text;
+    ``message_delta`` gives the stop reason and the final usage.
+    """
+    out: JSON = {"content": []}
+    blocks: dict[int, JSON] = {}
+    partial: dict[int, str] = {}
+    for event in events:
+        kind = event.get("type")
+        if kind == "message_start":
+            out = {**(event.get("message") or {}), "content": []}
+            out["usage"] = dict(out.get("usage") or {})
+        elif kind == "content_block_start":
+            index = int(event.get("index") or 0)
+            blocks[index] = dict(event.get("content_block") or {})
+        elif kind == "content_block_delta":
+            index = int(event.get("index") or 0)
+            block = blocks.setdefault(index, {"type": "text", "text": ""})
+            delta = event.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                block["text"] = str(block.get("text") or "") + str(delta.get("text") or "")
+            elif delta.get("type") == "input_json_delta":
+                partial[index] = partial.get(index, "") + str(delta.get("partial_json") or "")
+        elif kind == "message_delta":
+            delta = event.get("delta") or {}
+            for key in ("stop_reason", "stop_sequence"):
+                if key in delta:
+                    out[key] = delta[key]
+            final = {k: v for k, v in (event.get("usage") or {}).items() if v is not None}
+            out["usage"] = {**(out.get("usage") or {}), **final}
+    for index, text in partial.items():
+        try:
+            blocks[index]["input"] = json.loads(text) if text else {}
+        except ValueError:
+            blocks[index]["input"] = {}
+    out["content"] = [blocks[i] for i in sorted(blocks)]
+    return out
+
+
+def replay_events(record: Mapping[str, Any]) -> list[JSON]:
+    """The server-sent events standing for a journaled turn: each block whole, in one delta."""
+    whole = message(record)
+    head = {**whole, "content": [], "stop_reason": None, "stop_sequence": None}
+    out: list[JSON] = [{"type": "message_start", "message": head}]
+    for index, block in enumerate(whole["content"]):
+        if block["type"] == "text":
+            start: JSON = {"type": "text", "text": ""}
+            delta: JSON = {"type": "text_delta", "text": block["text"]}
+        else:
+            start = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        out.append({"type": "content_block_start", "index": index, "content_block": start})
+        out.append({"type": "content_block_delta", "index": index, "delta": delta})
+        out.append({"type": "content_block_stop", "index": index})
+    stop = {"stop_reason": whole["stop_reason"], "stop_sequence": whole["stop_sequence"]}
+    usage = {"output_tokens": whole["usage"]["output_tokens"]}
+    out.append({"type": "message_delta", "delta": stop, "usage": usage})
+    out.append({"type": "message_stop"})
+    return out

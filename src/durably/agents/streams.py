@@ -13,19 +13,28 @@ Why a separate task: the step must run while the caller iterates, so awaiting
 ``create()`` starts the step in a task (its seq was taken at the call, in
 program order) and the iterator drains a queue the step feeds. Chunks of a
 sync client arrive from the step's thread and are handed to the event loop.
+
+:class:`DurableMessageStream` is the same over Anthropic's Messages API
+(``llm(AsyncAnthropic()).messages.create(stream=True)``): it yields the
+server-sent events, and a replayed turn yields the events of its recorded
+message once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib
 import threading
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from durably.agents import messages_api
 
 JSON = dict[str, Any]
 
 if TYPE_CHECKING:
-    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.chat import ChatCompletion
 
 _END = object()
 
@@ -48,6 +57,7 @@ class DurableStream:
         self._task: asyncio.Future[JSON] | None = None
         self._fed = False
         self._done = False
+        self._replay: list[JSON] = []  # what is left to yield of a turn from the journal
 
     def feed(self, chunk: JSON) -> None:
         """Take one chunk from the model step (from its thread, for a sync client)."""
@@ -68,22 +78,23 @@ class DurableStream:
     def __aiter__(self) -> DurableStream:
         return self
 
-    async def __anext__(self) -> ChatCompletionChunk:
-        from openai.types.chat import ChatCompletion, ChatCompletionChunk
-
+    async def __anext__(self) -> Any:
+        if self._replay:
+            return self._item(self._replay.pop(0))
         if self._done:
             raise StopAsyncIteration
         item = await self._queue.get()
         if item is not _END:
-            return ChatCompletionChunk.model_validate(item)
+            return self._item(cast(JSON, item))
         assert self._task is not None
         self._done = True
         response = await self._task  # the step's error, if any, is the caller's
-        self.completion = ChatCompletion.model_validate(response)
+        self._finish(response)
         if self._fed:
             raise StopAsyncIteration
         self.replayed = True
-        return ChatCompletionChunk.model_validate(whole_chunk(response))
+        self._replay = self._replayed_items(response)
+        return self._item(self._replay.pop(0))
 
     async def __aenter__(self) -> DurableStream:
         return self
@@ -92,9 +103,59 @@ class DurableStream:
         if self._task is not None and not self._done:
             response = await self._task
             self._done = True
-            from openai.types.chat import ChatCompletion
+            self._finish(response)
 
-            self.completion = ChatCompletion.model_validate(response)
+    # --- what differs by provider ------------------------------------------------------
+
+    def _item(self, chunk: JSON) -> Any:
+        """One chunk as the provider's object (``ChatCompletionChunk``)."""
+        from openai.types.chat import ChatCompletionChunk
+
+        return ChatCompletionChunk.model_validate(chunk)
+
+    def _replayed_items(self, response: JSON) -> list[JSON]:
+        """What a turn from the journal yields: one chunk with the whole message."""
+        return [whole_chunk(response)]
+
+    def _finish(self, response: JSON) -> None:
+        from openai.types.chat import ChatCompletion
+
+        self.completion = ChatCompletion.model_validate(response)
+
+
+class DurableMessageStream(DurableStream):
+    """The server-sent events of one durable Anthropic Messages API turn.
+
+    ``async for event in stream`` yields ``anthropic.types.RawMessageStreamEvent``
+    objects (``message_start``, ``content_block_*``, ``message_delta``,
+    ``message_stop``). A turn from the journal yields that same sequence once,
+    each block whole (its text in one ``text_delta``), with ``stream.replayed``
+    True. ``message`` is the assembled ``anthropic.types.Message`` once the
+    stream has ended.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.message: Any = None
+
+    def _item(self, chunk: JSON) -> Any:
+        return _event_adapter().validate_python(chunk)
+
+    def _replayed_items(self, response: JSON) -> list[JSON]:
+        return messages_api.replay_events(response)
+
+    def _finish(self, response: JSON) -> None:
+        message_class: Any = importlib.import_module("anthropic.types").Message
+        self.message = message_class.model_validate(messages_api.message(response))
+
+
+@functools.cache
+def _event_adapter() -> Any:
+    import pydantic
+
+    # imported by name: anthropic is an optional extra (and may be absent where mypy runs)
+    event: Any = importlib.import_module("anthropic.types").RawMessageStreamEvent
+    return pydantic.TypeAdapter(event)
 
 
 def whole_chunk(response: JSON) -> JSON:

@@ -20,11 +20,17 @@ Built on the SDK's public extension points, not on its internals:
   workflow on durably's approvals instead of interrupting the run; a
   rejection reaches the model as the tool's output.
 
+- MCP servers (``mcp_servers``): each server's tool listing is the step
+  ``mcp:<server name>:list_tools`` and its tools' calls are wrapped like
+  function tools (see :mod:`durably.integrations._agents_sdk_mcp`).
+- ``DurableRunner.run_streamed``: each streamed model call is still one step,
+  its events delivered live (see :mod:`durably.integrations._agents_sdk_stream`).
+
 Handoffs are function calls in a model response, so they replay in the
-recorded order with it; a handoff built by ``agents.handoff()`` is invoked as
-the step ``handoff:<tool name>``, so its ``on_handoff`` callback runs once.
-An agent with ``mcp_servers`` is refused (DefinitionError): MCP tool listings
-and calls are not journaled here. Function tools run one at a time
+recorded order with it; every handoff (``agents.handoff()`` or a ``Handoff``
+built by hand) is invoked as the step ``handoff:<tool name>``, so its
+callback runs once and a replay hands off to the agent of the journaled name.
+Function tools run one at a time
 (``max_function_tool_concurrency=1``) so their steps take their seqs in the
 model's order on every replay. Usage feeds the run's billed/replayed meter.
 """
@@ -33,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import pydantic
@@ -49,6 +55,7 @@ from agents import (
     RunConfig,
     Runner,
     RunResult,
+    RunResultStreaming,
 )
 from agents.items import TResponseOutputItem
 from agents.run_config import ToolExecutionConfig
@@ -57,7 +64,7 @@ from agents.usage import Usage
 
 from durably import context, errors, steps
 from durably.agents import approvals, budget, completions, usage
-from durably.integrations import _common
+from durably.integrations import _agents_sdk_mcp, _agents_sdk_stream, _common
 
 __all__ = ["DurableModel", "DurableModelProvider", "DurableRunner"]
 
@@ -166,9 +173,7 @@ class DurableModel(Model):
             return await call(model_settings)
 
         async def model_step() -> JSON:
-            headers = dict(model_settings.extra_headers or {})
-            headers.setdefault(completions.IDEMPOTENCY_HEADER, context.idempotency_key())
-            response = await call(dataclasses.replace(model_settings, extra_headers=headers))
+            response = await call(_agents_sdk_stream.with_key(model_settings))
             return response_record(response, self.model_name)
 
         record = await _common.model_turn(
@@ -195,23 +200,52 @@ class DurableModel(Model):
         conversation_id: str | None,
         prompt: Any,
     ) -> AsyncIterator[Any]:
-        """The wrapped model's stream outside a workflow; refused inside one (not journaled)."""
-        if _in_workflow_code():
-            raise errors.DefinitionError(
-                "a streamed Agents SDK run (Runner.run_streamed) is not durable; use "
-                "DurableRunner.run(agent, input) inside the workflow"
+        """Stream (or replay from the journal) one model call (``Runner.run_streamed``).
+
+        The stream is consumed inside the model step, which journals the
+        response of its ``response.completed`` event as :meth:`get_response`
+        journals one; the step runs in a task while the SDK iterates, so the
+        events of a call made now reach it live. A call served from the journal
+        yields one ``response.completed`` event of the recorded response,
+        marked ``metadata["durably"] == "replayed"``.
+        """
+
+        def open_stream(settings: ModelSettings) -> AsyncIterator[Any]:
+            return self.wrapped.stream_response(
+                system_instructions,
+                input,
+                settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                previous_response_id=previous_response_id,
+                conversation_id=conversation_id,
+                prompt=prompt,
             )
-        return self.wrapped.stream_response(
-            system_instructions,
-            input,
-            model_settings,
-            tools,
-            output_schema,
-            handoffs,
-            tracing,
-            previous_response_id=previous_response_id,
-            conversation_id=conversation_id,
-            prompt=prompt,
+
+        if not _in_workflow_code():
+            return open_stream(model_settings)
+
+        async def turn(ask: Callable[[], Awaitable[JSON]]) -> JSON:
+            return await _common.model_turn(
+                ask,
+                name=MODEL_STEP,
+                retry=self.retry,
+                prices=self.price_table,
+                model=self.model_name,
+                request=input,
+            )
+
+        def replayed(record: JSON) -> Any:
+            recorded = response_from(record, f"step {MODEL_STEP!r}")
+            return _agents_sdk_stream.replayed_event(recorded, self.model_name)
+
+        return _agents_sdk_stream.journaled(
+            lambda: open_stream(_agents_sdk_stream.with_key(model_settings)),
+            turn,
+            lambda response: response_record(response, self.model_name),
+            replayed,
         )
 
     async def close(self) -> None:
@@ -285,67 +319,117 @@ def durable_tool(tool: FunctionTool, approval_timeout: float | None = None) -> F
 class _Wrapper:
     """Durable clones of an agent graph (handoffs followed, cycles kept), made per run."""
 
-    def __init__(self, provider: DurableModelProvider, approval_timeout: float | None) -> None:
+    def __init__(
+        self,
+        provider: DurableModelProvider,
+        approval_timeout: float | None,
+        handoff_agents: Sequence[Agent[Any]] = (),
+    ) -> None:
         self.provider = provider
         self.approval_timeout = approval_timeout
         self.clones: dict[int, Agent[Any]] = {}
+        self.named: dict[str, list[Agent[Any]]] = {}  # every agent seen, by name
+        self.hand_built: list[Handoff[Any, Any]] = []
+        for agent in handoff_agents:
+            self.agent(agent)
 
     def agent(self, agent: Agent[Any]) -> Agent[Any]:
         done = self.clones.get(id(agent))
         if done is not None:
             return done
-        if agent.mcp_servers:  # their tools are listed and called outside any step
-            names = ", ".join(repr(getattr(s, "name", "?")) for s in agent.mcp_servers)
-            raise errors.DefinitionError(
-                f"agent {agent.name!r} uses MCP server {names}: DurableRunner does not journal "
-                "MCP tool listings or calls, so they would run again on every replay. Wrap "
-                "each MCP tool you need as a function_tool (its call is then a step), or run "
-                "this agent with Runner.run outside a workflow"
-            )
         model = self.provider.wrap(agent.model) if isinstance(agent.model, Model) else agent.model
         tools = [
             durable_tool(t, self.approval_timeout) if isinstance(t, FunctionTool) else t
             for t in agent.tools
         ]
-        clone = agent.clone(model=model, tools=tools)
+        servers = [_agents_sdk_mcp.durable_server(server) for server in agent.mcp_servers]
+        clone = agent.clone(model=model, tools=tools, mcp_servers=servers)
+        if servers:
+            # the SDK builds an MCP server's FunctionTools on every turn: wrap them as they come
+            clone.get_mcp_tools = self._mcp_tools(clone)  # type: ignore[method-assign,assignment]
         self.clones[id(agent)] = clone
+        self.named.setdefault(agent.name, []).append(agent)
         clone.handoffs = [
             self.agent(h) if isinstance(h, Agent) else self.handoff(h) for h in agent.handoffs
         ]
         return clone
 
-    def handoff(self, handoff: Handoff[Any, Any]) -> Handoff[Any, Any]:
-        """``handoff`` whose invocation (its ``on_handoff`` callback) is the step
-        ``handoff:<tool name>``, journaling the target agent's name.
+    def _mcp_tools(self, clone: Agent[Any]) -> Callable[[Any], Awaitable[list[Any]]]:
+        """``clone.get_mcp_tools`` with each MCP tool's calls made steps (``durable_tool``)."""
+        listed = type(clone).get_mcp_tools.__get__(clone)
 
-        On replay the callback does not run again: the target is the agent
-        ``agents.handoff(agent)`` was built with (the SDK keeps it, weakly, in
-        ``Handoff._agent_ref``), checked against the journaled name. A Handoff
-        built by hand has no such reference: its ``on_invoke_handoff`` is
-        called again on replay (documented in docs/agents.md).
+        async def get_mcp_tools(run_context: Any) -> list[Any]:
+            tools = await listed(run_context)
+            return [
+                durable_tool(t, self.approval_timeout) if isinstance(t, FunctionTool) else t
+                for t in tools
+            ]
+
+        return get_mcp_tools
+
+    def target(self, name: str, where: str) -> Agent[Any]:
+        """The one agent of the graph (or of ``handoff_agents``) named ``name``."""
+        found = {id(a): a for a in self.named.get(name, ())}
+        if len(found) != 1:
+            known = ", ".join(sorted(self.named)) or "none"
+            problem = "no agent" if not found else f"{len(found)} agents"
+            raise errors.DefinitionError(
+                f"{where}: {problem} named {name!r} among the agents DurableRunner knows "
+                f"({known}); pass the agent a hand-built Handoff returns in "
+                "DurableRunner.run(..., handoff_agents=[...]), under a name no other agent has"
+            )
+        return next(iter(found.values()))
+
+    def check_handoffs(self) -> None:
+        """Refuse, before the run, a hand-built Handoff whose target could not be replayed."""
+        for handoff in self.hand_built:
+            self.target(handoff.agent_name, f"handoff {handoff.tool_name!r}")
+
+    def handoff(self, handoff: Handoff[Any, Any]) -> Handoff[Any, Any]:
+        """``handoff`` whose invocation (its ``on_handoff`` callback, or a hand-built
+        Handoff's ``on_invoke_handoff``) is the step ``handoff:<tool name>``,
+        journaling the target agent's name.
+
+        On replay the invocation does not run again: the target is the agent of
+        that name. For ``agents.handoff(agent)`` that is the agent it was built
+        with (the SDK keeps it, weakly, in ``Handoff._agent_ref``), checked
+        against the journaled name; a Handoff built by hand names its target
+        only by ``agent_name``, so that agent must be one DurableRunner knows:
+        reachable through the starting agent's handoffs, or given in
+        ``handoff_agents=`` (checked before the run starts).
         """
         invoke = handoff.on_invoke_handoff
         reference = getattr(handoff, "_agent_ref", None)
-        target_of = reference if callable(reference) else None
+        built = reference() if callable(reference) else None
+        if isinstance(built, Agent):
+            self.agent(built)  # known by name, like the rest of the graph
+        else:
+            self.hand_built.append(handoff)
+        step = f"handoff:{handoff.tool_name}"
 
         async def on_invoke_handoff(ctx: Any, input_json: str) -> Any:
-            known = target_of() if target_of is not None else None
-            if not _in_workflow_code() or not isinstance(known, Agent):
+            if not _in_workflow_code():
                 target = await invoke(ctx, input_json)
                 return self.agent(target) if isinstance(target, Agent) else target
+            live: list[Any] = []
 
             async def handoff_step() -> str:
                 target = await invoke(ctx, input_json)
+                live.append(target)
                 return str(getattr(target, "name", ""))
 
-            step = f"handoff:{handoff.tool_name}"
             name: str = await steps.run_step(handoff_step, name=step)
-            if name != known.name:
-                raise errors.DecodeError(
-                    f"step {step!r}: the journal recorded a handoff to agent {name!r}, but the "
-                    f"handoff now targets {known.name!r}"
-                )
-            return self.agent(known)
+            if live and isinstance(live[0], Agent):  # invoked now: the agent it returned
+                return self.agent(live[0])
+            known = reference() if callable(reference) else None
+            if isinstance(known, Agent):
+                if name != known.name:
+                    raise errors.DecodeError(
+                        f"step {step!r}: the journal recorded a handoff to agent {name!r}, "
+                        f"but the handoff now targets {known.name!r}"
+                    )
+                return self.agent(known)
+            return self.agent(self.target(name, f"step {step!r}"))
 
         return dataclasses.replace(handoff, on_invoke_handoff=on_invoke_handoff)
 
@@ -355,6 +439,7 @@ class DurableRunner:
 
     Call it inside a ``@durably.workflow``'s own code; outside one it raises
     NotInWorkflow, since nothing could be journaled there.
+    ``DurableRunner.run_streamed`` is ``Runner.run_streamed`` made durable.
     """
 
     @classmethod
@@ -369,6 +454,7 @@ class DurableRunner:
         approval_timeout: float | None = None,
         max_cost: float | None = None,
         max_tokens: int | None = None,
+        handoff_agents: Sequence[Agent[Any]] = (),
         **options: Any,
     ) -> RunResult:
         """Run ``starting_agent`` on ``input`` like ``Runner.run``, every model call and
@@ -380,26 +466,76 @@ class DurableRunner:
         approval, after which the call is rejected. ``max_cost`` (dollars, by
         ``price_table``) and ``max_tokens`` bound the run's model calls,
         counted from the journal: when reached the run parks for a person
-        (see :mod:`durably.agents.budget`).
+        (see :mod:`durably.agents.budget`). ``handoff_agents`` are the agents a
+        hand-built ``Handoff`` may return that are not reachable through the
+        starting agent's handoffs (found by name on replay).
         """
-        run_limits = budget.Limits(max_cost, max_tokens)
         _common.require_workflow("DurableRunner.run()")
-        if not isinstance(starting_agent, Agent):
-            raise errors.DefinitionError(
-                f"DurableRunner.run takes an agents.Agent, got {type(starting_agent).__name__}"
-            )
-        if run_config is None or isinstance(run_config, Mapping):
-            config = RunConfig(**(run_config or {}))
-        else:
-            config = run_config
-        provider = DurableModelProvider(config.model_provider, retry=retry, price_table=price_table)
-        model = provider.wrap(config.model) if isinstance(config.model, Model) else config.model
-        tool_execution = dataclasses.replace(
-            config.tool_execution or ToolExecutionConfig(), max_function_tool_concurrency=1
+        agent, config = _prepare(
+            starting_agent, run_config, retry, price_table, approval_timeout, handoff_agents
         )
-        durable_config = dataclasses.replace(
-            config, model_provider=provider, model=model, tool_execution=tool_execution
+        with _common.budgeted(budget.Limits(max_cost, max_tokens)):
+            return await Runner.run(agent, input, run_config=config, **options)
+
+    @classmethod
+    def run_streamed(
+        cls,
+        starting_agent: Agent[Any],
+        input: Any,
+        *,
+        run_config: RunConfig | Mapping[str, Any] | None = None,
+        retry: steps.Retry | None = None,
+        price_table: Mapping[str, usage.Price] | None = None,
+        approval_timeout: float | None = None,
+        max_cost: float | None = None,
+        max_tokens: int | None = None,
+        handoff_agents: Sequence[Agent[Any]] = (),
+        **options: Any,
+    ) -> RunResultStreaming:
+        """``Runner.run_streamed`` made durable: iterate ``result.stream_events()`` in the
+        workflow, then read ``result.final_output``.
+
+        Takes the arguments of :meth:`run`. Each model call is still one step
+        whose events reach ``stream_events()`` while it runs (live only); a
+        call served from the journal yields one ``response.completed`` event
+        with the whole recorded response, its ``metadata["durably"]`` set to
+        ``"replayed"``, and the SDK's run item events follow as for a live one.
+        """
+        _common.require_workflow("DurableRunner.run_streamed()")
+        agent, config = _prepare(
+            starting_agent, run_config, retry, price_table, approval_timeout, handoff_agents
         )
-        agent = _Wrapper(provider, approval_timeout).agent(starting_agent)
-        with _common.budgeted(run_limits):
-            return await Runner.run(agent, input, run_config=durable_config, **options)
+        # the run's task is created inside run_streamed and keeps the budget set here
+        with _common.budgeted(budget.Limits(max_cost, max_tokens)):
+            return Runner.run_streamed(agent, input, run_config=config, **options)
+
+
+def _prepare(
+    starting_agent: Agent[Any],
+    run_config: RunConfig | Mapping[str, Any] | None,
+    retry: steps.Retry | None,
+    price_table: Mapping[str, usage.Price] | None,
+    approval_timeout: float | None,
+    handoff_agents: Sequence[Agent[Any]],
+) -> tuple[Agent[Any], RunConfig]:
+    """The durable clone of the agent graph and the run config with durable models."""
+    if not isinstance(starting_agent, Agent):
+        raise errors.DefinitionError(
+            f"DurableRunner takes an agents.Agent, got {type(starting_agent).__name__}"
+        )
+    if run_config is None or isinstance(run_config, Mapping):
+        config = RunConfig(**(run_config or {}))
+    else:
+        config = run_config
+    provider = DurableModelProvider(config.model_provider, retry=retry, price_table=price_table)
+    model = provider.wrap(config.model) if isinstance(config.model, Model) else config.model
+    tool_execution = dataclasses.replace(
+        config.tool_execution or ToolExecutionConfig(), max_function_tool_concurrency=1
+    )
+    durable_config = dataclasses.replace(
+        config, model_provider=provider, model=model, tool_execution=tool_execution
+    )
+    wrapper = _Wrapper(provider, approval_timeout, handoff_agents)
+    agent = wrapper.agent(starting_agent)
+    wrapper.check_handoffs()
+    return agent, durable_config

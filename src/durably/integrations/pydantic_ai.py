@@ -21,6 +21,12 @@ wrappers are:
   workflow parks on durably's approvals (bound to the arguments, decided once
   from any process with ``durably approve`` / ``engine.approve``), and a
   rejection reaches the model as the tool's result.
+- MCP servers (Pydantic AI's ``MCPToolset``, among the agent's toolsets or
+  nested in them): the tool listing asked before each model turn is the step
+  ``mcp:<toolset id>:list_tools`` (the tool definitions, as Pydantic AI's
+  JSON), and each MCP tool call is a tool step like any other, so a call
+  completed before a crash is not made again. The server is still entered
+  (connected) by the run, as without durably.
 
 Tool calls run one at a time (Pydantic AI's ``sequential`` mode), so their
 steps take their seqs in the model's order on every replay. Usage feeds the
@@ -31,10 +37,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
+import pydantic
 import pydantic_core
 from pydantic_ai import Agent, ApprovalRequired, ModelRetry
 from pydantic_ai.messages import (
@@ -52,7 +60,7 @@ from pydantic_ai.models import (
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.settings import ModelSettings
-from pydantic_ai.tools import RunContext
+from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
@@ -300,6 +308,54 @@ class DurableToolset(WrapperToolset[Any]):
         return result
 
 
+_TOOL_DEFS: pydantic.TypeAdapter[dict[str, ToolDefinition]] = pydantic.TypeAdapter(
+    dict[str, ToolDefinition]
+)
+
+
+@dataclasses.dataclass
+class _MCPListing(WrapperToolset[Any]):
+    """An ``MCPToolset`` whose tool listing is the step ``mcp:<toolset id>:list_tools``.
+
+    The listing journals each tool's ``ToolDefinition`` (Pydantic AI's own
+    dataclass, as JSON); on replay the tools are rebuilt from the journal with
+    the toolset's public ``tool_for_tool_def`` and the server is not asked.
+    Its tool calls are journaled by the :class:`DurableToolset` around it.
+    """
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        """The server's tools, listed once per model turn as a step."""
+        if not _in_workflow_code():
+            return await self.wrapped.get_tools(ctx)
+        mcp: Any = self.wrapped  # an MCPToolset (pydantic_ai.mcp needs the optional fastmcp)
+
+        async def list_step() -> Any:
+            tools = await self.wrapped.get_tools(ctx)
+            return _TOOL_DEFS.dump_python({n: t.tool_def for n, t in tools.items()}, mode="json")
+
+        step = f"mcp:{mcp.id or 'server'}:list_tools"
+        listed = await steps.run_step(list_step, name=step)
+        try:
+            defs = _TOOL_DEFS.validate_python(listed)
+        except (TypeError, ValueError) as exc:
+            raise errors.DecodeError(
+                f"step {step!r}: not Pydantic AI tool definitions: {exc}"
+            ) from exc
+        return {name: mcp.tool_for_tool_def(d, ctx=ctx) for name, d in defs.items()}
+
+
+def _journal_mcp(toolset: AbstractToolset[Any]) -> AbstractToolset[Any]:
+    """``toolset`` (a leaf) with its tool listing journaled when it is an MCP server's."""
+    mcp = sys.modules.get("pydantic_ai.mcp")  # loaded by whoever made an MCPToolset
+    if mcp is not None and isinstance(toolset, mcp.MCPToolset):
+        return _MCPListing(toolset)
+    return toolset
+
+
+def _durable(toolset: AbstractToolset[Any], approval_timeout: float | None) -> DurableToolset:
+    return DurableToolset(toolset.visit_and_replace(_journal_mcp), approval_timeout)
+
+
 class DurableAgent:
     """A Pydantic AI agent whose run is durable inside a ``@durably.workflow``.
 
@@ -345,7 +401,7 @@ class DurableAgent:
         self.approval_timeout = approval_timeout
         self.model = DurableModel(model, retry=retry, price_table=price_table)
         self.toolsets: Sequence[AbstractToolset[Any]] = [
-            DurableToolset(toolset, approval_timeout) for toolset in agent.toolsets
+            _durable(toolset, approval_timeout) for toolset in agent.toolsets
         ]
 
     def __repr__(self) -> str:
@@ -373,7 +429,7 @@ class DurableAgent:
                 "DurableAgent.run(model=...) is not supported: give the model to the Agent "
                 "before wrapping it, so that its requests are steps"
             )
-        extra = [DurableToolset(t, self.approval_timeout) for t in options.pop("toolsets", ())]
+        extra = [_durable(t, self.approval_timeout) for t in options.pop("toolsets", ())]
         with (
             self.wrapped.override(model=self.model, toolsets=[*self.toolsets, *extra], tools=[]),
             Agent.parallel_tool_call_execution_mode("sequential"),

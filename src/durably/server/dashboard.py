@@ -161,14 +161,18 @@ async def list_page(request: Request) -> Response:
         return _to_login(request)
     q = request.query_params
     status = q.get("status") or None
-    filters = {"status": status or "", "name": q.get("name", ""), "queue": q.get("queue", "")}
+    # the filters of list_workflows a person types: status, name, id prefix, queue, parent
+    filters = {"status": status or ""}
+    filters.update((key, q.get(key, "")) for key in ("name", "id_prefix", "queue", "parent"))
     message = ""
     try:
         after = views.decode_cursor(q["cursor"]) if q.get("cursor") else None
         query = WorkflowQuery(
             status=status,
-            name=q.get("name") or None,
-            queue=q.get("queue") or None,
+            name=filters["name"] or None,
+            queue=filters["queue"] or None,
+            id_prefix=filters["id_prefix"] or None,
+            parent_id=filters["parent"] or None,
             after=after,
             limit=PAGE_SIZE + 1,
         )

@@ -60,7 +60,14 @@ class WorkflowQuery:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NewWorkflow:
-    """What ``start`` (or a queue's ``enqueue``) commits: the workflow's identity and input."""
+    """What ``start`` (or a queue's ``enqueue``) commits: the workflow's identity and input.
+
+    A pending workflow with a ``delay`` (seconds) is not claimed before the
+    store's clock passes its creation plus the delay. On a partitioned queue,
+    ``partition_key`` names the partition its concurrency is counted in. A
+    ``debounce_key`` (with a delay) supersedes the workflows of the same queue
+    and key that have not started: they end ``cancelled``, never run.
+    """
 
     workflow_id: str
     name: str
@@ -72,6 +79,9 @@ class NewWorkflow:
     priority: int = 0
     deduplication_id: str | None = None
     max_recoveries: int | None = None
+    delay: float = 0.0
+    partition_key: str | None = None
+    debounce_key: str | None = None
     #: Seconds from the start (the commit of this row) to the workflow's deadline.
     timeout: float | None = None
 
@@ -80,9 +90,10 @@ class NewWorkflow:
 class QueueLimits:
     """What ``claim_next`` may take from one queue: its limits, as this executor knows them.
 
-    ``concurrency`` bounds the queue's running workflows across every executor,
-    ``worker_concurrency`` those of the claiming executor, and ``rate_limit``
-    the first claims (starts) within any ``rate_per`` seconds. None: no bound.
+    ``concurrency`` bounds the queue's running workflows across every executor
+    (``partitioned``: those of each partition key), ``worker_concurrency`` those
+    of the claiming executor, and ``rate_limit`` the first claims (starts)
+    within any ``rate_per`` seconds. None: no bound.
     """
 
     name: str
@@ -90,6 +101,7 @@ class QueueLimits:
     worker_concurrency: int | None = None
     rate_limit: int | None = None
     rate_per: float = 1.0
+    partitioned: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -178,7 +190,11 @@ class Store(abc.ABC):
         With an owner the row is created ``running`` at epoch 1, owned; without,
         ``pending`` at epoch 0 for any executor to claim. A queued workflow whose
         ``deduplication_id`` an unfinished workflow of its queue already holds is
-        not created: that one's row is returned, with False.
+        not created: that one's row is returned, with False. A new workflow with
+        a ``debounce_key`` ends, as cancelled and in the same transaction, the
+        ones of its queue and key that have not started; the queue's row lock
+        makes concurrent debounced enqueues on one queue take turns, so one of
+        a burst (the last to commit) is left.
         """
 
     @abc.abstractmethod

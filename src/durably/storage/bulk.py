@@ -24,7 +24,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "owner", "epoch", "lease_expires_at", "crash_count", "wake_at", "parent_id",
         "created_at", "updated_at", "cancel_requested", "signal_count", "queue", "priority",
         "deduplication_id", "started_at", "forked_from", "forked_from_seq", "max_recoveries",
-        "deadline_at",
+        "partition_key", "debounce_key", "deadline_at",
     ),
     "journal": (
         "workflow_id", "seq", "kind", "name", "status", "attempt", "payload", "started_at",
@@ -44,7 +44,16 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 #: Columns added after archives were first written (NULL when absent): an archive made by
 #: an older durably still imports.
 LATER_COLUMNS: dict[str, frozenset[str]] = {
-    "workflows": frozenset({"forked_from", "forked_from_seq", "max_recoveries", "deadline_at"}),
+    "workflows": frozenset(
+        {
+            "forked_from",
+            "forked_from_seq",
+            "max_recoveries",
+            "partition_key",
+            "debounce_key",
+            "deadline_at",
+        }
+    ),
 }
 
 #: Tables of the schema that belong to no workflow (see the module docstring).

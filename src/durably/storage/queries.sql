@@ -6,16 +6,26 @@
 -- Casts are written CAST(x AS TEXT), never x::text, so both dialects read them.
 
 -- name: create_workflow
--- Insert a new workflow's row (owned and running, or pending).
+-- Insert a new workflow's row (owned and running, or pending; a pending one is not
+-- claimed before its wake_at, a delayed enqueue).
 -- Without a conflict target: a taken id and a taken (queue, deduplication_id) both do nothing.
 INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, owner, epoch,
                        lease_expires_at, crash_count, parent_id, created_at, updated_at,
                        queue, priority, deduplication_id, started_at, max_recoveries,
-                       deadline_at)
+                       wake_at, partition_key, debounce_key, deadline_at)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :owner, :epoch,
         :lease_expires_at, 0, :parent_id, :now, :now,
-        :queue, :priority, :deduplication_id, :started_at, :max_recoveries, :deadline_at)
+        :queue, :priority, :deduplication_id, :started_at, :max_recoveries,
+        :wake_at, :partition_key, :debounce_key, :deadline_at)
 ON CONFLICT DO NOTHING
+
+-- name: supersede_debounced
+-- End, as cancelled, the workflows of a queue under a debounce key that have not started
+-- (pending, never claimed), but the one just enqueued: a debounced burst keeps its last.
+UPDATE workflows
+SET status = 'cancelled', error = :error, wake_at = NULL, updated_at = :now
+WHERE queue = :queue AND debounce_key = :debounce_key AND workflow_id <> :workflow_id
+  AND status = 'pending' AND owner IS NULL AND started_at IS NULL
 
 -- name: deduplicated
 -- The unfinished workflow of a queue that holds this deduplication id.
@@ -113,13 +123,15 @@ DELETE FROM runnable_here
 INSERT INTO runnable_here (name, version, source_hash) VALUES (:name, :version, :source_hash)
 
 -- name: claimable_unqueued
--- Workflows on no queue that may be claimed now: unowned, lease gone, or due.
+-- Workflows on no queue that may be claimed now: unowned, lease gone, or due (a pending
+-- workflow's wake_at, when it has one, is the end of its delay).
 -- The claimable queries end without a locking clause: a dialect whose claimers run
 -- concurrently appends one that skips the rows another claimer holds (SqlStore.skip_locked).
 SELECT workflow_id, status, owner, epoch
 FROM workflows w
 WHERE queue IS NULL
-  AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
+  AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now)
+        AND (status = 'running' OR wake_at IS NULL OR wake_at <= :now))
        OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
   AND EXISTS (SELECT 1 FROM runnable_here r
               WHERE r.name = w.name AND r.version = COALESCE(w.version, '')
@@ -133,7 +145,8 @@ LIMIT :limit
 SELECT workflow_id, status, owner, epoch, started_at
 FROM workflows w
 WHERE queue = :queue
-  AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
+  AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now)
+        AND (status = 'running' OR wake_at IS NULL OR wake_at <= :now))
        OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
   AND EXISTS (SELECT 1 FROM runnable_here r
               WHERE r.name = w.name AND r.version = COALESCE(w.version, '')
@@ -142,12 +155,47 @@ WHERE queue = :queue
 ORDER BY priority DESC, created_at, workflow_id
 LIMIT :limit
 
+-- name: claimable_partitioned
+-- As claimable_queued, for a partitioned queue: its concurrency holds per partition key,
+-- so a candidate is taken only while the running workflows of its partition under a live
+-- lease, plus the candidates ahead of it in the same partition, leave it a place.
+SELECT workflow_id, status, owner, epoch, started_at
+FROM workflows w
+WHERE workflow_id IN (
+    SELECT workflow_id FROM (
+        SELECT c.workflow_id,
+               ROW_NUMBER() OVER (PARTITION BY COALESCE(c.partition_key, '')
+                                  ORDER BY c.priority DESC, c.created_at, c.workflow_id) AS place,
+               COALESCE(b.busy, 0) AS busy
+        FROM workflows c
+        LEFT JOIN (SELECT COALESCE(partition_key, '') AS pk, COUNT(*) AS busy
+                   FROM workflows
+                   WHERE queue = :queue AND status = 'running' AND owner IS NOT NULL
+                     AND lease_expires_at >= :now AND cancel_requested = 0
+                   GROUP BY COALESCE(partition_key, '')) b
+          ON b.pk = COALESCE(c.partition_key, '')
+        WHERE c.queue = :queue
+          AND ((c.status IN ('pending', 'running')
+                AND (c.owner IS NULL OR c.lease_expires_at < :now)
+                AND (c.status = 'running' OR c.wake_at IS NULL OR c.wake_at <= :now))
+               OR (c.status IN ('sleeping', 'waiting', 'needs_review') AND c.wake_at <= :now))
+          AND EXISTS (SELECT 1 FROM runnable_here r
+                      WHERE r.name = c.name AND r.version = COALESCE(c.version, '')
+                        AND (r.source_hash = '' OR c.source_hash IS NULL
+                             OR r.source_hash = c.source_hash))
+    ) ranked
+    WHERE place + busy <= :concurrency
+)
+ORDER BY priority DESC, created_at, workflow_id
+LIMIT :limit
+
 -- name: unclaimed
 -- Workflows claimable now (as in the claimable queries) by any executor that runs them,
 -- oldest first: the engine tells which of them nobody running can take.
 SELECT workflow_id, name, version, source_hash, queue
 FROM workflows
-WHERE ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now))
+WHERE ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now)
+        AND (status = 'running' OR wake_at IS NULL OR wake_at <= :now))
        OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
 ORDER BY created_at, workflow_id
 LIMIT :limit
@@ -311,10 +359,12 @@ WHERE workflow_id = :workflow_id AND epoch = :epoch
 RETURNING queue
 
 -- name: next_wake
--- The earliest wake-up time of any parked workflow, or deadline still to enforce.
+-- The earliest wake-up time of any parked workflow, the end of a pending one's delay, or
+-- a deadline still to enforce.
 SELECT MIN(due) FROM (
     SELECT MIN(wake_at) AS due FROM workflows
-    WHERE status IN ('sleeping', 'waiting', 'needs_review') AND wake_at IS NOT NULL
+    WHERE (status = 'pending' OR status IN ('sleeping', 'waiting', 'needs_review'))
+      AND wake_at IS NOT NULL
     UNION ALL
     SELECT MIN(deadline_at) AS due FROM workflows
     WHERE deadline_at IS NOT NULL AND cancel_requested = 0
@@ -420,9 +470,9 @@ SET status = 'pending', owner = NULL, lease_expires_at = NULL, output = NULL, er
 WHERE workflow_id = :workflow_id
 
 -- name: dequeue
--- Resume of a workflow still waiting on its queue: it leaves the queue, so any executor
--- running its code claims it now, whatever the queue's limits.
-UPDATE workflows SET queue = NULL, updated_at = :now
+-- Resume of a workflow still waiting on its queue: it leaves the queue (and any delay), so
+-- any executor running its code claims it now, whatever the queue's limits.
+UPDATE workflows SET queue = NULL, wake_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND status = 'pending' AND queue IS NOT NULL
 
 -- name: delete_entries_from
@@ -512,7 +562,7 @@ SELECT workflow_id FROM workflows WHERE parent_id = :workflow_id ORDER BY create
 SELECT workflow_id, name, version, source_hash, status, input, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, signal_count, queue, priority, deduplication_id, started_at,
-       forked_from, forked_from_seq, max_recoveries, deadline_at
+       forked_from, forked_from_seq, max_recoveries, partition_key, debounce_key, deadline_at
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: export_journal
@@ -548,12 +598,12 @@ INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, o
                        owner, epoch, lease_expires_at, crash_count, wake_at, parent_id,
                        created_at, updated_at, cancel_requested, signal_count, queue, priority,
                        deduplication_id, started_at, forked_from, forked_from_seq,
-                       max_recoveries, deadline_at)
+                       max_recoveries, partition_key, debounce_key, deadline_at)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :error,
         NULL, :epoch, NULL, :crash_count, :wake_at, :parent_id,
         :created_at, :updated_at, :cancel_requested, :signal_count, :queue, :priority,
         :deduplication_id, :started_at, :forked_from, :forked_from_seq, :max_recoveries,
-        :deadline_at)
+        :partition_key, :debounce_key, :deadline_at)
 
 -- name: import_journal
 -- Insert one archived journal row.

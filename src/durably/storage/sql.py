@@ -46,7 +46,11 @@ class SqlStore(bulk.BulkVerbs):
     def create_workflow(
         self, new: base.NewWorkflow, owner: str | None, lease_expires_at: float | None, now: float
     ) -> tuple[journal.WorkflowInfo, bool]:
+        if new.debounce_key is not None and new.queue is not None:
+            self._lock_queue(new.queue, now)  # debounced enqueues of a queue take turns
         created = self._insert_workflow(new, owner, lease_expires_at, now)
+        if created and new.debounce_key is not None:
+            self._supersede(new, now)
         if created and owner:
             self._q(
                 "insert_claim",
@@ -57,6 +61,8 @@ class SqlStore(bulk.BulkVerbs):
                 previous_owner=None,
                 reason="start",
             )
+        elif created and new.delay > 0:
+            self._wake("timer", at=now + new.delay)
         elif created:
             self._wake("work")
         row = self.get_workflow(new.workflow_id)
@@ -103,9 +109,27 @@ class SqlStore(bulk.BulkVerbs):
             deduplication_id=new.deduplication_id,
             started_at=now if owner else None,
             max_recoveries=new.max_recoveries,
+            wake_at=now + new.delay if new.delay > 0 and not owner else None,
+            partition_key=new.partition_key,
+            debounce_key=new.debounce_key,
             deadline_at=cancellation.deadline_of(new.timeout, now, inherited_deadline),
         )
         return bool(cursor.rowcount == 1)
+
+    def _supersede(self, new: base.NewWorkflow, now: float) -> None:
+        """End the not yet started workflows of ``new``'s queue and debounce key."""
+        exc = errors.Superseded(
+            f"superseded by workflow {new.workflow_id!r}, enqueued later on queue "
+            f"{new.queue!r} with debounce key {new.debounce_key!r}; it never ran"
+        )
+        self._q(
+            "supersede_debounced",
+            error=json.dumps(codec.encode_error(exc)),
+            now=now,
+            queue=new.queue,
+            debounce_key=new.debounce_key,
+            workflow_id=new.workflow_id,
+        )
 
     def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
         row = _one(self._q("get_workflow", workflow_id=workflow_id))
@@ -185,9 +209,18 @@ class SqlStore(bulk.BulkVerbs):
             room = min(room, limit - len(claimed))
             if room <= 0:
                 continue
-            for *candidate, started_at in self._pick(
-                "claimable_queued", queue=queue.name, now=now, limit=room
-            ):
+            if queue.partitioned and queue.concurrency is not None:
+                # the concurrency holds per partition key: the query leaves each its place
+                picked = self._pick(
+                    "claimable_partitioned",
+                    queue=queue.name,
+                    now=now,
+                    limit=room,
+                    concurrency=queue.concurrency,
+                )
+            else:
+                picked = self._pick("claimable_queued", queue=queue.name, now=now, limit=room)
+            for *candidate, started_at in picked:
                 if started_at is None:  # a first claim: a start, within the rate limit
                     if starts <= 0:
                         continue
@@ -204,22 +237,27 @@ class SqlStore(bulk.BulkVerbs):
         of them may be starts (first claims) within the rate limit.
 
         Locks the queue's row first: its claimers count and claim one at a time.
+        A partitioned queue's concurrency is left to the claim query (per key).
         """
-        if self._q("lock_queue", queue=queue.name, now=now).rowcount != 1:
-            self._q("create_queue", queue=queue.name, now=now)
-            self._q("lock_queue", queue=queue.name, now=now)
+        self._lock_queue(queue.name, now)
         since = now - queue.rate_per
         running, mine, started = self._q(
             "queue_load", queue=queue.name, owner=owner, now=now, since=since
         ).fetchone()
         room = starts = 1 << 30
-        if queue.concurrency is not None:
+        if queue.concurrency is not None and not queue.partitioned:
             room = min(room, queue.concurrency - int(running))
         if queue.worker_concurrency is not None:
             room = min(room, queue.worker_concurrency - int(mine))
         if queue.rate_limit is not None:
             starts = queue.rate_limit - int(started)
         return room, starts
+
+    def _lock_queue(self, name: str, now: float) -> None:
+        """Lock the queue's row (made the first time) until the transaction ends."""
+        if self._q("lock_queue", queue=name, now=now).rowcount != 1:
+            self._q("create_queue", queue=name, now=now)
+            self._q("lock_queue", queue=name, now=now)
 
     def _take(
         self, candidate: Sequence[Any], owner: str, lease_expires_at: float, now: float

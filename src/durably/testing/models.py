@@ -2,18 +2,19 @@
 
 For tests of agents with the real ``openai`` client (``base_url=server.url``).
 It serves ``POST /v1/chat/completions``, ``POST /v1/responses`` (the OpenAI
-Responses API, not streamed), ``POST /v1/messages`` (Anthropic's Messages API,
-not streamed; point the client at :attr:`FakeModelServer.anthropic_url`) and
-``GET /v1/models`` from a *script*: a list of
-replies consumed in order, or a function of the request body, so replies can
-depend on the conversation. :func:`by_turn` picks the reply by the number of
-model turns the request carries (assistant messages; for the Responses API,
-runs of model output items in ``input``), which makes the server answer the
-same turn the same way however often it is asked: what replay and crash tests
-need. A chat completion with ``stream: true`` is answered as server-sent
-events of the same reply (with a usage chunk when ``stream_options.
-include_usage`` asks for one). Failures (a 429 with ``Retry-After``, a 500) are
-replies too, scripted or injected with :meth:`FakeModelServer.fail_next`.
+Responses API, :mod:`durably.testing.models_responses`), ``POST /v1/messages``
+(Anthropic's Messages API, :mod:`durably.testing.models_anthropic`; point the
+client at :attr:`FakeModelServer.anthropic_url`) and ``GET /v1/models`` from a
+*script*: a list of replies consumed in order, or a function of the request
+body, so replies can depend on the conversation. :func:`by_turn` picks the
+reply by the number of model turns the request carries (assistant messages;
+for the Responses API, runs of model output items in ``input``), which makes
+the server answer the same turn the same way however often it is asked: what
+replay and crash tests need. A request with ``stream: true`` is answered as
+server-sent events of the same reply, in its API's format (a chat completion
+with a usage chunk when ``stream_options.include_usage`` asks for one).
+Failures (a 429 with ``Retry-After``, a 500) are replies too, scripted or
+injected with :meth:`FakeModelServer.fail_next`.
 
 Every request is recorded, in memory and, with ``log_path``, as one JSON line
 appended and fsync'd before the answer is sent, so a test in another process
@@ -40,7 +41,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, cast
 
-from durably.testing import loopback
+from durably.testing import loopback, models_anthropic, models_chat, models_responses
 
 __all__ = [
     "FakeModelServer",
@@ -232,7 +233,7 @@ class _Handler(BaseHTTPRequestHandler):
             models = [{"id": app.model or "fake-model", "object": "model"}]
             self._json(200, {"object": "list", "data": models})
         else:
-            self._json(404, _error_body("no such endpoint", 404))
+            self._json(404, models_chat.error_body("no such endpoint", 404))
 
     def do_POST(self) -> None:
         app: FakeModelServer = cast(loopback.LoopbackHTTPServer, self.server).app
@@ -240,23 +241,24 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length > 0 else b""
         endpoint = self.path.split("?")[0].rstrip("/")
         if endpoint not in ("/v1/chat/completions", "/chat/completions", *_RESPONSES, *_MESSAGES):
-            self._json(404, _error_body("no such endpoint", 404))
+            self._json(404, models_chat.error_body("no such endpoint", 404))
             return
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            self._json(400, _error_body("the body is not a JSON object", 400))
-            return
-        if endpoint in (*_RESPONSES, *_MESSAGES) and body.get("stream"):
-            self._json(400, _error_body("the fake server does not stream this API", 400))
+            self._json(400, models_chat.error_body("the body is not a JSON object", 400))
             return
         reply, answer = app._answer(body, self.headers.get("Idempotency-Key"), self.path)
         if reply.delay > 0:
             time.sleep(reply.delay)
         if reply.status != 200:
             self._json(reply.status, answer, reply.headers)
+        elif body.get("stream") and endpoint in _MESSAGES:
+            self._stream_events(models_anthropic.stream_events(answer), reply.chunk_delay)
+        elif body.get("stream") and endpoint in _RESPONSES:
+            self._stream_events(models_responses.stream_events(answer), reply.chunk_delay)
         elif body.get("stream"):
             self._stream(answer, body, reply.chunk_delay)
         else:
@@ -278,7 +280,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        for i, chunk in enumerate(_chunks(completion, include_usage)):
+        for i, chunk in enumerate(models_chat.stream_chunks(completion, include_usage)):
             if i and pause > 0:
                 time.sleep(pause)
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -286,45 +288,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
+    def _stream_events(self, events: Iterator[tuple[str, JSON]], pause: float = 0.0) -> None:
+        """Named server-sent events (Anthropic's, the Responses API's), no ``[DONE]``."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        for i, (event, data) in enumerate(events):
+            if i and pause > 0:
+                time.sleep(pause)
+            self.wfile.write(f"event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+            self.wfile.flush()
+
 
 _RESPONSES = ("/v1/responses", "/responses")
 _MESSAGES = ("/v1/messages", "/messages")  # Anthropic's Messages API
-
-
-def _error_body(message: str, status: int) -> JSON:
-    kind = {429: "rate_limit_exceeded", 400: "invalid_request_error"}.get(status, "server_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": kind}}
-
-
-def _chunks(completion: JSON, include_usage: bool) -> Iterator[JSON]:
-    """The server-sent chunks of one completion: role, content pieces, tool calls, finish."""
-    head = {k: completion[k] for k in ("id", "created", "model")}
-    head["object"] = "chat.completion.chunk"
-    choice = completion["choices"][0]
-    message = choice["message"]
-
-    def chunk(delta: JSON, finish: str | None = None) -> JSON:
-        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-
-    yield chunk({"role": "assistant", "content": ""})
-    content = message.get("content") or ""
-    for i in range(0, len(content), 8):
-        yield chunk({"content": content[i : i + 8]})
-    for index, tc in enumerate(message.get("tool_calls") or ()):
-        args = tc["function"]["arguments"]
-        half = len(args) // 2
-        first = {"name": tc["function"]["name"], "arguments": args[:half]}
-        yield chunk(
-            {
-                "tool_calls": [
-                    {"index": index, "id": tc["id"], "type": "function", "function": first}
-                ]
-            }
-        )
-        yield chunk({"tool_calls": [{"index": index, "function": {"arguments": args[half:]}}]})
-    yield chunk({}, choice["finish_reason"])
-    if include_usage:
-        yield {**head, "choices": [], "usage": completion["usage"]}
 
 
 class FakeModelServer(loopback.LoopbackService):
@@ -399,9 +377,13 @@ class FakeModelServer(loopback.LoopbackService):
             elif ok:
                 answer = (self._build_response if responses else self._build)(reply, body, n)
             elif messages:
-                answer = _anthropic_error(reply.error or f"fake error {reply.status}", reply.status)
+                answer = models_anthropic.error_body(
+                    reply.error or f"fake error {reply.status}", reply.status
+                )
             else:
-                answer = _error_body(reply.error or f"fake error {reply.status}", reply.status)
+                answer = models_chat.error_body(
+                    reply.error or f"fake error {reply.status}", reply.status
+                )
             line: JSON = {
                 "n": n,
                 "ts": time.time(),
@@ -460,113 +442,53 @@ class FakeModelServer(loopback.LoopbackService):
         }
 
     def _build_response(self, reply: Reply, body: JSON, n: int) -> JSON:
-        """A Responses API answer: the reply's text as a message, its calls as function calls."""
+        """A Responses API answer (see :mod:`durably.testing.models_responses`)."""
         turn = turn_of(body)
-        output: list[JSON] = []
-        if reply.content is not None:
-            text_part = {"type": "output_text", "text": reply.content, "annotations": []}
-            output.append(
-                {
-                    "type": "message",
-                    "id": f"msg_fake_{n}",
-                    "role": "assistant",
-                    "status": "completed",
-                    "content": [text_part],
-                }
-            )
-        for i, tc in enumerate(reply.tool_calls):
-            output.append(
-                {
-                    "type": "function_call",
-                    "id": f"fc_fake_{n}_{i}",
-                    "call_id": tc.id or f"call_{turn}_{i}",
-                    "name": tc.name,
-                    "arguments": tc.arguments_text(),
-                    "status": "completed",
-                }
-            )
-        calls = [{"function": {"arguments": c["arguments"]}} for c in output if "arguments" in c]
-        counted = _usage(reply, {"messages": body.get("input") or []}, calls)
-        return {
-            "id": f"resp_fake_{n}",
-            "object": "response",
-            "created_at": int(time.time()),
-            "status": "completed",
-            "model": reply.model or self.model or str(body.get("model") or "fake-model"),
-            "output": output,
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "error": None,
-            "incomplete_details": None,
-            "instructions": body.get("instructions"),
-            "metadata": {},
-            "usage": {
-                "input_tokens": counted["prompt_tokens"],
-                "output_tokens": counted["completion_tokens"],
-                "total_tokens": counted["total_tokens"],
-                "input_tokens_details": counted["prompt_tokens_details"],
-                "output_tokens_details": {"reasoning_tokens": 0},
-            },
-        }
+        calls = [
+            (tc.id or f"call_{turn}_{i}", tc.name, tc.arguments_text())
+            for i, tc in enumerate(reply.tool_calls)
+        ]
+        sized = [{"function": {"arguments": arguments}} for _, _, arguments in calls]
+        return models_responses.build_response(
+            content_text=reply.content,
+            calls=calls,
+            counted=_usage(reply, {"messages": body.get("input") or []}, sized),
+            model=reply.model or self.model or str(body.get("model") or "fake-model"),
+            instructions=body.get("instructions"),
+            n=n,
+            created=int(time.time()),
+        )
 
     def _build_message(self, reply: Reply, body: JSON, n: int) -> JSON:
-        """A Messages API answer: text and tool_use blocks, a stop reason, cache usage."""
+        """A Messages API answer (see :mod:`durably.testing.models_anthropic`)."""
         turn = turn_of(body)
-        content: list[JSON] = []
-        if reply.content is not None:
-            content.append({"type": "text", "text": reply.content})
-        for i, tc in enumerate(reply.tool_calls):
-            arguments = tc.arguments if isinstance(tc.arguments, Mapping) else {}
-            content.append(
-                {
-                    "type": "tool_use",
-                    "id": tc.id or f"toolu_{turn}_{i}",
-                    "name": tc.name,
-                    "input": dict(arguments)
-                    if not isinstance(tc.arguments, str)
-                    else json.loads(tc.arguments or "{}"),
-                }
-            )
         calls = [
-            {"function": {"arguments": json.dumps(c["input"])}}
-            for c in content
-            if c["type"] == "tool_use"
+            (tc.id or f"toolu_{turn}_{i}", tc.name, tc.arguments)
+            for i, tc in enumerate(reply.tool_calls)
         ]
-        counted = _usage(reply, body, calls)
-        read = counted["prompt_tokens_details"]["cached_tokens"]
-        written = int((reply.usage or {}).get("cache_write_tokens", 0))
-        stop = reply.finish_reason or ("tool_use" if calls else "end_turn")
-        return {
-            "id": f"msg_fake_{n}",
-            "type": "message",
-            "role": "assistant",
-            "model": reply.model or self.model or str(body.get("model") or "fake-model"),
-            "content": content,
-            "stop_reason": stop,
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": max(0, counted["prompt_tokens"] - read - written),
-                "output_tokens": counted["completion_tokens"],
-                "cache_read_input_tokens": read,
-                "cache_creation_input_tokens": written,
-            },
-        }
+        sized = [
+            {"function": {"arguments": json.dumps(_parsed(tc.arguments))}}
+            for tc in reply.tool_calls
+        ]
+        return models_anthropic.build_message(
+            content_text=reply.content,
+            calls=calls,
+            counted=_usage(reply, body, sized),
+            cache_write=int((reply.usage or {}).get("cache_write_tokens", 0)),
+            stop=reply.finish_reason,
+            model=reply.model or self.model or str(body.get("model") or "fake-model"),
+            n=n,
+        )
+
+
+def _parsed(arguments: Mapping[str, Any] | str) -> Any:
+    return json.loads(arguments or "{}") if isinstance(arguments, str) else dict(arguments)
 
 
 def _logged_reply(answer: JSON, responses: bool, messages: bool) -> Any:
     if messages:
         return answer["content"]
     return answer["output"] if responses else answer["choices"][0]["message"]
-
-
-def _anthropic_error(message: str, status: int) -> JSON:
-    kind = {
-        400: "invalid_request_error",
-        429: "rate_limit_error",
-        529: "overloaded_error",
-    }.get(status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def _usage(reply: Reply, body: JSON, calls: list[JSON]) -> JSON:
