@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from durably import cancellation, codec, errors, journal, replay
-from durably.storage import base, bulk
+from durably.storage import base, bulk, cancels
 
 
 @dataclasses.dataclass(slots=True)
@@ -38,7 +38,7 @@ class Fence:
         return cancellation.asked(self.cancel_requested, self.deadline_at, now)
 
 
-class SqlStore(bulk.BulkVerbs):
+class SqlStore(cancels.CancelVerbs, bulk.BulkVerbs):
     """The verbs of a Store in SQL; subclasses are dialects."""
 
     # --- workflows -------------------------------------------------------------------
@@ -650,50 +650,6 @@ class SqlStore(bulk.BulkVerbs):
         return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
 
     # --- operator verbs -----------------------------------------------------------------
-
-    def request_cancel(self, workflow_id: str, now: float) -> list[str]:
-        if self.get_workflow(workflow_id) is None:
-            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
-        cancelled: list[str] = []
-        todo = [workflow_id]
-        while todo:
-            wid = todo.pop()
-            if (
-                self._cancel_unstarted(wid, now)
-                or self._q("request_cancel", workflow_id=wid, now=now).rowcount == 1
-            ):
-                cancelled.append(wid)
-                self._wake("cancel", wid)
-            todo.extend(str(r[0]) for r in self._q("unfinished_children", workflow_id=wid))
-        return cancelled
-
-    def _cancel_unstarted(self, workflow_id: str, now: float) -> bool:
-        """End a workflow never claimed as cancelled (its code never runs); False if it
-        was claimed (then the run receives the cancel at its next durable call)."""
-        row = self.get_workflow(workflow_id)
-        if row is None or row.status != journal.Status.PENDING or row.epoch != 0:
-            return False
-        error = cancellation.cancelled(workflow_id, "before it started", row.deadline_at, now)
-        ended = self._q(
-            "cancel_unstarted",
-            workflow_id=workflow_id,
-            error=codec.encode(codec.encode_error(error), where="workflow error"),
-            now=now,
-        ).fetchall()
-        if not ended:
-            return False
-        parent_id = ended[0][0]
-        if parent_id is not None:  # as finish_workflow: a parent joining it looks again
-            self._q("wake_parent", parent_id=parent_id, now=now)
-            self._wake("join", str(parent_id), name=workflow_id)
-        return True
-
-    def expire_deadlines(self, now: float, limit: int) -> list[str]:
-        due = [str(r[0]) for r in self._pick("due_deadlines", now=now, limit=limit)]
-        asked: list[str] = []
-        for wid in due:
-            asked.extend(self.request_cancel(wid, now))
-        return list(dict.fromkeys(asked))
 
     def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:
         info = self._lock_workflow(workflow_id)
