@@ -255,7 +255,8 @@ def test_cli_cancel_resume_and_delete_by_filter(store_url: str) -> None:
     assert out.exit_code == 0, out.output
     assert out.output.split() == ["a-2"]
     with durably.Client(store_url) as client:
-        assert client.get_workflow("a-2").cancel_requested == 1
+        a2 = client.get_workflow("a-2")
+        assert (a2.cancel_requested, a2.status) == (1, "cancelled")  # never started: final
         assert client.get_workflow("b-1").cancel_requested == 0
     refused = run_cli(store_url, "delete", "--prefix", "b")
     assert refused.exit_code == 1
@@ -267,7 +268,7 @@ def test_cli_cancel_resume_and_delete_by_filter(store_url: str) -> None:
     assert sorted(out.output.split()) == ["b-1", "b-2"]
     nothing = run_cli(store_url, "cancel")
     assert nothing.exit_code != 0 and "ID or a filter" in nothing.output
-    out = run_cli(store_url, "resume", "--status", "pending", "--no-wait", "--queue", "q1")
+    out = run_cli(store_url, "resume", "--status", "cancelled", "--no-wait", "--queue", "q1")
     assert out.exit_code == 0, out.output
     assert out.output.split() == ["a-2"]
 

@@ -365,12 +365,23 @@ def test_cancel_records_who_resume_and_fork(http: TestClient, store_url: str) ->
 
 
 def test_an_unnamed_token_records_the_by_field_or_api(store_url: str) -> None:
-    durably.Client(store_url).start("srv-wait", workflow_id="w")
+    for wid in ("w", "w2", "w3"):  # a cancel of a pending workflow is final: one each
+        durably.Client(store_url).start("srv-wait", workflow_id=wid)
     with make(store_url, harness.SECRET) as c:
         c.headers.update(BEARER)
         assert c.post("/api/workflows/w/cancel", json={"by": "dave"}).json()["by"] == "dave"
-        assert c.post("/api/workflows/w/cancel").json()["by"] == "api"
-        assert c.post("/api/workflows/w/cancel", json={"by": 3}).status_code == 422
+        assert c.post("/api/workflows/w2/cancel").json()["by"] == "api"
+        assert c.post("/api/workflows/w3/cancel", json={"by": 3}).status_code == 422
+
+
+def test_a_second_cancel_of_a_workflow_the_first_ended_asks_nothing(store_url: str) -> None:
+    durably.Client(store_url).start("srv-wait", workflow_id="w")  # pending: cancelled at once
+    with make(store_url, harness.SECRET) as c:
+        c.headers.update(BEARER)
+        assert c.post("/api/workflows/w/cancel").json()["cancelled"] == ["w"]
+        again = c.post("/api/workflows/w/cancel")
+        assert (again.status_code, again.json()["cancelled"]) == (200, [])
+    assert durably.Client(store_url).get_workflow("w").status == "cancelled"
 
 
 # --- decisions -------------------------------------------------------------------------------

@@ -137,6 +137,7 @@ class Client:
         workflow_id: str | None = None,
         max_recoveries: int | None = None,
         delay: float = 0.0,
+        timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> str:
         """Commit a pending workflow for a worker to run; return its id.
@@ -146,9 +147,10 @@ class Client:
         workflow code). Idempotent on ``workflow_id`` like ``Engine.start``.
         ``max_recoveries`` overrides the workflow's and the engine's limit.
         ``delay`` (seconds): no worker starts it before the delay has passed.
+        ``timeout`` gives it a deadline, counted from now (see ``Engine.start``).
         """
         seconds = validate.number(delay, "delay")
-        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries)
+        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries, timeout)
         new = dataclasses.replace(new, delay=seconds)
         self._run(self._ops.start(new))
         return new.workflow_id
@@ -187,7 +189,11 @@ class Client:
         return self._run(self._ops.get_event(workflow_id, key, timeout))
 
     def cancel(self, workflow_id: str) -> list[str]:
-        """Ask the workflow and its unfinished children to stop; the ids asked."""
+        """Ask the workflow and its unfinished children to stop; the ids asked.
+
+        Final once this returns, as ``Engine.cancel``: one not started yet is
+        ``cancelled`` at once and never runs.
+        """
         return self._run(self._ops.cancel(workflow_id))
 
     def resume(self, workflow_id: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from durably import (
+    cancellation,
     codec,
     context,
     errors,
@@ -50,6 +51,12 @@ async def _drive(
     try:
         if info.crash_count > max_recoveries:
             await run.finish(journal.Status.FAILED, None, _poison(info, history, max_recoveries))
+            return
+        if not history and run.cancellation.due:  # asked to stop before its code ever ran
+            unstarted = cancellation.cancelled(
+                wid, "before it started", info.deadline_at, run.clock()
+            )
+            await run.finish(journal.Status.CANCELLED, None, error_payload(unstarted))
             return
         call = codec.decode(info.input, where=f"workflow {wid!r} input")
         if not isinstance(call, dict):

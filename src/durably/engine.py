@@ -200,6 +200,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         self._changes = operations.Changes()  # wakes handles and get_event waiting here
         self._timer: asyncio.TimerHandle | None = None  # for the earliest wake-up known here
         self._timer_at = 0.0
+        self._next_wake = float("-inf")  # the store's earliest wake-up or deadline, last read
         self._ops = operations.Operations(self._store.store, clock)
         self._leases = leases.Leases(
             self._store, lease_seconds, clock, self._tasks.keys, self._kick_recovery
@@ -361,6 +362,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         workflow_id: str | None = None,
         max_recoveries: int | None = None,
         delay: float = 0.0,
+        timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle:
         """Start a workflow; return once its id and input are committed.
@@ -374,13 +376,19 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         overrides the decorator's and this engine's limit on crashes in a row.
         With a ``delay`` (seconds) it is committed pending instead, and no engine
         starts it before the delay has passed.
+        ``timeout`` (seconds or a timedelta; else the decorator's) gives it a
+        deadline, stored in its row (``info.deadline_at``): once it passes, the
+        workflow and its children are cancelled wherever they are, parked or
+        running, and its error names the deadline.
         """
         services = self._require_open()
         seconds = validate.number(delay, "delay")
         if isinstance(wf, str):
             validate.name(wf, "workflow name")
             workflows.definition_of(wf)  # WorkflowNotRegistered, naming what is known
-        new, definition = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries)
+        new, definition = operations.new_workflow(
+            wf, args, kwargs, workflow_id, max_recoveries, timeout
+        )
         new = dataclasses.replace(new, delay=seconds)
         owner = None if definition is None or seconds > 0 else self.executor_id
         info, created = await self._run(self._ops.start(new, owner, self.lease_seconds))
@@ -477,7 +485,11 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         """Cancel the workflow and its unfinished children; the ids asked to stop.
 
         Each receives ``durably.Cancelled`` at its next durable call, so its
-        ``finally`` blocks and compensations still run as steps.
+        ``finally`` blocks and compensations still run as steps. The cancel is
+        final once this returns: one not started yet never starts (it is
+        ``cancelled`` at once), and one whose function returns without another
+        durable call ends ``cancelled`` with its result kept in ``output``. A
+        queued one frees its place in its queue at once.
         """
         asked = await self._run(self._ops.cancel(workflow_id))
         for wid in asked:

@@ -51,6 +51,7 @@ class Recovery:
     _kick: asyncio.Event | None
     _timer: asyncio.TimerHandle | None
     _timer_at: float
+    _next_wake: float  # the store's earliest wake-up or deadline, as last read
     _scanned_at: float
     _noted: set[str]
     _other_code: set[str]
@@ -100,6 +101,10 @@ class Recovery:
                 await self._call(store.remove_executor, other.executor_id, True)
             elif other.heartbeat_at < silent:  # long gone; it registers again if it is not
                 await self._call(store.remove_executor, other.executor_id, False)
+        if self._next_wake <= now:  # a deadline may be due: cancel what passed it
+            expired = await self._call(store.expire_deadlines, now, CLAIM_BATCH)
+            for wid in expired:
+                self._on_wakeup(base.Wakeup("cancel", wid))
         runnable = [(name, version) for name, version, _ in self._me.workflows]
         same_code = {name: h for name, _, h in self._me.workflows if h} if self.strict_code else {}
         claimed = await self._call(
@@ -227,6 +232,7 @@ class Recovery:
             live.poke(journal.Kind.JOIN, wakeup.name)
         elif live is not None and awake and wakeup.kind == "cancel":
             live.request_cancel()
+            self._kick_recovery()  # its place in its queue is free now
         elif wakeup.kind == "timer":
             self._wake_later(wakeup.at)
         else:
@@ -250,6 +256,7 @@ class Recovery:
             timeout = self.poll_interval
             try:
                 due = await self._call(self._store.store.next_wake, write=False)
+                self._next_wake = float("inf") if due is None else due
                 # A wake-up already past that the last pass could not claim belongs to
                 # workflows this engine cannot run (other code or version, a full queue):
                 # wait the poll interval, don't spin on it.

@@ -136,6 +136,8 @@ class WorkflowInfo:
     max_recoveries: int | None = None  # crashes in a row it may survive; None: the engine's
     #: What replays found and went on past (a step called with other arguments), a line each.
     warnings: str | None = None
+    #: When it is cancelled wherever it is (epoch seconds; ``timeout=``); None: never.
+    deadline_at: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -75,15 +75,18 @@ def new_workflow(
     kwargs: dict[str, Any],
     workflow_id: str | None,
     max_recoveries: int | None = None,
+    timeout: float | datetime.timedelta | None = None,
 ) -> tuple[base.NewWorkflow, workflows.WorkflowDefinition | None]:
     """What ``start`` commits, and the definition behind it if this process has one.
 
     ``wf`` is a decorated workflow or a workflow name; a name registered in no
     module of this process is committed as it is, for a worker that has it.
-    ``max_recoveries`` (else the decorator's) is recorded with the workflow.
+    ``max_recoveries`` and ``timeout`` (else the decorator's) are recorded with
+    the workflow (the timeout as a deadline, counted from the commit).
     """
     if max_recoveries is not None:
         validate.count(max_recoveries, "max_recoveries", low=0)
+    seconds = None if timeout is None else workflows.check_timeout(timeout, "timeout")
     definition: workflows.WorkflowDefinition | None = None
     if isinstance(wf, str) and workflows.registered(wf) is None:
         if not wf.strip():
@@ -98,7 +101,11 @@ def new_workflow(
     payload = codec.encode({"args": list(args), "kwargs": kwargs}, where=f"workflow {name!r} input")
     if max_recoveries is None and definition is not None:
         max_recoveries = definition.max_recoveries
-    new = base.NewWorkflow(wid, name, payload, version, source_hash, max_recoveries=max_recoveries)
+    if seconds is None and definition is not None:
+        seconds = definition.timeout
+    new = base.NewWorkflow(
+        wid, name, payload, version, source_hash, max_recoveries=max_recoveries, timeout=seconds
+    )
     return new, definition
 
 

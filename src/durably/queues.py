@@ -16,7 +16,8 @@ an engine given the queue (possibly the one that enqueued it, possibly on
 another machine), when the queue's limits let it:
 
 * ``concurrency``: at most this many of the queue's workflows run at once,
-  counted over every executor (a sleeping or waiting workflow holds no place);
+  counted over every executor (a sleeping or waiting workflow holds no place, nor
+  one asked to cancel, even while its plain code still runs);
 * ``worker_concurrency``: at most this many at once on one executor;
 * ``rate_limit=(limit, per_seconds)``: at most ``limit`` workflows start (are
   first claimed) within any ``per_seconds`` window, measured from the claim
@@ -57,6 +58,7 @@ worker --queue NAME`` finds them.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from typing import TYPE_CHECKING, Any
 
 from durably import errors, operations, validate
@@ -155,6 +157,7 @@ class Queue:
         delay: float = 0.0,
         partition_key: str | None = None,
         debounce: str | None = None,
+        timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle:
         """Commit the workflow on this queue through an open engine; return its handle.
@@ -162,9 +165,11 @@ class Queue:
         Committed before this returns. An existing ``workflow_id`` (or, while
         unfinished, ``deduplication_id``) returns the workflow that holds it.
         ``delay``, ``partition_key`` and ``debounce``: see the module docstring.
+        ``timeout`` gives it a deadline counted from now, waiting in the queue
+        included: past it, it is cancelled (unstarted, it never runs).
         """
         options = _Options(priority, deduplication_id, delay, partition_key, debounce)
-        new = self._new(wf, args, kwargs, workflow_id, options)
+        new = self._new(wf, args, kwargs, workflow_id, options, timeout)
         info = await engine.submit(new)
         operations.check_name(info, new.name)
         return engine.handle(info.workflow_id)
@@ -180,6 +185,7 @@ class Queue:
         delay: float = 0.0,
         partition_key: str | None = None,
         debounce: str | None = None,
+        timeout: float | datetime.timedelta | None = None,
         **kwargs: Any,
     ) -> str:
         """Commit the workflow on this queue through a Client; return its id.
@@ -187,7 +193,7 @@ class Queue:
         For code without an event loop (web handlers, scripts). As ``enqueue``.
         """
         options = _Options(priority, deduplication_id, delay, partition_key, debounce)
-        new = self._new(wf, args, kwargs, workflow_id, options)
+        new = self._new(wf, args, kwargs, workflow_id, options, timeout)
         info = client.submit(new)
         operations.check_name(info, new.name)
         return info.workflow_id
@@ -199,6 +205,7 @@ class Queue:
         kwargs: dict[str, Any],
         workflow_id: str | None,
         options: _Options,
+        timeout: float | datetime.timedelta | None = None,
     ) -> base.NewWorkflow:
         priority = options.priority
         if priority is not None:
@@ -215,7 +222,7 @@ class Queue:
                     f"queue {self.name!r}: debounce={options.debounce!r} needs a delay > 0 "
                     "(the quiet time after the last enqueue of a burst before it starts)"
                 )
-        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id)
+        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, timeout=timeout)
         return dataclasses.replace(
             new,
             queue=self.name,

@@ -76,6 +76,7 @@ class Cancellation:
     requested: bool = False
     delivered: bool = False  # Cancelled was raised into the workflow's code
     in_journal: bool = False  # the journal holds its delivery: a replay raises it at that seq
+    deadline: float | None = None  # the workflow's deadline: past it, cancellation is asked
 
     @property
     def due(self) -> bool:

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from durably import codec, errors, faults, journal, replay, runstate
+from durably import cancellation, codec, errors, faults, journal, replay, runstate
 from durably.storage import thread
 
 if TYPE_CHECKING:
@@ -175,8 +175,9 @@ class Run:
         self._abandoned: errors.StoreError | None = None  # why ABANDONED
         # A replay meets the journaled cancellation at its own seq; never earlier.
         self.cancellation = Cancellation(
-            requested=bool(info.cancel_requested),
+            requested=cancellation.asked(info.cancel_requested, info.deadline_at, self.clock()),
             in_journal=any(e.kind == journal.Kind.CANCEL for e in history),
+            deadline=info.deadline_at,
         )
         self.inflight = 0  # steps running and commits on their way
         self.suspended = False  # a Suspended was raised into the workflow's code
@@ -583,7 +584,8 @@ class Run:
         entry = self._replayer.lookup(seq, kind, name)
         if entry is not None and entry.kind == journal.Kind.CANCEL:
             self.cancellation.delivered = True
-            raise errors.Cancelled(f"workflow {self.workflow_id!r} was cancelled (seq {seq})")
+            at = self.clock() if entry.started_at is None else entry.started_at
+            raise self._cancelled(seq, at)
         if entry is None or entry.status not in _FINAL:
             self.cancel_point(seq)
         return entry
@@ -599,7 +601,12 @@ class Run:
             seq, journal.Kind.CANCEL, "", journal.EntryStatus.COMPLETED, 1, None, now, now
         )
         self.stage(marker)
-        raise errors.Cancelled(f"workflow {self.workflow_id!r} was cancelled (seq {seq})")
+        raise self._cancelled(seq, now)
+
+    def _cancelled(self, seq: int, at: float) -> errors.Cancelled:
+        """The Cancelled delivered at ``seq`` at time ``at`` (naming the deadline, if passed)."""
+        where = f"(seq {seq})"
+        return cancellation.cancelled(self.workflow_id, where, self.cancellation.deadline, at)
 
     def request_cancel(self) -> None:
         """Cancellation was requested while this run is live: wake its waits to deliver it."""

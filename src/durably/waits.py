@@ -212,6 +212,7 @@ async def _start_child(
         definition.source_hash,
         queue=queue,
         partition_key=partition_key,
+        timeout=definition.timeout,  # its deadline is no later than its parent's (the store's)
     )
     now = run.clock()
     started = journal.Entry(
@@ -250,7 +251,14 @@ def finished_outcome(where: str, status: str | None, output: str | None, error: 
         return codec.decode(output or "null", where=f"{where} output")
     if status == journal.Status.CANCELLED:
         superseded = _superseded(error)
-        raise superseded if superseded else errors.Cancelled(f"{where} was cancelled")
+        if superseded:
+            raise superseded
+        recorded = codec.decode(error, where=f"{where} error") if error else None
+        if isinstance(recorded, dict):
+            cancelled = codec.decode_error(recorded)  # its message names a deadline, if passed
+            if isinstance(cancelled, errors.Cancelled):
+                raise cancelled
+        raise errors.Cancelled(f"{where} was cancelled")
     data = codec.decode(error or "{}", where=f"{where} error")
     if isinstance(data, dict):
         raise codec.decode_error(data)

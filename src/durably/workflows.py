@@ -33,6 +33,7 @@ class WorkflowDefinition:
     version: str | None
     source_hash: str | None
     max_recoveries: int | None = None  # crashes in a row a run may survive; None: the engine's
+    timeout: float | None = None  # seconds from its start to its deadline; None: no deadline
 
     @property
     def origin(self) -> str:
@@ -76,7 +77,11 @@ def _source_hash(fn: Callable[..., Any]) -> str | None:
 
 
 def _register(
-    fn: Callable[..., Any], name: str | None, version: str | None, max_recoveries: int | None
+    fn: Callable[..., Any],
+    name: str | None,
+    version: str | None,
+    max_recoveries: int | None,
+    timeout: float | None = None,
 ) -> WorkflowFunction[Any, Any]:
     if isinstance(fn, WorkflowFunction):
         raise errors.DefinitionError(f"{fn!r} is already a workflow")
@@ -90,6 +95,7 @@ def _register(
         version=version,
         source_hash=_source_hash(fn),
         max_recoveries=max_recoveries,
+        timeout=timeout,
     )
     existing = _registry.get(definition.name)
     if existing is not None and existing.origin != definition.origin:
@@ -105,7 +111,11 @@ def _register(
 def workflow(fn: Callable[P, Coroutine[Any, Any, R]], /) -> WorkflowFunction[P, R]: ...
 @overload
 def workflow(
-    *, name: str | None = None, version: str | None = None, max_recoveries: int | None = None
+    *,
+    name: str | None = None,
+    version: str | None = None,
+    max_recoveries: int | None = None,
+    timeout: float | datetime.timedelta | None = None,
 ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], WorkflowFunction[P, R]]: ...
 
 
@@ -116,13 +126,17 @@ def workflow(
     name: str | None = None,
     version: str | None = None,
     max_recoveries: int | None = None,
+    timeout: float | datetime.timedelta | None = None,
 ) -> Any:
     """Make an ``async def`` a durable workflow, registered under ``name`` (default: its qualname).
 
     With ``version``, recovery resumes it only on code that declares the same
     version; without, any code may resume it and the replay check guards it.
     ``max_recoveries`` overrides the engine's: how many crashes in a row
-    (executor deaths mid-run) a run survives before it is failed.
+    (executor deaths mid-run) a run survives before it is failed. ``timeout``
+    (seconds, from its start or enqueue) gives each run a deadline, stored
+    with it: past it, the workflow and its children are cancelled wherever they
+    are (see ``Engine.start``; a ``timeout`` given there wins).
     """
     if name is not None:
         validate.name(name, "workflow name")
@@ -132,9 +146,19 @@ def workflow(
         validate.count(
             max_recoveries, "workflow(max_recoveries)", low=0, error=errors.DefinitionError
         )
+    seconds = None
+    if timeout is not None:
+        seconds = check_timeout(timeout, "workflow(timeout)", errors.DefinitionError)
     if fn is not None:
-        return _register(fn, name, version, max_recoveries)
-    return lambda f: _register(f, name, version, max_recoveries)
+        return _register(fn, name, version, max_recoveries, seconds)
+    return lambda f: _register(f, name, version, max_recoveries, seconds)
+
+
+def check_timeout(timeout: object, what: str, error: type[Exception] = ValueError) -> float:
+    """A workflow's timeout: seconds, more than zero and finite (a timedelta is taken too)."""
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    return validate.number(timeout, what, above=True, error=error)
 
 
 def new_workflow_id(workflow_id: str | None) -> str:

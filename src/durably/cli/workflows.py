@@ -209,6 +209,7 @@ def print_receipts(
             _status(info.status),
             f"  started {_when(info.created_at)}",
             *([f"  queue {info.queue}"] if info.queue else []),
+            *([f"  deadline {_when(info.deadline_at)}"] if info.deadline_at is not None else []),
             *(
                 [f"  forked from {info.forked_from} at seq {info.forked_from_seq}"]
                 if info.forked_from

@@ -9,6 +9,7 @@ from typing import Any
 from starlette.requests import Request
 
 from durably import client as client_module
+from durably import errors
 from durably.agents import decisions
 from durably.server import views
 from durably.server.routing import (
@@ -116,11 +117,16 @@ def cancel_as(client: client_module.Client, workflow_id: str, by: str) -> list[s
     Who asked is kept as a signal named ``durably:cancelled_by`` that no
     workflow waits on: durable, in the same database, and listed with the
     workflow's other signals. It is sent before the cancel, while the
-    workflow is surely not finished by it.
+    workflow is surely not finished by it. A workflow already finished (a
+    second cancel: the first ended it, or it ended meanwhile) has nothing to
+    stop and nothing to record: none asked, as ``Client.cancel`` answers.
     """
     client.get_workflow(workflow_id)  # 404 before anything is stored
     record = {"by": by, "at": time.time()}
-    client.send_signal(workflow_id, CANCELLED_BY, record)
+    try:
+        client.send_signal(workflow_id, CANCELLED_BY, record)
+    except errors.WorkflowFinished:
+        return []
     return client.cancel(workflow_id)
 
 

@@ -100,6 +100,8 @@ class NewWorkflow:
     delay: float = 0.0
     partition_key: str | None = None
     debounce_key: str | None = None
+    #: Seconds from the start (the commit of this row) to the workflow's deadline.
+    timeout: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -332,7 +334,10 @@ class Store(abc.ABC):
     ) -> None:
         """Write the last entries and the final status, fenced; the owner lets go.
 
-        A parent waiting for this workflow is woken.
+        A parent waiting for this workflow is woken. A ``completed`` workflow whose
+        cancel was committed before (or whose deadline passed) ends ``cancelled``
+        instead, its output kept (``cancellation.final_status``): a cancel, once
+        accepted, is final.
         """
 
     # --- waiting (fenced like the journal) -----------------------------------------
@@ -360,7 +365,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def next_wake(self) -> float | None:
-        """The earliest wake-up time of any sleeping or waiting workflow."""
+        """The earliest wake-up time of any sleeping or waiting workflow, or deadline
+        still to enforce (see ``expire_deadlines``)."""
 
     @abc.abstractmethod
     def receive_signal(
@@ -492,7 +498,17 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def request_cancel(self, workflow_id: str, now: float) -> list[str]:
-        """Ask the workflow and its unfinished children to stop; the ids asked."""
+        """Ask the workflow and its unfinished children to stop; the ids asked.
+
+        Atomic: each one asked is marked in this transaction (a running one
+        then holds no place in its queue). One never claimed (``pending`` at
+        epoch 0) is ``cancelled`` at once: its code never runs.
+        """
+
+    @abc.abstractmethod
+    def expire_deadlines(self, now: float, limit: int) -> list[str]:
+        """Ask up to ``limit`` unfinished workflows past their deadline (and their children)
+        to stop, as ``request_cancel`` does, in one transaction; the ids asked."""
 
     @abc.abstractmethod
     def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:

@@ -24,7 +24,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "owner", "epoch", "lease_expires_at", "crash_count", "wake_at", "parent_id",
         "created_at", "updated_at", "cancel_requested", "signal_count", "queue", "priority",
         "deduplication_id", "started_at", "forked_from", "forked_from_seq", "max_recoveries",
-        "partition_key", "debounce_key", "warnings",
+        "partition_key", "debounce_key", "warnings", "deadline_at",
     ),
     "journal": (
         "workflow_id", "seq", "kind", "name", "status", "attempt", "payload", "started_at",
@@ -52,6 +52,7 @@ LATER_COLUMNS: dict[str, frozenset[str]] = {
             "partition_key",
             "debounce_key",
             "warnings",
+            "deadline_at",
         }
     ),
     "journal": frozenset({"args_digest"}),

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from durably import codec, errors, journal
+from durably import cancellation, codec, errors, journal
 from durably.storage import base, bulk, rows
 
 
@@ -55,9 +55,18 @@ class ClaimVerbs(bulk.BulkVerbs):
         return row, created
 
     def _insert_workflow(
-        self, new: base.NewWorkflow, owner: str | None, lease_expires_at: float | None, now: float
+        self,
+        new: base.NewWorkflow,
+        owner: str | None,
+        lease_expires_at: float | None,
+        now: float,
+        inherited_deadline: float | None = None,
     ) -> bool:
-        """Insert the workflow's row (owned by ``owner``, else pending); False if it exists."""
+        """Insert the workflow's row (owned by ``owner``, else pending); False if it exists.
+
+        Its deadline is ``new.timeout`` from now, no later than ``inherited_deadline``
+        (a child's: its parent's).
+        """
         status = journal.Status.RUNNING if owner else journal.Status.PENDING
         cursor = self._q(
             "create_workflow",
@@ -80,6 +89,7 @@ class ClaimVerbs(bulk.BulkVerbs):
             wake_at=now + new.delay if new.delay > 0 and not owner else None,
             partition_key=new.partition_key,
             debounce_key=new.debounce_key,
+            deadline_at=cancellation.deadline_of(new.timeout, now, inherited_deadline),
         )
         return bool(cursor.rowcount == 1)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from durably import errors, journal
+from durably import cancellation, codec, errors, journal
 from durably.storage import claims, rows
 
 
@@ -27,6 +27,11 @@ class Fence:
     epoch: int
     cancel_requested: bool
     crash_count: int
+    deadline_at: float | None = None
+
+    def asked(self, now: float) -> bool:
+        """True when the workflow must stop: cancel was requested or its deadline passed."""
+        return cancellation.asked(self.cancel_requested, self.deadline_at, now)
 
 
 class EntryVerbs(claims.ClaimVerbs):
@@ -45,12 +50,12 @@ class EntryVerbs(claims.ClaimVerbs):
         (see ``_upsert``): intents, parks and pending waits are not progress.
         """
         sql_text = self._queries["fence"] + self.lock_row
-        # Read by position, on every commit: the fence's own two columns, in this order.
+        # Read by position, on every commit: the fence's own three columns, in this order.
         found = self._execute(sql_text, {"workflow_id": workflow_id, "epoch": epoch}).fetchone()
         if found is None:
             raise self._fenced_off(workflow_id, epoch)
-        cancel_requested, crash_count = found
-        return Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count))
+        cancel_requested, crash_count, deadline_at = found
+        return Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at)
 
     def _fenced_off(self, workflow_id: str, epoch: int) -> errors.DurablyError:
         """Why the fence did not hold: the workflow is gone, or another epoch owns it."""
@@ -177,7 +182,7 @@ class EntryVerbs(claims.ClaimVerbs):
         self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
     ) -> bool:
         fence = self._fenced_upsert(workflow_id, epoch, entries, now)
-        return fence.cancel_requested
+        return fence.asked(now)
 
     def finish_workflow(
         self,
@@ -189,7 +194,14 @@ class EntryVerbs(claims.ClaimVerbs):
         entries: Sequence[journal.Entry],
         now: float,
     ) -> None:
-        self._fenced_upsert(workflow_id, epoch, entries, now)
+        fence = self._fenced_upsert(workflow_id, epoch, entries, now)
+        final = cancellation.final_status(status, fence.cancel_requested, fence.deadline_at, now)
+        if final != status:  # it returned after the cancel was committed: cancelled, output kept
+            status = final
+            late = cancellation.cancelled(
+                workflow_id, "after its last durable call", fence.deadline_at, now
+            )
+            error = codec.encode(codec.encode_error(late), where="workflow error")
         parent_id, queue = self._q(
             "finish_workflow",
             status=status,
@@ -226,10 +238,7 @@ class EntryVerbs(claims.ClaimVerbs):
             child = self.get_workflow(child_id)
             if child is None or child.finished:
                 return False
-        if (
-            fence.cancel_requested
-            and not self._q("cancel_delivered", workflow_id=workflow_id).fetchone()
-        ):
+        if fence.asked(now) and not self._q("cancel_delivered", workflow_id=workflow_id).fetchone():
             wake_at = now  # asked to stop meanwhile: due at once, so a claim delivers it
         (queue,) = self._q(
             "park", status=status, wake_at=wake_at, now=now, workflow_id=workflow_id, epoch=epoch

@@ -429,8 +429,10 @@ class PostgresStore(sql.SqlStore):
         ).fetchone()
         if found is None:  # the fence did not hold: nothing was written
             raise self._fenced_off(workflow_id, epoch)
-        cancel_requested, crash_count, written = found
-        fence = entries.Fence(workflow_id, epoch, bool(cancel_requested), int(crash_count))
+        cancel_requested, crash_count, deadline_at, written = found
+        fence = entries.Fence(
+            workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at
+        )
         return fence, int(written)
 
     def _notify(self, channel: str, payload: str) -> None:

@@ -12,11 +12,11 @@
 INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, owner, epoch,
                        lease_expires_at, crash_count, parent_id, created_at, updated_at,
                        queue, priority, deduplication_id, started_at, max_recoveries,
-                       wake_at, partition_key, debounce_key)
+                       wake_at, partition_key, debounce_key, deadline_at)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :owner, :epoch,
         :lease_expires_at, 0, :parent_id, :now, :now,
         :queue, :priority, :deduplication_id, :started_at, :max_recoveries,
-        :wake_at, :partition_key, :debounce_key)
+        :wake_at, :partition_key, :debounce_key, :deadline_at)
 ON CONFLICT DO NOTHING
 
 -- name: supersede_debounced
@@ -37,14 +37,16 @@ WHERE queue = :queue AND deduplication_id = :deduplication_id
 -- One workflow's row.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries, warnings
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries,
+       warnings, deadline_at
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: list_workflows
 -- Workflows newest first, by status and name if given.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries, warnings
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries,
+       warnings, deadline_at
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -59,7 +61,8 @@ LIMIT :limit
 -- search_workflows_oldest_first.
 SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries, warnings
+       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries,
+       warnings, deadline_at
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -148,7 +151,7 @@ WHERE workflow_id IN (
         LEFT JOIN (SELECT COALESCE(partition_key, '') AS pk, COUNT(*) AS busy
                    FROM workflows
                    WHERE queue = :queue AND status = 'running' AND owner IS NOT NULL
-                     AND lease_expires_at >= :now
+                     AND lease_expires_at >= :now AND cancel_requested = 0
                    GROUP BY COALESCE(partition_key, '')) b
           ON b.pk = COALESCE(c.partition_key, '')
         WHERE c.queue = :queue
@@ -188,14 +191,15 @@ INSERT INTO queues (name, claimed_at) VALUES (:queue, :now) ON CONFLICT (name) D
 
 -- name: queue_load
 -- Running under a live lease in the whole queue, running under this owner, and started
--- (first claimed) since :since.
+-- (first claimed) since :since. A workflow asked to stop holds no place: its cancel is
+-- final, whatever plain code it is still stuck in.
 SELECT
     (SELECT COUNT(*) FROM workflows
      WHERE queue = :queue AND status = 'running' AND owner IS NOT NULL
-       AND lease_expires_at >= :now),
+       AND lease_expires_at >= :now AND cancel_requested = 0),
     (SELECT COUNT(*) FROM workflows
      WHERE queue = :queue AND status = 'running' AND owner = :owner
-       AND lease_expires_at >= :now),
+       AND lease_expires_at >= :now AND cancel_requested = 0),
     (SELECT COUNT(*) FROM workflows WHERE queue = :queue AND started_at > :since)
 
 -- name: claim
@@ -217,8 +221,9 @@ SELECT workflow_id, epoch, owner, claimed_at, previous_owner, reason
 FROM claims WHERE workflow_id = :workflow_id ORDER BY epoch
 
 -- name: fence
--- The row of a workflow this epoch still owns: whether cancel was asked, crashes counted.
-SELECT cancel_requested, crash_count FROM workflows
+-- The row of a workflow this epoch still owns: whether cancel was asked, crashes counted,
+-- its deadline.
+SELECT cancel_requested, crash_count, deadline_at FROM workflows
 WHERE workflow_id = :workflow_id AND epoch = :epoch AND owner IS NOT NULL
 
 -- name: progress
@@ -252,7 +257,7 @@ WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
 -- entry written only if the fence held, as upsert_entry would; returns what the fence found
 -- (no row: it did not hold) and how many entries were written (0: one was there already).
 WITH fence AS (
-    SELECT cancel_requested, crash_count FROM workflows
+    SELECT cancel_requested, crash_count, deadline_at FROM workflows
     WHERE workflow_id = :workflow_id AND epoch = :epoch AND owner IS NOT NULL
     FOR UPDATE
 ), written AS (
@@ -275,7 +280,8 @@ WITH fence AS (
            OR excluded.kind = 'cancel')
     RETURNING 1
 )
-SELECT cancel_requested, crash_count, (SELECT COUNT(*) FROM written) AS written FROM fence
+SELECT cancel_requested, crash_count, deadline_at, (SELECT COUNT(*) FROM written) AS written
+FROM fence
 
 -- name: entry_at
 -- The journal entry at one seq.
@@ -368,10 +374,27 @@ WHERE workflow_id = :workflow_id AND epoch = :epoch
 RETURNING queue
 
 -- name: next_wake
--- The earliest wake-up time of any parked workflow, or the end of a pending one's delay.
-SELECT MIN(wake_at) FROM workflows
-WHERE (status = 'pending' OR status IN ('sleeping', 'waiting', 'needs_review'))
-  AND wake_at IS NOT NULL
+-- The earliest wake-up time of any parked workflow, the end of a pending one's delay, or
+-- a deadline still to enforce.
+SELECT MIN(due) FROM (
+    SELECT MIN(wake_at) AS due FROM workflows
+    WHERE (status = 'pending' OR status IN ('sleeping', 'waiting', 'needs_review'))
+      AND wake_at IS NOT NULL
+    UNION ALL
+    SELECT MIN(deadline_at) AS due FROM workflows
+    WHERE deadline_at IS NOT NULL AND cancel_requested = 0
+      AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
+) AS wake_ups
+
+-- name: due_deadlines
+-- Unfinished workflows past their deadline and not yet asked to stop, earliest first
+-- (the predicate of the workflows_deadlines index, so that it serves this).
+SELECT workflow_id FROM workflows
+WHERE deadline_at IS NOT NULL AND cancel_requested = 0
+  AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
+  AND deadline_at <= :now
+ORDER BY deadline_at, workflow_id
+LIMIT :limit
 
 -- name: count_signal
 -- Number the next signal to a workflow and wake it if it waits; returns the number.
@@ -437,6 +460,15 @@ SET cancel_requested = 1,
 WHERE workflow_id = :workflow_id
   AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
 
+-- name: cancel_unstarted
+-- A workflow never claimed (pending, epoch 0) is cancelled at once: its code never runs.
+-- Returns its parent.
+UPDATE workflows
+SET status = 'cancelled', cancel_requested = 1, error = :error, wake_at = NULL,
+    updated_at = :now
+WHERE workflow_id = :workflow_id AND status = 'pending' AND epoch = 0 AND owner IS NULL
+RETURNING parent_id
+
 -- name: unfinished_children
 -- The children of a workflow that have not finished.
 SELECT workflow_id FROM workflows
@@ -444,10 +476,12 @@ WHERE parent_id = :workflow_id
   AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
 
 -- name: reopen
--- Make a failed, cancelled or diverged workflow pending again, from a clean slate.
+-- Make a failed, cancelled or diverged workflow pending again, from a clean slate (and
+-- without its deadline, which would cancel it again at once).
 UPDATE workflows
 SET status = 'pending', owner = NULL, lease_expires_at = NULL, output = NULL, error = NULL,
-    crash_count = 0, cancel_requested = 0, wake_at = NULL, updated_at = :now
+    crash_count = 0, cancel_requested = 0, wake_at = NULL, deadline_at = NULL,
+    updated_at = :now
 WHERE workflow_id = :workflow_id
 
 -- name: dequeue
@@ -544,7 +578,8 @@ SELECT workflow_id FROM workflows WHERE parent_id = :workflow_id ORDER BY create
 SELECT workflow_id, name, version, source_hash, status, input, output, error, owner, epoch,
        lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
        cancel_requested, signal_count, queue, priority, deduplication_id, started_at,
-       forked_from, forked_from_seq, max_recoveries, partition_key, debounce_key, warnings
+       forked_from, forked_from_seq, max_recoveries, partition_key, debounce_key, warnings,
+       deadline_at
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: export_journal
@@ -581,12 +616,12 @@ INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, o
                        owner, epoch, lease_expires_at, crash_count, wake_at, parent_id,
                        created_at, updated_at, cancel_requested, signal_count, queue, priority,
                        deduplication_id, started_at, forked_from, forked_from_seq,
-                       max_recoveries, partition_key, debounce_key, warnings)
+                       max_recoveries, partition_key, debounce_key, warnings, deadline_at)
 VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :error,
         NULL, :epoch, NULL, :crash_count, :wake_at, :parent_id,
         :created_at, :updated_at, :cancel_requested, :signal_count, :queue, :priority,
         :deduplication_id, :started_at, :forked_from, :forked_from_seq, :max_recoveries,
-        :partition_key, :debounce_key, :warnings)
+        :partition_key, :debounce_key, :warnings, :deadline_at)
 
 -- name: import_journal
 -- Insert one archived journal row.

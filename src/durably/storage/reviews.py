@@ -18,20 +18,6 @@ from durably.storage import base, rows, signals
 class ReviewVerbs(signals.SignalVerbs):
     """Operator verbs and reviews, for :class:`~durably.storage.sql.SqlStore`."""
 
-    @base.alone
-    def request_cancel(self, workflow_id: str, now: float) -> list[str]:
-        if self.get_workflow(workflow_id) is None:
-            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
-        cancelled: list[str] = []
-        todo = [workflow_id]
-        while todo:
-            wid = todo.pop()
-            if self._q("request_cancel", workflow_id=wid, now=now).rowcount == 1:
-                cancelled.append(wid)
-                self._wake("cancel", wid)
-            todo.extend(str(r[0]) for r in self._q("unfinished_children", workflow_id=wid))
-        return cancelled
-
     def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:
         info = self._lock_workflow(workflow_id)
         if info is None:

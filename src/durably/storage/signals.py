@@ -169,8 +169,9 @@ class SignalVerbs(entries.EntryVerbs):
         child: base.NewWorkflow,
         now: float,
     ) -> journal.WorkflowInfo:
-        self._fenced_upsert(workflow_id, epoch, entries, now)
-        self._insert_workflow(dataclasses.replace(child, parent_id=workflow_id), None, None, now)
+        fence = self._fenced_upsert(workflow_id, epoch, entries, now)
+        child = dataclasses.replace(child, parent_id=workflow_id)
+        self._insert_workflow(child, None, None, now, inherited_deadline=fence.deadline_at)
         self._wake("work")
         row = self.get_workflow(child.workflow_id)
         assert row is not None

@@ -13,15 +13,16 @@ one before (so each may call the verbs below it, and the chain has no cycle):
 - :mod:`~durably.storage.claims`: workflow rows, search, claims, releases, executors;
 - :mod:`~durably.storage.entries`: the fence and the journal writes (append, finish, park);
 - :mod:`~durably.storage.signals`: signals, events and child workflows;
-- :mod:`~durably.storage.reviews`: cancel, reopen, fork and reviews.
+- :mod:`~durably.storage.reviews`: reopen, fork and reviews;
+- :mod:`~durably.storage.cancels`: a cancel, and the deadlines that ask for one.
 
 :class:`SqlStore` is the one interface the dialects subclass.
 """
 
 from __future__ import annotations
 
-from durably.storage import reviews
+from durably.storage import cancels
 
 
-class SqlStore(reviews.ReviewVerbs):
+class SqlStore(cancels.CancelVerbs):
     """The verbs of a Store in SQL; subclasses are dialects."""

@@ -1,0 +1,47 @@
+"""Workflows run by the worker processes of tests/test_cancel_final.py and tests/test_deadlines.py.
+
+Each step appends one line, ``<workflow id>:<label>``, to the file named by
+``$CANCEL_EFFECTS`` before it returns: the tests count what really ran. Plain
+code waits for the file ``go-<workflow id>`` in ``$CANCEL_FLAGS`` (polled, no
+durable call), so that a test holds a workflow between two durable calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import durably
+
+EFFECTS = "CANCEL_EFFECTS"
+FLAGS = "CANCEL_FLAGS"
+
+
+@durably.step
+async def effect(label: str) -> str:
+    with open(os.environ[EFFECTS], "a") as out:
+        out.write(label + "\n")
+    return label
+
+
+async def released(workflow_id: str) -> None:
+    """Plain code: wait until the test creates the flag file of ``workflow_id``."""
+    flag = Path(os.environ[FLAGS]) / f"go-{workflow_id}"
+    while not flag.exists():
+        await asyncio.sleep(0.05)
+
+
+@durably.workflow(name="cancel_flows.late_return")
+async def late_return(workflow_id: str) -> int:
+    await effect(f"{workflow_id}:before")
+    await released(workflow_id)
+    return 5
+
+
+@durably.workflow(name="cancel_flows.two_steps")
+async def two_steps(workflow_id: str) -> int:
+    await effect(f"{workflow_id}:before")
+    await released(workflow_id)
+    await effect(f"{workflow_id}:after")
+    return 5

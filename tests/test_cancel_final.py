@@ -1,0 +1,265 @@
+"""A cancel is final once accepted (issue 14): on SQLite and PostgreSQL.
+
+A workflow that has not started never starts; one that finishes after the
+cancel was committed ends ``cancelled`` with its result kept in the row's
+``output``; a cancelled queued workflow stuck in plain code frees its place in
+the queue at once. The kill-and-recover variants run real worker processes
+(``durably worker tests.cancel_flows``) that are SIGKILLed, and count the
+effects the steps wrote to a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably.queues import Queue
+from tests import cancel_flows, children
+
+RAN: list[str] = []
+GATES: dict[str, asyncio.Event] = {}
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    RAN.clear()
+    GATES.clear()
+
+
+def engine(url: str, *queues: Queue, **kw: Any) -> durably.Engine:
+    kw.setdefault("poll_interval", 0.2)
+    kw.setdefault("hold_seconds", 0.05)
+    return durably.Engine(url, queues=queues, **kw)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, seconds: float = 15.0) -> None:
+    """Wait for ``check`` to hold; fail loudly, naming ``what``, after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@durably.step
+async def note(text: str) -> str:
+    RAN.append(text)
+    return text
+
+
+@durably.workflow(name="test_cancel_final.queued")
+async def queued(label: str) -> str:
+    RAN.append(f"body {label}")  # plain code: must not run for a workflow cancelled unstarted
+    return await note(f"step {label}")
+
+
+@durably.workflow(name="test_cancel_final.late")
+async def late(label: str) -> int:
+    await note(f"step {label}")
+    await GATES[label].wait()  # plain code, no durable call: the cancel arrives here
+    RAN.append(f"returning {label}")
+    return 5
+
+
+# --- a workflow that has not started never starts ------------------------------------------
+
+
+async def test_a_queued_workflow_cancelled_before_it_starts_never_runs(store_url: str) -> None:
+    q = Queue("tcf-unstarted", concurrency=1)
+    async with engine(store_url) as bystander:  # does not serve the queue: "a" stays pending
+        handle = await q.enqueue(bystander, queued, "a", workflow_id="a")
+        assert (await handle.info()).status == "pending"
+        assert await bystander.cancel("a") == ["a"]
+        info = await handle.info()
+        assert (info.status, info.cancel_requested) == ("cancelled", 1)
+        error = json.loads(info.error or "null")
+        assert (
+            error["type"] == "durably.errors.Cancelled" and "before it started" in error["message"]
+        )
+        with pytest.raises(durably.Cancelled):
+            await handle.result(timeout=1)
+    async with engine(store_url, q) as server:
+        # "b", enqueued after "a" on the same queue, runs: a pass that could have claimed
+        # "a" (the older) has happened by then.
+        b = await q.enqueue(server, queued, "b", workflow_id="b")
+        assert await b.result(timeout=15) == "step b"
+        assert (await server.get_workflow("a")).status == "cancelled"
+        assert [c.reason for c in await server.claims("a")] == []
+    assert RAN == ["body b", "step b"]
+
+
+async def test_a_pending_workflow_started_by_a_client_and_cancelled_never_runs(
+    store_url: str,
+) -> None:
+    with durably.Client(store_url) as client:
+        client.start(queued, "c", workflow_id="c")
+        assert client.cancel("c") == ["c"]
+        assert client.get_workflow("c").status == "cancelled"
+    async with engine(store_url) as e:
+        d = await e.start(queued, "d", workflow_id="d")
+        assert await d.result(timeout=15) == "step d"
+        await e.recover()  # one more look for work, after "d" ran: "c" is not claimable
+        assert await e.claims("c") == []
+    assert RAN == ["body d", "step d"]
+
+
+# --- a cancel after the last durable call --------------------------------------------------
+
+
+async def test_a_cancel_after_the_last_durable_call_ends_cancelled_with_the_result_kept(
+    store_url: str,
+) -> None:
+    GATES["l"] = asyncio.Event()
+    async with engine(store_url) as e:
+        handle = await e.start(late, "l", workflow_id="l")
+        await until(lambda: _ran("step l"), "the step of 'l'")
+        assert await e.cancel("l") == ["l"]
+        GATES["l"].set()  # the code goes on to `return 5` with no durable call on the way
+        with pytest.raises(durably.Cancelled, match="cancelled after its last durable call"):
+            await handle.result(timeout=15)
+        info = await handle.info()
+        kinds = [x.kind for x in await e.history("l")]
+    assert info.status == "cancelled"
+    assert json.loads(info.output or "null") == 5  # the result, kept for inspection
+    assert RAN == ["step l", "returning l"]
+    assert kinds == ["step"]
+
+
+async def test_a_cancel_committed_after_the_finish_changes_nothing(store_url: str) -> None:
+    GATES["f"] = asyncio.Event()
+    GATES["f"].set()
+    async with engine(store_url) as e:
+        handle = await e.start(late, "f", workflow_id="f")
+        assert await handle.result(timeout=15) == 5
+        assert await e.cancel("f") == []
+        info = await handle.info()
+    assert (info.status, info.cancel_requested, info.error) == ("completed", 0, None)
+
+
+# --- a cancelled queued workflow frees its place at once -------------------------------------
+
+
+async def test_a_cancelled_queued_workflow_stuck_in_plain_code_frees_its_place(
+    store_url: str,
+) -> None:
+    GATES["s"] = asyncio.Event()
+    q = Queue("tcf-stuck", concurrency=1)
+    async with engine(store_url, q) as e:
+        try:
+            stuck = await q.enqueue(e, late, "s", workflow_id="s")
+            await until(lambda: _ran("step s"), "the step of 's'")
+            nxt = await q.enqueue(e, queued, "n", workflow_id="n")
+            assert (await nxt.info()).status == "pending"  # the queue's one place is taken
+            assert await e.cancel("s") == ["s"]
+            assert await nxt.result(timeout=15) == "step n"
+            # "n" ran while "s" is still stuck in its plain code, holding its lease
+            assert "returning s" not in RAN
+            assert (await stuck.info()).status == "running"
+        finally:
+            GATES["s"].set()
+        with pytest.raises(durably.Cancelled):
+            await stuck.result(timeout=15)
+    assert RAN == ["step s", "body n", "step n", "returning s"]
+
+
+async def _ran(text: str) -> bool:
+    return text in RAN
+
+
+# --- kill and recover: the cancel survives the process -------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["return", "step"])
+def test_a_cancel_accepted_before_a_sigkill_holds_after_recovery(
+    store_url: str, tmp_path: Path, then: str
+) -> None:
+    """The cancel is committed while the run is in plain code; the process dies; the
+    recovery replays it to the end: it ends cancelled, and no step runs again or anew
+    (``then``: the code goes on to ``return 5``, or to one more step first)."""
+    flow = cancel_flows.late_return if then == "return" else cancel_flows.two_steps
+    kit = Workers(store_url, tmp_path)
+    try:
+        first = kit.spawn()
+        with durably.Client(store_url) as client:
+            client.start(flow, "k", workflow_id="k")
+            kit.wait_for(lambda: committed(client, "k"), "the first step's receipt", first)
+            assert client.cancel("k") == ["k"]
+            assert client.get_workflow("k").status == "running"  # stuck in plain code
+            kit.kill(first)
+            kit.release("k")  # the plain code would now go on to `return 5`
+            second = kit.spawn()
+            kit.wait_for(lambda: client.get_workflow("k").finished, "'k' to finish", second)
+            info = client.get_workflow("k")
+            claims = client.claims("k")
+        assert info.status == "cancelled"
+        # the result, kept for inspection; none when the cancel was raised at the step
+        assert json.loads(info.output or "null") == (5 if then == "return" else None)
+        assert kit.effects() == ["k:before"]  # the step did not run again; "after" never
+        assert [c.reason for c in claims] == ["start", "recovery"]
+    finally:
+        kit.stop()
+
+
+def committed(client: durably.Client, workflow_id: str) -> bool:
+    """True once the workflow's first step has its receipt in the journal (its effect
+    alone is not enough: a process killed before the commit runs the step again)."""
+    return [(e.kind, e.status) for e in client.history(workflow_id)] == [("step", "completed")]
+
+
+class Workers:
+    """``durably worker tests.cancel_flows`` processes on one database, and their effects."""
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url = url
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, *extra: str) -> subprocess.Popen[bytes]:
+        env = children.child_env(
+            {cancel_flows.EFFECTS: str(self.tmp / "effects"), cancel_flows.FLAGS: str(self.tmp)}
+        )
+        argv = children.durably_cli(
+            self.url, "worker", "tests.cancel_flows", "--poll", "0.2", "--lease", "2", *extra
+        )
+        log = open(self.tmp / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(argv, cwd=children.REPO, env=env, stdout=log, stderr=log)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def effects(self) -> list[str]:
+        path = self.tmp / "effects"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def release(self, workflow_id: str) -> None:
+        (self.tmp / f"go-{workflow_id}").touch()
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.kill()
+        proc.wait(10)
+
+    def wait_for(self, check: Callable[[], bool], what: str, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + 30
+        while not check():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                logs = "\n".join(p.read_text() for p in sorted(self.tmp.glob("worker-*.log")))
+                raise AssertionError(
+                    f"timed out waiting for {what} (worker exit {proc.poll()}); "
+                    f"effects {json.dumps(self.effects())}\n{logs}"
+                )
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
