@@ -277,3 +277,29 @@ def test_starting_the_same_workflow_twice_runs_it_once(tmp_path: Path, effects: 
     effects_seen = read_effects(effects)
     assert count_by_step(effects_seen) == dict.fromkeys(["step_a", "step_b", "step_c", "step_d"], 1)
     assert {e["wf"] for e in effects_seen} == {"wf-twice"}
+
+
+def test_a_seq_no_database_can_hold_is_refused_by_name(store_url: str) -> None:
+    """resolve and fork take a seq: one past a BIGINT is a ValueError naming it, from the
+    Client and over HTTP (422), not the driver's OverflowError (a 500 before)."""
+    from starlette.testclient import TestClient
+
+    from durably.server import app, auth
+    from tests.serverkit import harness
+
+    client = durably.Client(store_url)
+    client.start("srv-wait", workflow_id="w")
+    huge = 10**20
+    with pytest.raises(ValueError, match=r"seq=100000000000000000000"):
+        client.resolve("w", huge, retry=True, by="ops")
+    with pytest.raises(ValueError, match=r"from_seq=100000000000000000000"):
+        client.fork("w", from_seq=huge)
+    with TestClient(app.create_app(store_url, auth.parse_tokens(harness.TOKEN, "test"))) as c:
+        r = c.post(
+            f"/api/workflows/w/reviews/{huge}/resolve",
+            json={"retry": True},
+            headers={"Authorization": f"Bearer {harness.SECRET}"},
+        )
+    assert r.status_code == 422, r.text
+    assert "seq" in r.json()["error"]["message"]
+    assert client.get_workflow("w").status == "pending"  # nothing changed

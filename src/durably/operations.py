@@ -375,6 +375,7 @@ class Operations:
     def fork(self, workflow_id: str, from_seq: int, new_id: str | None) -> Plan[str]:
         """Copy the workflow under ``new_id`` (default: a fresh ``<id>-fork-<hex>``); the id."""
         _workflow_id(workflow_id)
+        validate.count(from_seq, "from_seq", low=0, high=validate.BIGINT[1])
         fork_id = new_id or f"{workflow_id}-fork-{uuid.uuid4().hex[:8]}"
         _workflow_id(fork_id)
         yield Call(self.store.fork, (workflow_id, from_seq, fork_id, self.clock()), True)
@@ -384,6 +385,7 @@ class Operations:
         self, workflow_id: str, seq: int, result: Any, retry: bool, fail: str | None, by: str
     ) -> Plan[journal.Review]:
         _workflow_id(workflow_id)
+        validate.count(seq, "seq", low=0, high=validate.BIGINT[1])
         validate.name(by, "by")
         decision, outcome = step_runner.review_decision(result, retry, fail, by)
         args = (workflow_id, seq, decision, outcome, by, self.clock())
