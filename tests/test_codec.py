@@ -640,8 +640,8 @@ def test_an_error_message_with_a_lone_surrogate_is_recorded_escaped() -> None:
         "builtins.KeyboardInterrupt",
         "builtins.GeneratorExit",
         "asyncio.exceptions.CancelledError",
-        "durably.runtime.Suspended",
-        "durably.runtime.Abandoned",
+        "durably.run_types.Suspended",
+        "durably.run_types.Abandoned",
         "durably.errors.FencedError",
         "durably.codec._Fail",
     ],
@@ -649,7 +649,7 @@ def test_an_error_message_with_a_lone_surrogate_is_recorded_escaped() -> None:
 def test_control_flow_exceptions_are_not_rebuilt_from_storage(exc_type: str) -> None:
     import asyncio  # noqa: F401  (loaded, so only the rule can refuse it)
 
-    import durably.runtime  # noqa: F401
+    import durably.run_types  # noqa: F401
 
     data: dict[str, object] = {"type": exc_type, "message": "stop", "args": ["stop"]}
     exc = codec.decode_error(data)

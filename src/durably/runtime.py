@@ -12,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import functools
 import inspect
 import logging
 import os
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from durably import cancellation, codec, errors, faults, journal, replay, runstate
-from durably.storage import thread
+from durably import cancellation, codec, errors, faults, journal, parking, replay, runstate
+from durably.run_types import REVIEW, Abandoned, Block, Compensation, Services, Suspended
 
 if TYPE_CHECKING:
     from durably.steps import StepDefinition
@@ -58,6 +57,12 @@ _BATCH_AT: dict[str, int] = {
 
 log = logging.getLogger("durably")
 
+State = runstate.State
+Cancellation = runstate.Cancellation
+_HOLDING = runstate.HOLDING
+
+__all__ = ["REVIEW", "Abandoned", "Block", "Compensation", "Run", "Services", "Suspended"]
+
 #: Transient store errors a commit waits out before giving the run up.
 _TRANSIENT = (errors.DatabaseLocked, errors.DatabaseUnavailable)
 
@@ -65,65 +70,7 @@ _TRANSIENT = (errors.DatabaseLocked, errors.DatabaseUnavailable)
 _FULL_DELAYS = (0.25, 10.0)
 
 
-class Abandoned(BaseException):
-    """Unwinds a run whose database stopped answering: nothing more of it can be written.
-
-    A BaseException so that workflow code cannot catch it and go on with a gap
-    in its journal; recovery resumes the workflow from what was committed.
-    """
-
-
-class Suspended(BaseException):
-    """Unwinds a workflow that must stop here and be resumed later (engine draining).
-
-    A BaseException so that a workflow's own ``except Exception`` cannot swallow it.
-    """
-
-
-State = runstate.State
-Cancellation = runstate.Cancellation
-_HOLDING = runstate.HOLDING
-
-
-@dataclasses.dataclass(slots=True)
-class Services:
-    """What a run needs from its engine."""
-
-    store: thread.StoreThread
-    clock: Callable[[], float]
-    step_threads: concurrent.futures.ThreadPoolExecutor
-    stopping: asyncio.Event
-    on_park: Callable[[float | None], None] = lambda wake_at: None
-    on_child: Callable[[str], None] = lambda child_id: None
-    on_signal: Callable[[str, str], None] = lambda workflow_id, name: None
-    hold_seconds: float = 1.0  # how long a blocked run stays in memory before it parks
-    inline_commits: bool = True  # commit on the loop's thread when nothing else is ready
-    commit_patience: float = 30.0  # seconds to wait out a locked or unreachable database
-    full_patience: float = 600.0  # seconds to wait for room in a full database
-    strict_replay: bool = False  # a replayed step called with other arguments diverges
-
-
-@dataclasses.dataclass(slots=True)
-class Block:
-    """One branch of a run waiting for a timer, a signal or a child."""
-
-    future: asyncio.Future[None]
-    kind: str  # journal.Kind.SLEEP, SIGNAL or JOIN
-    key: str  # the signal's name or the child's id
-    wake_at: float | None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Compensation:
-    """An undo registered with ``durably.compensate``, run as a step if the workflow fails."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    name: str
-
-
-class Run:
+class Run(parking.Parking):
     """The state of one workflow run: its journal, its lease epoch, unflushed values.
 
     Workflow-side modules (steps, waits, agents, approvals) use only this
@@ -190,7 +137,7 @@ class Run:
         self._settled.set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._activity = _Activity(self._busier, self._done_with)
+        self._activity = parking.Activity(self._busier, self._done_with)
 
     # --- what the engine lends ---------------------------------------------------
 
@@ -613,150 +560,6 @@ class Run:
         self.cancellation.requested = True
         self.poke()
 
-    # --- blocking and parking -------------------------------------------------------
-
-    def active(self) -> contextlib.AbstractContextManager[None]:
-        """Mark work in progress: a run with work in progress never parks."""
-        return self._activity
-
-    def _done_with(self) -> None:
-        """The end of a stretch of ``active()`` work: park if only waits are left."""
-        self._calmer()
-        if self.inflight == 0 and self._blocks:
-            self._schedule_park()
-
-    def _busier(self) -> None:
-        self.inflight += 1
-        self._idle.clear()
-
-    def _calmer(self) -> None:
-        self.inflight -= 1
-        if self.inflight == 0:
-            self._idle.set()
-
-    @contextlib.contextmanager
-    def not_active(self) -> Iterator[None]:
-        """Inside ``active()``, mark a stretch that only waits (a step parked for review)."""
-        self._calmer()
-        try:
-            yield
-        finally:
-            self._busier()
-
-    async def wait_idle(self) -> None:
-        """Wait until no step or commit of this run is on its way."""
-        await self._idle.wait()
-
-    async def block(self, kind: str, key: str, wake_at: float | None) -> None:
-        """Wait until poked, until ``wake_at``, or until the run parks (raises Suspended)."""
-        if not self.listening:
-            raise self.suspend("this run has let go of the workflow")
-        loop = asyncio.get_running_loop()
-        block = Block(loop.create_future(), kind, key, wake_at)
-        self._blocks.append(block)
-        timer = None
-        if wake_at is not None:
-            timer = loop.call_later(max(0.0, wake_at - self._services.clock()), _wake, block.future)
-        if self.inflight == 0:
-            self._schedule_park()
-        try:
-            await block.future
-        finally:
-            self._blocks.remove(block)
-            if timer is not None:
-                timer.cancel()
-
-    def poke(self, kind: str | None = None, key: str | None = None) -> None:
-        """Wake the waits of this run (all, or those for one signal or child) to re-check."""
-        for block in list(self._blocks):
-            if kind is None or (block.kind == kind and block.key == key):
-                _wake(block.future)
-
-    def _schedule_park(self) -> None:
-        if self._park_timer is not None or self._state is State.PARKED or self._parking:
-            return
-        wakes = [b.wake_at for b in self._blocks]
-        now = self._services.clock()
-        urgent = self._services.stopping.is_set() or any(b.kind == REVIEW for b in self._blocks)
-        hold = 0.0 if urgent else self._services.hold_seconds
-        if wakes and all(w is not None and w - now <= hold for w in wakes):
-            return  # every wait ends soon: cheaper to stay than to park and replay
-        self._park_timer = asyncio.get_running_loop().call_later(hold, self._start_park)
-
-    def _start_park(self) -> None:
-        self._park_timer = None
-        if not self.listening or self.inflight or not self._blocks or self._parking:
-            return
-        if self._state in (State.RUNNING, State.CLOSING):
-            self._resume, self._state = self._state, State.PARKING
-        self._settled.clear()
-        planned = list(self._blocks)
-        self._park_task = asyncio.get_running_loop().create_task(self._park(planned))
-
-    async def _park(self, planned: list[Block]) -> None:
-        try:
-            await self._park_now(planned)
-        finally:
-            if self._state is State.PARKING:  # the park did not happen: go on as before
-                self._state = self._resume
-            self._settled.set()
-
-    async def _park_now(self, planned: list[Block]) -> None:
-        waits = list(self._blocks)
-        # A wait woken on the way here (a poke in the same loop iteration as the hold
-        # running out) may already have left the list: parking without it would watch
-        # neither its signal nor its child. Its branch looks again once this settles,
-        # and blocks anew (scheduling the next park) if there is still nothing.
-        if any(b.future.done() or all(b is not w for w in waits) for b in planned):
-            return
-        if any(b.kind == REVIEW for b in waits):
-            status = journal.Status.NEEDS_REVIEW
-        elif any(b.kind != journal.Kind.SLEEP for b in waits):
-            status = journal.Status.WAITING
-        else:
-            status = journal.Status.SLEEPING
-        wake_at = min((b.wake_at for b in waits if b.wake_at is not None), default=None)
-        signals = sorted({b.key for b in waits if b.kind == journal.Kind.SIGNAL})
-        children = sorted({b.key for b in waits if b.kind == journal.Kind.JOIN})
-        try:
-            parked = await self.write("park", status, wake_at, signals, children, internal=True)
-        except (errors.FencedError, Abandoned):
-            parked = True  # nothing more can be written: let the waits unwind
-        except errors.StorageDataError as exc:
-            # A value journaled on the way (an event, say) was refused and is dropped:
-            # the waits raise it into the workflow's code, which fails with it (or goes on).
-            for block in waits:
-                if not block.future.done():
-                    block.future.set_exception(exc)
-            return
-        if not parked:  # a signal or a child arrived meanwhile (entries are written): look again
-            self.poke()
-            return
-        self._state = State.PARKED
-        for block in waits:
-            if not block.future.done():
-                block.future.set_exception(self.suspend(f"parked {status}"))
-        self._services.on_park(wake_at)
-
-    async def close(self) -> None:
-        """The workflow function ended: start nothing new, let running steps commit."""
-        if self._state is State.RUNNING:
-            self._state = State.CLOSING
-        elif self._state is State.PARKING:
-            self._resume = State.CLOSING
-        await self.wait_idle()
-
-    def retire(self) -> None:
-        """The workflow task ended: refuse every later write of this run."""
-        if self._state is not State.PARKED:
-            self._state = State.RETIRED
-        if self._park_timer is not None:
-            self._park_timer.cancel()
-            self._park_timer = None
-
-
-#: The block kind of a step waiting for a person's decision (see step_runner).
-REVIEW = "review"
 
 #: The verbs that only append entries (what the fault observer hears as a commit).
 _COMMITS = frozenset({"append_entries", "commit_receipt"})
@@ -790,22 +593,6 @@ def call_site() -> str | None:
     return None
 
 
-class _Activity:
-    """What ``Run.active()`` returns: a plain class, not a generator context manager,
-    since every step enters it twice (its call and its commit)."""
-
-    __slots__ = ("_enter", "_leave")
-
-    def __init__(self, enter: Callable[[], None], leave: Callable[[], None]) -> None:
-        self._enter, self._leave = enter, leave
-
-    def __enter__(self) -> None:
-        self._enter()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._leave()
-
-
 @functools.cache
 def _run_step() -> Callable[..., Coroutine[Any, Any, Any]]:
     """``step_runner.run_step`` (that module imports this one): looked up once, not per step."""
@@ -824,8 +611,3 @@ def _loop_is_quiet() -> bool:
     """
     ready = getattr(asyncio.get_running_loop(), "_ready", None)
     return ready is not None and len(ready) == 0
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
