@@ -123,13 +123,13 @@ def _deploy(root: Path, version: str) -> Path:
     """A directory holding one version of app.py and the driver, as a deploy would."""
     root.mkdir()
     (root / "app.py").write_text(textwrap.dedent(version))
-    (root / "driver.py").write_text(DRIVER)
+    (root / "workflow_task.py").write_text(DRIVER)
     return root
 
 
 def _run(code: Path, url: str, mode: str, calls: Path) -> str:
     proc = subprocess.run(
-        children.python(str(code / "driver.py"), url, mode, "wf", str(calls)),
+        children.python(str(code / "workflow_task.py"), url, mode, "wf", str(calls)),
         env=children.child_env(),
         cwd=code,
         capture_output=True,

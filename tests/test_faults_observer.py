@@ -1,7 +1,7 @@
 """The shipped crash kit observes the engine through ``faults.observe``; it patches nothing.
 
 ``durably test-crashes`` counts step calls and receipts in its child process.
-It used to replace ``faults.reached``, ``step_runner.invoke`` and ``Run.commit``
+It used to replace ``faults.reached``, ``step_call.invoke`` and ``Run.commit``
 at run time, so a refactor that renamed or bypassed one of them silently broke
 the counts. Now the engine reports to an observer; these tests run a real
 workflow (SQLite and PostgreSQL) and read what the observer heard.
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import durably
-from durably import faults, journal, runtime, step_runner
+from durably import faults, journal, step_call, workflow_run
 from durably.testing import crash_child
 
 ATTEMPTS: list[int] = []
@@ -96,7 +96,7 @@ async def test_the_observer_hears_every_boundary_call_and_receipt(
 def test_the_crash_child_records_without_replacing_engine_functions(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    originals = (faults.reached, step_runner.invoke, runtime.Run.commit)
+    originals = (faults.reached, step_call.invoke, workflow_run.Run.commit)
     ATTEMPTS.clear()
     config = {
         "dir": str(tmp_path),
@@ -111,7 +111,7 @@ def test_the_crash_child_records_without_replacing_engine_functions(
         assert crash_child.main(json.dumps(config), None) == 0
     finally:
         faults.observe(None)
-    assert (faults.reached, step_runner.invoke, runtime.Run.commit) == originals
+    assert (faults.reached, step_call.invoke, workflow_run.Run.commit) == originals
     lines = (tmp_path / crash_child.CALLS_FILE).read_text().splitlines()
     calls = [json.loads(line) for line in lines]
     assert [(c["event"], c["step"]) for c in calls] == [

@@ -10,7 +10,7 @@ the suite did not notice:
 - ``synchronous=normal`` as the SQLite default: commits stopped surviving power loss.
 
 Writing the first found a bug: a wake-up in the same loop iteration as the park
-parked the workflow `sleeping` with none of its waits (fixed in runtime.Run._park_now).
+parked the workflow `sleeping` with none of its waits (fixed in workflow_run.Run._park_now).
 
 Signals and leases run on both backends (``store_url``); the pragma is SQLite's.
 """

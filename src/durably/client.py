@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from durably import journal, operations, step_runner, validate
+from durably import journal, operations, step_call, validate
 from durably.storage import base, create_store, resolve_url, thread
 from durably.storage.base import WorkflowQuery
 
@@ -247,7 +247,7 @@ class Client:
         workflow_id: str,
         seq: int,
         *,
-        result: Any = step_runner.NO_RESULT,
+        result: Any = step_call.NO_RESULT,
         retry: bool = False,
         fail: str | None = None,
         by: str = "unknown",

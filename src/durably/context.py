@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from durably import errors
 
 if TYPE_CHECKING:
-    from durably.runtime import Run
+    from durably.workflow_run import Run
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -25,7 +25,6 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from durably import (
-    driver,
     engine_decisions,
     engine_many,
     engine_recovery,
@@ -35,10 +34,11 @@ from durably import (
     leases,
     liveness,
     operations,
-    runtime,
     validate,
     waits,
     watchdog,
+    workflow_run,
+    workflow_task,
     workflows,
 )
 from durably import retention as retention_policy
@@ -190,14 +190,14 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         self._me: journal.ExecutorInfo | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._epochs: dict[str, int] = {}  # the epoch each task in _tasks was launched at
-        self._runs: dict[str, runtime.Run] = {}
+        self._runs: dict[str, workflow_run.Run] = {}
         self._background: list[asyncio.Task[None]] = []
         self._heartbeat: asyncio.Task[None] | None = None
         self._watchdog: watchdog.Watchdog | None = None
         self._drained: asyncio.Event | None = None  # set by close() once running steps ended
-        self._services: runtime.Services | None = None
+        self._services: workflow_run.Services | None = None
         self._kick: asyncio.Event | None = None
-        self._changes = operations.Changes()  # wakes handles and get_event waiting here
+        self._changes = operations.ChangeBroadcast()  # wakes handles and get_event waiting here
         self._timer: asyncio.TimerHandle | None = None  # for the earliest wake-up known here
         self._timer_at = 0.0
         self._next_wake = float("-inf")  # the store's earliest wake-up or deadline, last read
@@ -229,7 +229,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         await loop.run_in_executor(None, self._store.start)
         faults.reached("engine_start")
         self._me = self._serving(liveness.this_executor(self.clock(), self._executor_id))
-        self._services = runtime.Services(
+        self._services = workflow_run.Services(
             store=self._store,
             clock=self.clock,
             step_threads=self._step_threads,
@@ -242,7 +242,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             strict_replay=self.strict_replay,
         )
         self._kick = asyncio.Event()
-        self._changes = operations.Changes()
+        self._changes = operations.ChangeBroadcast()
         try:
             await self._call(self._store.store.register_executor, self._me)
             self._stop_listening = await loop.run_in_executor(
@@ -342,7 +342,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             return me
         return dataclasses.replace(me, workflows=served, queues=queues)
 
-    def _require_open(self) -> runtime.Services:
+    def _require_open(self) -> workflow_run.Services:
         if self._services is None:
             raise errors.EngineNotOpen("the engine is not open; use `async with Engine(...)`")
         return self._services
@@ -519,7 +519,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
 
     def _launch(
         self,
-        services: runtime.Services,
+        services: workflow_run.Services,
         info: journal.WorkflowInfo,
         definition: workflows.WorkflowDefinition,
         *,
@@ -551,7 +551,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
 
     async def _drive(
         self,
-        services: runtime.Services,
+        services: workflow_run.Services,
         info: journal.WorkflowInfo,
         definition: workflows.WorkflowDefinition,
         previous: asyncio.Task[None] | None,
@@ -567,7 +567,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         except errors.StoreError as exc:  # the heartbeat releases what nothing runs
             log.warning("cannot load the journal of workflow %s: %s", wid, exc)
             return
-        live = runtime.Run(services, info, history, definition.version, definition.source_hash)
+        live = workflow_run.Run(services, info, history, definition.version, definition.source_hash)
         self._runs[wid] = live
         self._leases.track(live)
         try:
@@ -576,7 +576,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
                 for n in (info.max_recoveries, definition.max_recoveries, self.max_recoveries)
                 if n is not None
             )
-            await driver.drive(live, info, definition, history, limit)
+            await workflow_task.drive(live, info, definition, history, limit)
         finally:
             if self._runs.get(wid) is live:
                 del self._runs[wid]
@@ -584,7 +584,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             self._changes.signal()  # it finished or parked: handles waiting here look again
         if info.queue is not None:
             self._kick_recovery()  # a place in its queue is free
-        if info.parent_id is not None and live.state is runtime.State.RETIRED:
+        if info.parent_id is not None and live.state is workflow_run.State.RETIRED:
             parent = self._runs.get(info.parent_id)
             if parent is not None:
                 parent.poke(journal.Kind.JOIN, wid)

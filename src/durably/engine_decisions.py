@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from durably import journal, operations, step_runner
+from durably import journal, operations, step_call
 from durably.storage import base
 
 R = TypeVar("R")
@@ -94,7 +94,7 @@ class Decisions:
         workflow_id: str,
         seq: int,
         *,
-        result: Any = step_runner.NO_RESULT,
+        result: Any = step_call.NO_RESULT,
         retry: bool = False,
         fail: str | None = None,
         by: str = "unknown",

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from durably import errors, journal, liveness, operations, runtime, serving, workflows
+from durably import errors, journal, liveness, operations, serving, workflow_run, workflows
 from durably.storage import base, thread
 
 if TYPE_CHECKING:
@@ -45,9 +45,9 @@ class Recovery:
     queues: tuple[Queue, ...]
     _store: thread.StoreThread
     _me: journal.ExecutorInfo | None
-    _services: runtime.Services | None
-    _runs: dict[str, runtime.Run]
-    _changes: operations.Changes
+    _services: workflow_run.Services | None
+    _runs: dict[str, workflow_run.Run]
+    _changes: operations.ChangeBroadcast
     _kick: asyncio.Event | None
     _timer: asyncio.TimerHandle | None
     _timer_at: float
@@ -60,7 +60,7 @@ class Recovery:
     def executor_id(self) -> str:
         raise NotImplementedError
 
-    def _require_open(self) -> runtime.Services:
+    def _require_open(self) -> workflow_run.Services:
         raise NotImplementedError
 
     async def _call(self, fn: Callable[..., R], *args: Any, write: bool = True) -> R:
@@ -71,7 +71,7 @@ class Recovery:
 
     def _launch(
         self,
-        services: runtime.Services,
+        services: workflow_run.Services,
         info: journal.WorkflowInfo,
         definition: workflows.WorkflowDefinition,
         *,

@@ -25,7 +25,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection
 
-from durably import errors, journal, operations, runtime
+from durably import errors, journal, operations, workflow_run
 from durably.storage import thread
 
 log = logging.getLogger("durably")
@@ -52,16 +52,16 @@ class Leases:
         self._clock = clock
         self._running = running
         self._kick = kick
-        self._drivers: dict[runtime.Run, asyncio.Task[None]] = {}
+        self._drivers: dict[workflow_run.Run, asyncio.Task[None]] = {}
         self._orphans: dict[str, int] = {}
 
-    def track(self, run: runtime.Run) -> None:
+    def track(self, run: workflow_run.Run) -> None:
         """Note the task driving ``run`` (call from that task)."""
         task = asyncio.current_task()
         if task is not None:
             self._drivers[run] = task
 
-    def untrack(self, run: runtime.Run) -> None:
+    def untrack(self, run: workflow_run.Run) -> None:
         self._drivers.pop(run, None)
 
     async def heartbeat_loop(self, drained: asyncio.Event, me: journal.ExecutorInfo) -> None:
@@ -89,7 +89,7 @@ class Leases:
             if not run.listening or held.get(run.workflow_id) == run.epoch:
                 continue
             info = await call(store.get_workflow, run.workflow_id, write=False)
-            ended = run.state is runtime.State.RETIRED
+            ended = run.state is workflow_run.State.RETIRED
             if info is not None and info.epoch != run.epoch and not ended:
                 self._lose(run, info.epoch, info.owner)
         running = self._running()
@@ -103,7 +103,7 @@ class Leases:
                 self._kick()
         self._orphans = orphans
 
-    def _lose(self, run: runtime.Run, epoch: int, owner: str | None) -> None:
+    def _lose(self, run: workflow_run.Run, epoch: int, owner: str | None) -> None:
         log.warning(
             "workflow %s was taken over (epoch %s, owner %s) while this executor held "
             "epoch %s; stopping its run",

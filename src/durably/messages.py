@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from durably import codec, context, errors, faults, journal, races, validate
 
 if TYPE_CHECKING:
-    from durably.runtime import Run
+    from durably.workflow_run import Run
 
 _STARTED = journal.EntryStatus.STARTED
 

@@ -7,7 +7,7 @@ a *plan*: a generator that yields the store verbs to run (:class:`Call`) and,
 for a polling wait, the pauses between reads (:class:`Pause`), and returns the
 answer. :func:`run_sync` runs a plan for the Client; :func:`run_async` for the
 Engine, whose pauses end early when the engine learns of a change
-(:class:`Changes`). What only an executor does after a call (run what it
+(:class:`ChangeBroadcast`). What only an executor does after a call (run what it
 started, wake its own runs) stays in the Engine.
 """
 
@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
-from durably import codec, errors, journal, step_runner, validate, workflows
+from durably import codec, errors, journal, step_call, validate, workflows
 from durably.storage import base, thread
 
 T = TypeVar("T")
@@ -387,7 +387,7 @@ class Operations:
         _workflow_id(workflow_id)
         validate.count(seq, "seq", low=0, high=validate.BIGINT[1])
         validate.name(by, "by")
-        decision, outcome = step_runner.review_decision(result, retry, fail, by)
+        decision, outcome = step_call.review_decision(result, retry, fail, by)
         args = (workflow_id, seq, decision, outcome, by, self.clock())
         review: journal.Review = yield Call(self.store.resolve, args, True)
         return review
@@ -431,7 +431,7 @@ def run_sync(plan: Plan[T], store: thread.StoreThread) -> T:
                 answer = store.call_sync(op.fn, *op.args, write=op.write)
 
 
-async def run_async(plan: Plan[T], store: thread.StoreThread, changes: Changes) -> T:
+async def run_async(plan: Plan[T], store: thread.StoreThread, changes: ChangeBroadcast) -> T:
     """Run the plan on an event loop; a pause ends early on a change seen since the last read."""
     with contextlib.closing(plan):
         answer: Any = None
@@ -449,7 +449,7 @@ async def run_async(plan: Plan[T], store: thread.StoreThread, changes: Changes) 
                 answer = await store.call(op.fn, *op.args, write=op.write)
 
 
-class Changes:
+class ChangeBroadcast:
     """A broadcast: this engine learned that stored workflows may have changed.
 
     Set on every wake-up the store reports (PostgreSQL's LISTEN/NOTIFY), every

@@ -4,7 +4,7 @@ A wait that finds nothing blocks in :meth:`Parking.block`; once no step or
 commit of the run is on its way and every branch is blocked, the hold runs out
 and the run parks (``Run.write("park")``): its row says ``sleeping``,
 ``waiting`` or ``needs_review``, and its waits unwind with Suspended. A part of
-:class:`durably.runtime.Run`, kept here so that the run's module holds its
+:class:`durably.workflow_run.Run`, kept here so that the run's module holds its
 write path and its journal.
 """
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from durably import context, errors, faults, journal
 
 if TYPE_CHECKING:
-    from durably.runtime import Run
+    from durably.workflow_run import Run
 
 FIRST_COMPLETED = asyncio.FIRST_COMPLETED
 FIRST_EXCEPTION = asyncio.FIRST_EXCEPTION

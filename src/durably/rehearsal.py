@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from durably import archive, codec, context, errors, journal, runtime, workflows
+from durably import archive, codec, context, errors, journal, workflow_run, workflows
 from durably.storage import bulk, create_store, thread
 
 
@@ -68,11 +68,11 @@ class Report:
         return not self.problems
 
 
-class _EndOfJournal(runtime.Suspended):
+class _EndOfJournal(workflow_run.Suspended):
     """The rehearsal reached what the journal does not hold: it stops there."""
 
 
-class RehearsalRun(runtime.Run):
+class RehearsalRun(workflow_run.Run):
     """A run that replays its journal and stops where it ends; it never writes.
 
     Only the hooks where a live run would act are replaced: ``lookup`` stops
@@ -83,7 +83,7 @@ class RehearsalRun(runtime.Run):
 
     def __init__(
         self,
-        services: runtime.Services,
+        services: workflow_run.Services,
         info: journal.WorkflowInfo,
         history: list[journal.Entry],
         definition: workflows.WorkflowDefinition,
@@ -102,7 +102,7 @@ class RehearsalRun(runtime.Run):
             raise _EndOfJournal(f"the step at seq {seq} has no recorded outcome")
         return entry
 
-    async def write(self, verb: runtime.Verb, *args: Any, **kwargs: Any) -> Any:
+    async def write(self, verb: workflow_run.Verb, *args: Any, **kwargs: Any) -> Any:
         raise _EndOfJournal(f"{verb}: a live run would write here")
 
     async def block(self, kind: str, key: str, wake_at: float | None) -> None:
@@ -120,7 +120,7 @@ async def rehearse(
 ) -> Report:
     """Replay each recorded workflow against the code registered in this process."""
     threads = concurrent.futures.ThreadPoolExecutor(max_workers=1)  # never used: no step runs
-    services = runtime.Services(
+    services = workflow_run.Services(
         store=cast(thread.StoreThread, None),  # never used: a rehearsal writes nothing
         clock=time.time,
         step_threads=threads,
@@ -176,7 +176,7 @@ async def _replay_one(
         await definition.fn(*call["args"], **call["kwargs"])
         run.check_finished()
         run.reached_end = True
-    except runtime.Suspended:
+    except workflow_run.Suspended:
         pass  # the journal ends here (or a wait needs the store): all of it replayed
     except errors.NonDeterminismError as exc:
         return _problem(info, exc, run)

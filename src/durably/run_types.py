@@ -69,5 +69,5 @@ class Compensation:
     name: str
 
 
-#: The block kind of a step waiting for a person's decision (see step_runner).
+#: The block kind of a step waiting for a person's decision (see step_call).
 REVIEW = "review"

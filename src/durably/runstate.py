@@ -1,6 +1,6 @@
 """The life of one workflow run as a state machine, and where its cancellation stands.
 
-Pure data: :class:`durably.runtime.Run` holds one :class:`State` and one
+Pure data: :class:`durably.workflow_run.Run` holds one :class:`State` and one
 :class:`Cancellation` and makes the transitions listed here; nothing else sets them.
 """
 

@@ -3,7 +3,7 @@
 The decorator only records metadata and fails at decoration time when the
 options are wrong. Calling a step inside a workflow takes its seq at once, in
 program order, and returns the awaitable that runs it under the commit protocol
-(see :mod:`durably.runtime`). Outside a workflow, or inside another step, a step
+(see :mod:`durably.workflow_run`). Outside a workflow, or inside another step, a step
 is an ordinary function call (still awaited), so steps are easy to unit-test.
 """
 

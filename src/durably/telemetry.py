@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from durably import context
 
 if TYPE_CHECKING:
-    from durably.runtime import Run
+    from durably.workflow_run import Run
 
 try:
     from opentelemetry import trace

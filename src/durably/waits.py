@@ -30,7 +30,7 @@ from durably import (
 from durably.storage import base
 
 if TYPE_CHECKING:
-    from durably.runtime import Run
+    from durably.workflow_run import Run
 
 _STARTED = journal.EntryStatus.STARTED
 _COMPLETED = journal.EntryStatus.COMPLETED

@@ -18,7 +18,7 @@ import uuid as _uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from durably import context, errors, journal, runtime, validate
+from durably import context, errors, journal, validate, workflow_run
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -289,4 +289,4 @@ def compensate(fn: Callable[..., Any], *args: Any, name: str | None = None, **kw
     if not callable(fn):
         raise errors.DefinitionError(f"compensate() needs a function, got {type(fn).__name__}")
     label = name or f"compensate:{getattr(fn, '__qualname__', repr(fn))}"
-    run.compensations.append(runtime.Compensation(fn, args, kwargs, label))
+    run.compensations.append(workflow_run.Compensation(fn, args, kwargs, label))

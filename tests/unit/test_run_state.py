@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
-from durably import errors, journal, runtime
+from durably import errors, journal, workflow_run
 
-State = runtime.State
+State = workflow_run.State
 
 
-def make_run(cancel_requested: int = 0, history: list[journal.Entry] | None = None) -> runtime.Run:
-    services = runtime.Services(
+def make_run(
+    cancel_requested: int = 0, history: list[journal.Entry] | None = None
+) -> workflow_run.Run:
+    services = workflow_run.Services(
         store=None,  # type: ignore[arg-type]  # these transitions never write
         clock=lambda: 0.0,
         step_threads=concurrent.futures.ThreadPoolExecutor(1),
@@ -28,11 +30,11 @@ def make_run(cancel_requested: int = 0, history: list[journal.Entry] | None = No
     info = journal.WorkflowInfo(
         "wf", "flow", "running", "{}", epoch=3, cancel_requested=cancel_requested
     )
-    return runtime.Run(services, info, history or [])
+    return workflow_run.Run(services, info, history or [])
 
 
 def test_the_state_docstring_names_every_state() -> None:
-    doc = runtime.State.__doc__ or ""
+    doc = workflow_run.State.__doc__ or ""
     for state in State:
         assert state.name in doc
 
@@ -52,11 +54,11 @@ async def test_closing_refuses_new_calls_and_retiring_ends_the_run() -> None:
     run = make_run()
     await run.close()
     assert (run.state, run.closing, run.let_go) == (State.CLOSING, True, False)
-    with pytest.raises(runtime.Suspended, match="function has ended"):
+    with pytest.raises(workflow_run.Suspended, match="function has ended"):
         run.take_seq()
     run.retire()
     assert (run.state, run.let_go, run.listening) == (State.RETIRED, True, False)
-    with pytest.raises(runtime.Suspended, match="let go"):
+    with pytest.raises(workflow_run.Suspended, match="let go"):
         run.take_seq()
 
 
@@ -87,7 +89,7 @@ async def test_a_lost_run_raises_its_fence_and_still_hears_wake_ups() -> None:
 def test_cancellation_is_due_once(
     requested: bool, delivered: bool, in_journal: bool, due: bool
 ) -> None:
-    assert runtime.Cancellation(requested, delivered, in_journal).due is due
+    assert workflow_run.Cancellation(requested, delivered, in_journal).due is due
 
 
 async def test_a_requested_cancellation_is_delivered_at_the_next_call_and_staged() -> None:

@@ -19,7 +19,7 @@ happens to my side effects?" It
    each scenario against the policy the step declared.
 
 Why the counts are right: the child observes the engine through
-``durably.faults.observe`` (it replaces nothing). ``step_runner.invoke``, the
+``durably.faults.observe`` (it replaces nothing). ``step_call.invoke``, the
 single place where the engine calls a step function (compensations included),
 reports each call *before* it is made, and the child appends one line per call
 to a file with ``O_APPEND``, so a call cut short by SIGKILL is still counted

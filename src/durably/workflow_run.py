@@ -595,10 +595,10 @@ def call_site() -> str | None:
 
 @functools.cache
 def _run_step() -> Callable[..., Coroutine[Any, Any, Any]]:
-    """``step_runner.run_step`` (that module imports this one): looked up once, not per step."""
-    from durably import step_runner
+    """``step_call.run_step`` (that module imports this one): looked up once, not per step."""
+    from durably import step_call
 
-    return step_runner.run_step
+    return step_call.run_step
 
 
 def _loop_is_quiet() -> bool:

@@ -33,21 +33,21 @@ from durably import (
     journal,
     races,
     replay,
-    runtime,
     steps,
     telemetry,
     watchdog,
+    workflow_run,
 )
 
 if TYPE_CHECKING:
-    from durably.runtime import Run
+    from durably.workflow_run import Run
 
 _STEP = journal.Kind.STEP
 _S = journal.EntryStatus
 _A = replay.Action
 _RUN = replay.Action.RUN
 
-REVIEW = runtime.REVIEW
+REVIEW = workflow_run.REVIEW
 
 
 @races.durable_call

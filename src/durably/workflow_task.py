@@ -18,10 +18,10 @@ from durably import (
     faults,
     journal,
     races,
-    runtime,
-    step_runner,
+    step_call,
     steps,
     telemetry,
+    workflow_run,
     workflows,
 )
 
@@ -29,7 +29,7 @@ log = logging.getLogger("durably")
 
 
 async def drive(
-    run: runtime.Run,
+    run: workflow_run.Run,
     info: journal.WorkflowInfo,
     definition: workflows.WorkflowDefinition,
     history: list[journal.Entry],
@@ -41,7 +41,7 @@ async def drive(
 
 
 async def _drive(
-    run: runtime.Run,
+    run: workflow_run.Run,
     info: journal.WorkflowInfo,
     definition: workflows.WorkflowDefinition,
     history: list[journal.Entry],
@@ -78,10 +78,10 @@ async def _drive(
             raise errors.StorageDataError(
                 f"workflow {definition.name!r} ({wid!r}): its result cannot be stored: {refused}"
             ) from refused
-    except runtime.Suspended:
+    except workflow_run.Suspended:
         await run.close()  # steps of other branches finish and commit first
         log.info("workflow %s let go (%s)", wid, "parked" if run.parked else "suspended")
-    except runtime.Abandoned as exc:
+    except workflow_run.Abandoned as exc:
         log.error("workflow %s stopped: %s; it resumes from its journal", wid, exc)
     except errors.FencedError as exc:
         log.warning("workflow %s: %s", wid, exc)
@@ -107,7 +107,7 @@ def _poison(info: journal.WorkflowInfo, history: list[journal.Entry], limit: int
     )
 
 
-async def _fail(run: runtime.Run, exc: Exception) -> None:
+async def _fail(run: workflow_run.Run, exc: Exception) -> None:
     diverged = run.diverged
     status: str
     err: BaseException
@@ -121,16 +121,16 @@ async def _fail(run: runtime.Run, exc: Exception) -> None:
     if status != journal.Status.DIVERGED and run.compensations:
         try:
             await _compensate(run, err)
-        except (runtime.Suspended, runtime.Abandoned, errors.FencedError) as stop:
+        except (workflow_run.Suspended, workflow_run.Abandoned, errors.FencedError) as stop:
             log.warning("workflow %s: compensation interrupted: %s", run.workflow_id, stop)
             return  # it resumes from its journal; finished compensations won't run again
     try:
         await _record_end(run, status, err)
-    except (runtime.Abandoned, runtime.Suspended, errors.FencedError) as store_exc:
+    except (workflow_run.Abandoned, workflow_run.Suspended, errors.FencedError) as store_exc:
         log.error("could not record the end of workflow %s: %s", run.workflow_id, store_exc)
 
 
-async def _record_end(run: runtime.Run, status: str, err: BaseException) -> None:
+async def _record_end(run: workflow_run.Run, status: str, err: BaseException) -> None:
     """Record the workflow's end with its error, even when the database refuses the error.
 
     Refused (``StorageDataError``: a LATIN1 database, a constraint), the error is
@@ -145,7 +145,7 @@ async def _record_end(run: runtime.Run, status: str, err: BaseException) -> None
         refused = exc
     log.error("workflow %s: the database refused its error: %s", run.workflow_id, refused)
     try:
-        await run.finish(status, None, step_runner.error_json(err, ascii_only=True))
+        await run.finish(status, None, step_call.error_json(err, ascii_only=True))
         return
     except errors.StorageDataError:
         pass
@@ -153,10 +153,10 @@ async def _record_end(run: runtime.Run, status: str, err: BaseException) -> None
         f"workflow {run.workflow_id!r} ended {status} with {type(err).__name__}, and the "
         "database refused to store its text (see the log)"
     )
-    await run.finish(status, None, step_runner.error_json(fallback, ascii_only=True))
+    await run.finish(status, None, step_call.error_json(fallback, ascii_only=True))
 
 
-async def _compensate(run: runtime.Run, cause: BaseException) -> None:
+async def _compensate(run: workflow_run.Run, cause: BaseException) -> None:
     """Run the registered undos as durable steps, newest first; note the ones that failed."""
     run.cancellation.delivered = True  # compensations run even when cancellation was asked
     for undo in reversed(run.compensations):
