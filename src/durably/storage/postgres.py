@@ -61,9 +61,7 @@ meanwhile are gone. Executors still poll, rarely, as the fallback.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import select
 import threading
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -76,7 +74,7 @@ import psycopg.pq
 from psycopg import sql as pgsql
 
 from durably import errors, journal
-from durably.storage import base, entries, sql, sqlbase
+from durably.storage import base, entries, pg_listener, sql, sqlbase
 
 log = logging.getLogger("durably")
 
@@ -251,7 +249,7 @@ class PostgresStore(sql.SqlStore):
             conn = self._connect()
             if not self._schema_settled:
                 self._settle_schema(conn)
-                _use_schema(conn, self.schema)
+                pg_listener.use_schema(conn, self.schema)
             self.migrate()
         except psycopg.Error as exc:
             mapped = self._map_error(exc)
@@ -309,7 +307,7 @@ class PostgresStore(sql.SqlStore):
             self._connections.add(conn)
         if self._schema_settled:
             try:
-                _use_schema(conn, self.schema)
+                pg_listener.use_schema(conn, self.schema)
             except psycopg.Error as exc:
                 self._drop()
                 raise errors.DatabaseUnavailable(
@@ -440,7 +438,9 @@ class PostgresStore(sql.SqlStore):
         self._execute("SELECT pg_notify(%(channel)s, %(payload)s)", params)
 
     def listen(self, callback: Callable[[base.Wakeup], None]) -> Callable[[], None]:
-        listener = Listener(self._conninfo, self.where, callback, self.channel, self.schema)
+        listener = pg_listener.Listener(
+            self._conninfo, self.where, callback, self.channel, self.schema
+        )
         listener.start()
         return listener.stop
 
@@ -566,96 +566,3 @@ def _begin_with(conn: psycopg.Connection[Any], sql_text: str, params: Any) -> An
         conn.execute("BEGIN")
         cursor = conn.execute(sql_text, params)
     return cursor
-
-
-def _use_schema(conn: psycopg.Connection[Any], schema: str) -> None:
-    """Point the (autocommit) session's unqualified names at ``schema``, and only there."""
-    conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(schema)))
-
-
-class Listener:
-    """A thread holding a LISTEN connection; hands every notification to a callback.
-
-    It waits in ``select`` on the connection's socket and on a pipe that
-    :meth:`stop` writes to, so stopping is immediate. A quiet connection is
-    checked every ``keepalive`` seconds; a lost one is replaced with back-off.
-    """
-
-    def __init__(
-        self,
-        conninfo: str,
-        where: str,
-        callback: Callable[[base.Wakeup], None],
-        channel: str = sqlbase.CHANNEL,
-        schema: str = DEFAULT_SCHEMA,
-        keepalive: float = 15.0,
-    ) -> None:
-        self._conninfo = conninfo
-        self._channel = channel
-        self._schema = schema
-        self._where = where
-        self._callback = callback
-        self._keepalive = keepalive
-        self._stop_r, self._stop_w = os.pipe()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="durably-listen", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop listening and wait for the thread. Idempotent."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        os.write(self._stop_w, b"x")
-        self._thread.join()
-        os.close(self._stop_r)
-        os.close(self._stop_w)
-
-    def _run(self) -> None:
-        delay, lost = 0.1, False
-        while not self._stopped.is_set():
-            try:
-                conn = psycopg.connect(self._conninfo, autocommit=True)
-            except psycopg.Error as exc:
-                log.info("cannot listen on %s yet: %s", self._where, " ".join(str(exc).split()))
-                self._pause(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            try:
-                _use_schema(conn, self._schema)
-                conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self._channel)))
-                delay = 0.1
-                if lost:
-                    self._deliver(base.Wakeup("work"))  # what was sent meanwhile is lost
-                self._serve(conn)
-            except psycopg.Error as exc:
-                log.info("lost the wake-up connection to %s: %s", self._where, exc)
-                lost = True
-                self._pause(delay)
-            finally:
-                conn.close()
-
-    def _serve(self, conn: psycopg.Connection[Any]) -> None:
-        conn.add_notify_handler(lambda n: self._deliver(sqlbase.decode_wakeup(n.payload)))
-        fd = conn.fileno()
-        while not self._stopped.is_set():
-            ready, _, _ = select.select([fd, self._stop_r], [], [], self._keepalive)
-            if self._stop_r in ready:
-                return
-            if not ready:
-                conn.execute("SELECT 1")  # raises if the server went away silently
-                continue
-            conn.pgconn.consume_input()  # raises if the connection was closed
-            while (notify := conn.pgconn.notifies()) is not None:
-                self._deliver(sqlbase.decode_wakeup(notify.extra.decode()))
-
-    def _deliver(self, wakeup: base.Wakeup) -> None:
-        try:
-            self._callback(wakeup)
-        except Exception:  # the engine's problem; never the end of listening
-            log.exception("wake-up callback failed")
-
-    def _pause(self, seconds: float) -> None:
-        select.select([self._stop_r], [], [], seconds)

@@ -1,0 +1,115 @@
+"""PostgreSQL's wake-ups: a thread holding a LISTEN connection, for the PostgreSQL store.
+
+A notification names what changed (new work, a signal, a cancel, a timer); the
+engine acts on it at once instead of at its next poll. After a lost connection
+the listener connects again and reports "work": what was sent meanwhile is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql as pgsql
+
+from durably.storage import base, sqlbase
+
+log = logging.getLogger("durably")
+
+
+def use_schema(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Point the (autocommit) session's unqualified names at ``schema``, and only there."""
+    conn.execute(pgsql.SQL("SET search_path TO {}").format(pgsql.Identifier(schema)))
+
+
+class Listener:
+    """A thread holding a LISTEN connection; hands every notification to a callback.
+
+    It waits in ``select`` on the connection's socket and on a pipe that
+    :meth:`stop` writes to, so stopping is immediate. A quiet connection is
+    checked every ``keepalive`` seconds; a lost one is replaced with back-off.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        where: str,
+        callback: Callable[[base.Wakeup], None],
+        channel: str,
+        schema: str,
+        keepalive: float = 15.0,
+    ) -> None:
+        self._conninfo = conninfo
+        self._channel = channel
+        self._schema = schema
+        self._where = where
+        self._callback = callback
+        self._keepalive = keepalive
+        self._stop_r, self._stop_w = os.pipe()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="durably-listen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop listening and wait for the thread. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        os.write(self._stop_w, b"x")
+        self._thread.join()
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+    def _run(self) -> None:
+        delay, lost = 0.1, False
+        while not self._stopped.is_set():
+            try:
+                conn = psycopg.connect(self._conninfo, autocommit=True)
+            except psycopg.Error as exc:
+                log.info("cannot listen on %s yet: %s", self._where, " ".join(str(exc).split()))
+                self._pause(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            try:
+                use_schema(conn, self._schema)
+                conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self._channel)))
+                delay = 0.1
+                if lost:
+                    self._deliver(base.Wakeup("work"))  # what was sent meanwhile is lost
+                self._serve(conn)
+            except psycopg.Error as exc:
+                log.info("lost the wake-up connection to %s: %s", self._where, exc)
+                lost = True
+                self._pause(delay)
+            finally:
+                conn.close()
+
+    def _serve(self, conn: psycopg.Connection[Any]) -> None:
+        conn.add_notify_handler(lambda n: self._deliver(sqlbase.decode_wakeup(n.payload)))
+        fd = conn.fileno()
+        while not self._stopped.is_set():
+            ready, _, _ = select.select([fd, self._stop_r], [], [], self._keepalive)
+            if self._stop_r in ready:
+                return
+            if not ready:
+                conn.execute("SELECT 1")  # raises if the server went away silently
+                continue
+            conn.pgconn.consume_input()  # raises if the connection was closed
+            while (notify := conn.pgconn.notifies()) is not None:
+                self._deliver(sqlbase.decode_wakeup(notify.extra.decode()))
+
+    def _deliver(self, wakeup: base.Wakeup) -> None:
+        try:
+            self._callback(wakeup)
+        except Exception:  # the engine's problem; never the end of listening
+            log.exception("wake-up callback failed")
+
+    def _pause(self, seconds: float) -> None:
+        select.select([self._stop_r], [], [], seconds)
