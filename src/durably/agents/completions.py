@@ -227,6 +227,15 @@ def model_step(
             params["extra_headers"] = headers
         return params
 
+    join = messages_api.assemble if anthropic else assemble  # a stream's chunks, as one answer
+
+    def answered(call: Call, result: JSON, span: Any) -> JSON:
+        """The provider answered: the call is billed, and its turn is what the step returns."""
+        call.live = True
+        answer = messages_api.turn(result) if anthropic else result
+        telemetry.record_result(span, name, answer)
+        return _noted(answer)
+
     if is_async_client(client):
 
         async def call_async(call: Call) -> JSON:
@@ -236,13 +245,8 @@ def model_step(
                 if params.get("stream"):
                     async with response as stream:
                         chunks = [_seen(call, _dump(chunk)) async for chunk in stream]
-                    result = (messages_api.assemble if anthropic else assemble)(chunks)
-                else:
-                    result = _dump(response)
-                call.live = True
-                answer = messages_api.turn(result) if anthropic else result
-                telemetry.record_result(span, name, answer)
-            return _noted(answer)
+                    return answered(call, join(chunks), span)
+                return answered(call, _dump(response), span)
 
         return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(
             call_async
@@ -255,13 +259,8 @@ def model_step(
             if params.get("stream"):
                 with response as stream:
                     chunks = [_seen(call, _dump(chunk)) for chunk in stream]
-                result = (messages_api.assemble if anthropic else assemble)(chunks)
-            else:
-                result = _dump(response)
-            call.live = True
-            answer = messages_api.turn(result) if anthropic else result
-            telemetry.record_result(span, name, answer)
-        return _noted(answer)
+                return answered(call, join(chunks), span)
+            return answered(call, _dump(response), span)
 
     return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(call_sync)
 
