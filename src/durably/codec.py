@@ -39,7 +39,7 @@ from pathlib import Path, PosixPath, PurePath, PurePosixPath, PureWindowsPath, W
 from types import ModuleType
 from typing import Any, TypeVar
 
-from durably import errors, errorstate
+from durably import errors, errorstate, json_text
 
 __all__ = ["decode", "decode_error", "decode_shape", "describe_stored", "encode", "encode_error"]
 
@@ -90,7 +90,7 @@ def encode(value: object, *, where: str) -> str:
     try:
         if _plain(value):
             try:
-                text = _ENCODER.encode(value)
+                text = _write(value)
             except (_Fail, ValueError):
                 pass  # walk the value again below, which finds the path to the culprit
             else:
@@ -98,7 +98,7 @@ def encode(value: object, *, where: str) -> str:
                 # can store them: check the text once here, walk the value only if it fails
                 if text.isascii() or _is_utf8(text):
                     return text
-        text = _ENCODER.encode(_to_json(value))  # the walk checks every string on its way
+        text = _write(_to_json(value))  # the walk checks every string on its way
         if text.isascii() or _is_utf8(text):
             return text
         raise _Fail("holds text that is not valid UTF-8 (a lone surrogate) somewhere")
@@ -299,13 +299,7 @@ _CONVERTERS: dict[type, Callable[[Any], object]] = {
         for c in _PATH_TYPES.values()
     },
 }
-_ENCODER = json.JSONEncoder(
-    separators=(",", ":"),
-    ensure_ascii=False,
-    allow_nan=False,
-    check_circular=False,
-    default=_to_json,
-)
+_write = json_text.writer(_to_json)
 _SORTER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
@@ -316,8 +310,8 @@ def decode(text: str, *, where: str) -> object:
     """The value ``encode`` was given. Corrupt JSON or a bad tag raises DecodeError."""
     try:
         if _MARK_TEXT not in text:
-            return _PLAIN_DECODER.decode(text)
-        return _TAGGED_DECODER.decode(text)
+            return _read_plain(text)
+        return _read_tagged(text)
     except _Bad as e:
         raise errors.DecodeError(f"cannot decode {where}: {e}") from e.__cause__
     except json.JSONDecodeError as e:
@@ -422,9 +416,11 @@ _REBUILDERS: dict[str, Callable[[dict[str, Any]], object]] = {
     "dataclass": _dataclass,
     "pydantic": _pydantic,
 }
-_PLAIN_DECODER = json.JSONDecoder(parse_constant=_bad_constant)
-_TAGGED_DECODER = json.JSONDecoder(
-    parse_constant=_bad_constant, object_hook=lambda d: _untag(d) if _MARK in d else d
+_read_plain = json_text.reader(json.JSONDecoder(parse_constant=_bad_constant))
+_read_tagged = json_text.reader(
+    json.JSONDecoder(
+        parse_constant=_bad_constant, object_hook=lambda d: _untag(d) if _MARK in d else d
+    )
 )
 
 
@@ -469,7 +465,7 @@ def describe_stored(text: str) -> str:
     ``str``: the class path it was stored with, its field names and their kinds.
     """
     try:
-        tree = _PLAIN_DECODER.decode(text)
+        tree = _read_plain(text)
     except (ValueError, RecursionError, _Bad):
         return "corrupt JSON"
     return _describe(tree, 0)
@@ -575,8 +571,8 @@ def decode_error(data: dict[str, object]) -> BaseException:
     if cls is not None:
         attempts: list[tuple[object, ...]] = []
         try:
-            # the tree holds JSON types only, so _ENCODER writes it verbatim
-            args = _TAGGED_DECODER.decode(_ENCODER.encode(data.get("args")))
+            # the tree holds JSON types only, so _write writes it verbatim
+            args = _read_tagged(_write(data.get("args")))
             if isinstance(args, (list, tuple)):
                 attempts.append(tuple(args))
         except Exception:
@@ -593,7 +589,7 @@ def decode_error(data: dict[str, object]) -> BaseException:
 
 def _from_json_tree(tree: object) -> object:
     """The values a JSON tree written by ``_to_json`` stands for (tags undone)."""
-    return _TAGGED_DECODER.decode(_ENCODER.encode(tree))
+    return _read_tagged(_write(tree))
 
 
 def _exception_class(type_name: str) -> type[Exception] | None:

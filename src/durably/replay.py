@@ -55,7 +55,7 @@ class Replayer:
         self._entries = {e.seq: e for e in entries}
         self._last_seq = 0
         self._diverged: errors.NonDeterminismError | None = None
-        self._sites: dict[int, str] = {}
+        self._sites: dict[int, tuple[str, int]] = {}
         self.recorded_code = recorded_code
         self.asked_code = asked_code
 
@@ -78,14 +78,16 @@ class Replayer:
         """Whether the journal holds an entry at ``seq`` (the call there is replayed)."""
         return seq in self._entries
 
-    def note_site(self, seq: int, site: str | None) -> None:
-        """Remember where the code's call at ``seq`` was made, for the messages about it."""
+    def note_site(self, seq: int, site: tuple[str, int] | None) -> None:
+        """Remember where the code's call at ``seq`` was made (file, line), for the messages
+        about it; kept as a pair and written as text only when a message needs it."""
         if site is not None:
             self._sites[seq] = site
 
     def site(self, seq: int) -> str | None:
-        """The file and line of the code's call at ``seq``, when it was replayed and known."""
-        return self._sites.get(seq)
+        """``file:line`` of the code's call at ``seq``, when it was replayed and known."""
+        site = self._sites.get(seq)
+        return None if site is None else f"{site[0]}:{site[1]}"
 
     def peek(self, seq: int) -> journal.Entry | None:
         """The entry at ``seq``, without checking it against any call."""
@@ -104,7 +106,7 @@ class Replayer:
                 seq,
                 recorded,
                 asked,
-                self._sites.get(seq),
+                self.site(seq),
                 self.recorded_code,
                 self.asked_code,
             )
@@ -117,7 +119,7 @@ class Replayer:
             seq,
             f"arguments digest {entry.args_digest}",
             entry.describe(),
-            self._sites.get(seq),
+            self.site(seq),
             self.recorded_code,
             self.asked_code,
         )

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from durably.workflow_run import Run
 
 _STEP = journal.Kind.STEP
+_blake2b = hashlib.blake2b
 _S = journal.EntryStatus
 _A = replay.Action
 _RUN = replay.Action.RUN
@@ -63,13 +64,12 @@ async def _run(
     run: Run, seq: int, step: steps.StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     entry = run.lookup(seq, _STEP, step.name)
-    where = f"step {step.name!r} (workflow {run.workflow_id!r}, seq {seq})"
-    key = f"{run.workflow_id}:{seq}"
     plan = replay.plan_step(entry, reconciles=step.reconcile is not None)
     action, attempt = plan.action, plan.attempt
+    where = f"step {step.name!r} (workflow {run.workflow_id!r}, seq {seq})"
     digest = args_digest(args, kwargs)
-    if entry is not None and digest != entry.args_digest:  # a replay with other arguments?
-        await run.check_arguments(seq, entry, digest)
+    if entry is not None and entry.args_digest is not None and digest != entry.args_digest:
+        await run.check_arguments(seq, entry, digest)  # a replay with other arguments
     if action is not _RUN:
         assert entry is not None  # a new call always runs
         if action is _A.RETURN:
@@ -80,10 +80,12 @@ async def _run(
             assert plan.wake_at is not None
             await _backoff(run, seq, plan.wake_at)
         else:  # an intent without a receipt: the outcome is unknown
+            key = f"{run.workflow_id}:{seq}"
             found = await _unknown_outcome(run, seq, step, entry, args, kwargs, key, where)
             if found is not None:
                 return found[0]
     await run.flush()
+    key = f"{run.workflow_id}:{seq}"
     while True:
         await run.ready()  # not while a park is on its way: the run may be letting go
         run.check_stopping()
@@ -241,7 +243,8 @@ def args_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         text = codec.encode(value, where="step arguments")
     except Exception:
         return None
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    # encode refuses lone surrogates, so the text is valid UTF-8
+    return _blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def _intent(args: tuple[Any, ...], kwargs: dict[str, Any], key: str, where: str) -> str:

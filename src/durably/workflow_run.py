@@ -13,9 +13,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import inspect
 import logging
 import os
+import sys
+import types
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -401,7 +402,8 @@ class Run(parking.Parking):
         self, step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Coroutine[Any, Any, Any]:
         """Take the step's seq now, in program order, and return the awaitable that runs it."""
-        return _run_step()(self, self.take_seq(), step, args, kwargs)
+        # the user's call is two frames up: StepFunction.__call__, then its caller
+        return _run_step()(self, self.take_seq(callers=2), step, args, kwargs)
 
     def check_stopping(self) -> None:
         """Raise Suspended when no new step may start: the engine or the workflow is ending."""
@@ -446,8 +448,12 @@ class Run(parking.Parking):
         """Raise NonDeterminismError if the journal holds calls the code never made."""
         self._replayer.check_finished()
 
-    def take_seq(self) -> int:
-        """The next seq, for a durable call made now; refuses once the run cannot go on."""
+    def take_seq(self, *, callers: int = 0) -> int:
+        """The next seq, for a durable call made now; refuses once the run cannot go on.
+
+        ``callers``: how many of durably's frames the caller knows lie between it and
+        the user's call, skipped unread when a replayed call's line is noted.
+        """
         if self._replayer.diverged is not None:
             raise self._replayer.diverged
         self._check_live()
@@ -455,7 +461,7 @@ class Run(parking.Parking):
             raise self.suspend("the workflow function has ended")
         seq = self._replayer.next_seq()
         if self._replayer.replaying(seq):  # only a replayed call can diverge: name its line
-            self._replayer.note_site(seq, call_site())
+            self._replayer.note_site(seq, call_site(2 + callers))
         return seq
 
     # --- patches and replayed arguments ------------------------------------------------
@@ -576,19 +582,24 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _ASYNCIO_DIR = os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep
 
 
-def call_site() -> str | None:
-    """``file:line`` of the innermost frame outside durably: the user's durable call.
+def call_site(start: int) -> tuple[str, int] | None:
+    """File and line of the innermost frame outside durably: the user's durable call.
 
     None when the call was not made from user code on this stack (a branch that
-    ``asyncio.gather`` runs as a task starts in asyncio's frames).
+    ``asyncio.gather`` runs as a task starts in asyncio's frames). Runs for every
+    replayed call, so it formats nothing, and starts ``start`` frames up (2: the
+    caller of its caller): each frame object it makes on the way costs.
     """
-    frame = inspect.currentframe()
+    try:
+        frame: types.FrameType | None = sys._getframe(start)
+    except ValueError:  # a stack shallower than the caller said
+        return None
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(_PACKAGE_DIR):
             if filename.startswith(_ASYNCIO_DIR):
                 return None
-            return f"{filename}:{frame.f_lineno}"
+            return filename, frame.f_lineno
         frame = frame.f_back
     return None
 

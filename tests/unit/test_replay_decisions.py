@@ -260,7 +260,7 @@ def test_a_divergence_names_the_site_and_the_code_of_both_sides() -> None:
     replayer = replay.Replayer(
         "wf", [entry_of("step", "charge")], "version 2, source aa", "version 3, source bb"
     )
-    replayer.note_site(5, "app.py:42")
+    replayer.note_site(5, ("app.py", 42))
     with pytest.raises(errors.NonDeterminismError) as caught:
         replayer.lookup(5, "step", "refund")
     assert str(caught.value) == (
