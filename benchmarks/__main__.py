@@ -72,11 +72,19 @@ class Sizes:
     totals: dict[int, int]  # in flight -> workflows per measurement
     replay: tuple[int, ...]
     recovery: int
+    recovery_large: int  # the recovery-*-10000 rows: RECOVERY_LARGE, fewer in --quick
     rounds: int
 
 
-FULL = Sizes(200, {1: 200, 10: 500, 100: 2000}, (1000, 10000), 1000, 5)
-QUICK = Sizes(30, {1: 10, 10: 20, 100: 100}, (100, 1000), 100, 2)
+#: The workflows of the ``recovery-*-10000`` rows (the name stays when --quick shrinks it).
+RECOVERY_LARGE = 10_000
+
+FULL = Sizes(200, {1: 200, 10: 500, 100: 2000}, (1000, 10000), 1000, RECOVERY_LARGE, 5)
+QUICK = Sizes(30, {1: 10, 10: 20, 100: 100}, (100, 1000), 100, 300, 2)
+#: Rows whose DBOS cell --quick leaves out (name prefixes): DBOS runs 10-step workflows
+#: at ~20/s here, a first pass of 1,000 steps takes it seconds, and each of its recovery
+#: rows is two DBOS processes (the killed one and the one that recovers) of ~2 s each.
+QUICK_WITHOUT_DBOS = ("tp10-", "replay-1000", "recovery-pg", f"recovery-full-{RECOVERY_LARGE}")
 
 
 def make_rows(sizes: Sizes) -> list[Row]:
@@ -109,12 +117,20 @@ def make_rows(sizes: Sizes) -> list[Row]:
     for b in ("full", "pg"):
         rows.append(
             Row(f"recovery-{b}", f"{sizes.recovery} killed wfs done after restart, {names[b]}",
-                "s", b, "recovery", (sizes.recovery,), "as many fresh, s")
+                "s", b, "recovery", (sizes.recovery,), "as many fresh, s", dbos=True)
+        )  # fmt: skip
+    for b in ("full", "pg"):
+        n = sizes.recovery_large
+        shrunk = "" if n == RECOVERY_LARGE else f" (--quick: {RECOVERY_LARGE} in a full run)"
+        rows.append(
+            Row(f"recovery-{b}-{RECOVERY_LARGE}",
+                f"{n} killed wfs done after restart, {names[b]}{shrunk}", "s", b, "recovery",
+                (n,), "as many fresh, s", dbos=True)
         )  # fmt: skip
     for n in sizes.replay:
         rows.append(
             Row(f"replay-{n}", f"replay per step, {n} steps, SQLite FULL", "us", "full",
-                "replay", (n,), "raw read+decode us/row")
+                "replay", (n,), "raw read+decode us/row", dbos=True)
         )  # fmt: skip
     for b in ("full", "pg"):
         rows.append(
@@ -212,16 +228,23 @@ async def measure(row: Row, be: Backends) -> tuple[float, float]:
 
 
 def dbos_round(rows: list[Row], be: Backends, round_no: int) -> dict[str, float]:
-    """One round of every DBOS row, in a child process (DBOS state is process-global)."""
+    """One round of every DBOS row, in a child process (DBOS state is process-global).
+
+    The rows of a backend share one database a round, except a recovery row: its
+    database is its own, since DBOS's launch on it is what is timed.
+    """
     by_db: dict[str, dict[str, list[Any]]] = {}
     for row in rows:
         if not row.dbos:
             continue
+        db = f"dbos_{round_no}"
+        if row.kind == "recovery":
+            db = f"dbos_{row.name.replace('-', '_')}_{round_no}"
         if row.backend == "pg":
             assert be.pg_url is not None
-            url = be.pg_url(f"bench_dbos_{round_no}")
+            url = be.pg_url(f"bench_{db}")
         else:
-            url = f"sqlite:///{be.workdir}/dbos-{round_no}.db"
+            url = f"sqlite:///{be.workdir}/{db}.db"
         spec: list[Any] = [row.kind, *row.params]
         if row.kind == "throughput":  # DBOS is ~20x slower here: a tenth of the workflows
             steps, in_flight, total = row.params
@@ -234,7 +257,7 @@ def dbos_round(rows: list[Row], be: Backends, round_no: int) -> dict[str, float]
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.dbos_workloads",
          json.dumps({"databases": list(by_db.items())})],
-        capture_output=True, text=True, timeout=1800, check=False, cwd=REPO,
+        capture_output=True, text=True, timeout=3600, check=False, cwd=REPO,
     )  # fmt: skip
     if done.returncode != 0:
         print(f"note: the DBOS round failed:\n{done.stderr[-2000:]}", file=sys.stderr)
@@ -408,9 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     if rounds < 1:
         parser.error("--rounds must be at least 1")
     rows = make_rows(sizes)
-    if args.quick:  # DBOS runs 10-step workflows at ~20/s here: keep --quick under a minute
+    if args.quick:  # keep --quick under a minute: DBOS takes seconds on these
         for r in rows:
-            r.dbos = r.dbos and not r.name.startswith("tp10-")
+            r.dbos = r.dbos and not r.name.startswith(QUICK_WITHOUT_DBOS)
     if args.rows:
         unknown = [n for n in args.rows if not any(r.name.startswith(n) for r in rows)]
         if unknown:
@@ -423,11 +446,23 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_dbos and not with_dbos:
         notes.append("DBOS column skipped: dbos is not installed (pip install 'durably[bench]')")
     if with_dbos:
-        notes.append("DBOS: replay and recovery not measured on DBOS by this command")
+        notes.append(
+            "DBOS replay: the recorded workflow forked past its last step (DBOS.fork_workflow"
+            "), which re-runs it from the top on its recorded outputs, as recovery does"
+        )
+        notes.append(
+            "DBOS recovery: a child running DBOS SIGKILLed with the workflows hung mid-run; "
+            "timed from DBOS() and launch() in the next process until all are SUCCESS"
+        )
         notes.append("DBOS signal: sent 0.2 s after start (DBOS shows no waiting status)")
         notes.append("DBOS throughput: a tenth as many workflows per measurement (>= 1 per lane)")
         if args.quick:
-            notes.append("DBOS: 10-step throughput left out of --quick")
+            notes.append(f"DBOS left out of --quick: {', '.join(QUICK_WITHOUT_DBOS)}")
+    if args.quick and any(r.name.endswith(f"-{RECOVERY_LARGE}") for r in rows):
+        notes.append(
+            f"--quick: the recovery-*-{RECOVERY_LARGE} rows recover {QUICK.recovery_large} "
+            f"workflows, not {RECOVERY_LARGE}"
+        )
 
     load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     parent = args.dir or tempfile.gettempdir()

@@ -32,18 +32,27 @@ def test_quick_benchmark_prints_every_row_beside_its_baseline(tmp_path: Path) ->
         assert column in header
     pg = not pgcluster.missing_tools() or os.environ.get("DURABLY_REQUIRE_POSTGRES") == "1"
     expected = ["step-full", "step-normal", "step-sync-full", "step-sync-normal",
-                "tp1-full-100", "tp10-full-1", "recovery-full", "replay-100", "replay-1000",
-                "signal-full", "bytes-full"]  # fmt: skip
+                "tp1-full-100", "tp10-full-1", "recovery-full", "recovery-full-10000",
+                "replay-100", "replay-1000", "signal-full", "bytes-full"]  # fmt: skip
     if pg:
         expected += ["step-pg", "tp1-pg-100", "procs-pg-1", "procs-pg-4", "recovery-pg",
-                     "signal-pg", "bytes-pg"]  # fmt: skip
+                     "recovery-pg-10000", "signal-pg", "bytes-pg"]  # fmt: skip
     rows = {line.split(" | ")[0].strip(): line.split(" | ") for line in lines if " | " in line}
     for name in expected:
         assert name in rows, f"row {name} missing from:\n{out}"
         baseline, durably_cell = rows[name][3].strip(), rows[name][4].strip()
         assert baseline != "-" and durably_cell != "-", rows[name]
+    # --quick shrinks the 10,000-workflow recovery rows, and says so on the row.
+    assert "300 killed wfs" in rows["recovery-full-10000"][1], rows["recovery-full-10000"]
+    assert "(--quick: 10000 in a full run)" in rows["recovery-full-10000"][1]
     if importlib.util.find_spec("dbos") is not None:
-        assert rows["step-full"][6].strip() != "-", "DBOS is installed but its column is empty"
+        # DBOS runs the replay and recovery workloads too (--quick leaves out the big ones).
+        for name in ("step-full", "replay-100", "recovery-full"):
+            dbos_cell = rows[name][6].strip()
+            assert dbos_cell != "-", f"DBOS is installed but its {name} cell is empty"
+            assert float(dbos_cell.split()[0]) > 0, rows[name]
+        assert "replay and recovery not measured" not in out
+        assert "note: DBOS left out of --quick: " in out
     else:
         assert "DBOS column skipped" in out
     # The temp files are removed.
