@@ -5,10 +5,11 @@
 One table: per-step latency (SQLite FULL, NORMAL, PostgreSQL) against one raw
 commit; a sync ``def`` step against an async one on the same engine; workflow
 throughput (1 and 10 steps, 1/10/100 in flight; 1, 2 and 4 worker processes on
-one PostgreSQL database) against raw commits per second; recovery of killed
-workflows against running as many fresh; replay per step against reading the
-rows back; a signal's wake-up; journal bytes per step against the result's own
-JSON; and DBOS Transact on the same workloads when ``dbos`` is installed. Rounds
+one PostgreSQL database) against raw commits per second; recovery of 1,000 and
+10,000 killed workflows against running as many fresh; replay per step against
+reading the rows back; a signal's wake-up; journal bytes per step against the
+result's own JSON; and DBOS Transact on the same workloads when ``dbos`` is
+installed (its replay and recovery as benchmarks/dbos_workloads.py says). Rounds
 are interleaved (every row once per round, baseline and durably back to back),
 databases are warm (made once, reused by every round), and each cell is
 ``median [min-max]`` over the rounds.
