@@ -25,7 +25,8 @@ class ClaimVerbs(bulk.BulkVerbs):
     ) -> tuple[journal.WorkflowInfo, bool]:
         if new.debounce_key is not None and new.queue is not None:
             self._lock_queue(new.queue, now)  # debounced enqueues of a queue take turns
-        created = self._insert_workflow(new, owner, lease_expires_at, now)
+        row = self._insert_workflow(new, owner, lease_expires_at, now)
+        created = row is not None
         if created and new.debounce_key is not None:
             self._supersede(new, now)
         if created and owner:
@@ -42,7 +43,8 @@ class ClaimVerbs(bulk.BulkVerbs):
             self._wake("timer", at=now + new.delay)
         elif created:
             self._wake("work")
-        row = self.get_workflow(new.workflow_id)
+        if row is None:  # it was there already (or its deduplication id was)
+            row = self.get_workflow(new.workflow_id)
         if row is None and new.queue is not None and new.deduplication_id is not None:
             found = self._q(
                 "deduplicated", queue=new.queue, deduplication_id=new.deduplication_id
@@ -61,8 +63,9 @@ class ClaimVerbs(bulk.BulkVerbs):
         lease_expires_at: float | None,
         now: float,
         inherited_deadline: float | None = None,
-    ) -> bool:
-        """Insert the workflow's row (owned by ``owner``, else pending); False if it exists.
+    ) -> journal.WorkflowInfo | None:
+        """Insert the workflow's row (owned by ``owner``, else pending) and return it; None
+        if it exists.
 
         Its deadline is ``new.timeout`` from now, no later than ``inherited_deadline``
         (a child's: its parent's).
@@ -91,7 +94,8 @@ class ClaimVerbs(bulk.BulkVerbs):
             debounce_key=new.debounce_key,
             deadline_at=cancellation.deadline_of(new.timeout, now, inherited_deadline),
         )
-        return bool(cursor.rowcount == 1)
+        found = rows.first(cursor)
+        return rows.workflow(found) if found else None
 
     def _supersede(self, new: base.NewWorkflow, now: float) -> None:
         """End the not yet started workflows of ``new``'s queue and debounce key."""
