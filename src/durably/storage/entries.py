@@ -208,7 +208,7 @@ class EntryVerbs(claims.ClaimVerbs):
         error: str | None,
         entries: Sequence[journal.Entry],
         now: float,
-    ) -> None:
+    ) -> tuple[str, str | None]:
         outcome = {"output": output, "now": now, "workflow_id": workflow_id, "epoch": epoch}
         found = None
         if not entries:  # the usual end: fenced and finished in one statement
@@ -223,6 +223,7 @@ class EntryVerbs(claims.ClaimVerbs):
             self._wake("join", str(parent_id), name=workflow_id)
         if queue is not None:
             self._wake("work")  # a place in its queue is free
+        return status, error
 
     def _fenced_end(
         self,
