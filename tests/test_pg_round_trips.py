@@ -190,15 +190,17 @@ def test_finish_and_park_fence_and_first_write_are_one_statement(pg_store: Any) 
     assert db.load_history("b") == [sleep]
 
 
-def test_a_plain_finish_is_one_statement_and_start_reads_no_row_back(pg_store: Any) -> None:
-    """With nothing staged, the fence and the final row are one UPDATE; a start returns the
-    row it inserted (RETURNING), no SELECT after it."""
+def test_a_plain_start_and_finish_are_one_statement_each(pg_store: Any) -> None:
+    """A start writes the row and its claim in one statement and returns the row
+    (RETURNING, no SELECT after); with nothing staged, the fence and the final row are
+    one UPDATE."""
     db = Verbs(pg_store)
-    (info, created), sent = statements(
-        pg_store, pg_store.create_workflow, new("a"), "ex-a", NOW + LEASE, NOW
-    )
+    op = base.Op(pg_store.create_workflow, (new("a"), "ex-a", NOW + LEASE, NOW), True)
+    sent = traced(pg_store, [op])
+    info, created = op.result
     assert created and info.workflow_id == "a" and info.epoch == 1 and info.owner == "ex-a"
-    assert len(sent) == 2, sent  # the row (returned), its claim: no SELECT after
+    assert len(sent) == 1, sent  # the row (returned) and its claim, alone: no BEGIN, no SELECT
+    assert [(c.epoch, c.owner, c.reason) for c in db.load_claims("a")] == [(1, "ex-a", "start")]
     _, sent = statements(
         pg_store, pg_store.finish_workflow, "a", info.epoch, "completed", "1", None, [], NOW
     )

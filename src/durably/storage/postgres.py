@@ -62,11 +62,12 @@ meanwhile are gone. Executors still poll, rarely, as the fallback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -418,6 +419,34 @@ class PostgresStore(sql.SqlStore):
         finally:
             session.solo = False
 
+    @contextlib.contextmanager
+    def _alone(self, whole: bool) -> Iterator[None]:
+        """Around a verb's first statement: when it is ``whole`` (all the verb writes) and
+        the verb is alone in its batch, it is sent without BEGIN (and so needs no COMMIT):
+        a statement on its own is a transaction, and the batch one round trip."""
+        session = self._session
+        session.skip_begin = whole and session.solo
+        try:
+            yield
+        finally:
+            session.skip_begin = False
+
+    def _create_row(
+        self,
+        new: base.NewWorkflow,
+        owner: str | None,
+        lease_expires_at: float | None,
+        now: float,
+        *,
+        whole: bool,
+    ) -> journal.WorkflowInfo | None:
+        if not owner:
+            return super()._create_row(new, owner, lease_expires_at, now, whole=whole)
+        with self._alone(whole):  # the row and its claim: one statement
+            return self._insert_workflow(
+                new, owner, lease_expires_at, now, query="create_owned_workflow"
+            )
+
     def _next_savepoint(self) -> None:
         self._execute("RELEASE SAVEPOINT op; SAVEPOINT op")  # one round trip, not two
 
@@ -429,9 +458,7 @@ class PostgresStore(sql.SqlStore):
         # (one op, which writes nothing else), it is sent without BEGIN and COMMIT: a
         # single statement is a transaction of its own, so the whole commit is that one
         # round trip, and _commit finds nothing left to commit.
-        session = self._session
-        session.skip_begin = whole and session.solo
-        try:
+        with self._alone(whole):
             found = self._q(
                 "fence_and_write_entry",
                 workflow_id=workflow_id,
@@ -448,8 +475,6 @@ class PostgresStore(sql.SqlStore):
                 wake_at=entry.wake_at,
                 args_digest=entry.args_digest,
             ).fetchone()
-        finally:
-            session.skip_begin = False
         if found is None:  # the fence did not hold: nothing was written
             raise self._fenced_off(workflow_id, epoch)
         cancel_requested, crash_count, deadline_at, written = found

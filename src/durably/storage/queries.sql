@@ -24,6 +24,17 @@ RETURNING workflow_id, name, status, input, version, source_hash, output, error,
           cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries,
           warnings, deadline_at
 
+-- name: create_owned_workflow
+-- PostgreSQL only (a data-modifying WITH): create_workflow and, when it created the row,
+-- the claim of its start, in one statement; returns the row, as create_workflow does.
+WITH created AS (
+{{create_workflow}}
+), claimed AS (
+    INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
+    SELECT workflow_id, epoch, owner, created_at, NULL, 'start' FROM created
+)
+SELECT * FROM created
+
 -- name: supersede_debounced
 -- End, as cancelled, the workflows of a queue under a debounce key that have not started
 -- (pending, never claimed), but the one just enqueued: a debounced burst keeps its last.
