@@ -251,12 +251,9 @@ WHERE workflow_id = :workflow_id AND epoch = :epoch
 -- Who owns a workflow now (for the message of a fenced write).
 SELECT owner, epoch, status FROM workflows WHERE workflow_id = :workflow_id
 
--- name: upsert_entry
--- Write a call's entry at its seq; a final entry, or another call's, is never changed.
-INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at, args_digest)
-VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
-        :finished_at, :wake_at, :args_digest)
+-- name: entry_conflict
+-- Not a statement: the ON CONFLICT clause of every write of a journal entry (embedded):
+-- a final entry, or another call's, is never changed.
 ON CONFLICT (workflow_id, seq) DO UPDATE
 SET kind = excluded.kind, name = excluded.name,
     status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
@@ -266,6 +263,14 @@ SET kind = excluded.kind, name = excluded.name,
 WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
   AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
        OR excluded.kind = 'cancel')
+
+-- name: upsert_entry
+-- Write a call's entry at its seq; a final entry, or another call's, is never changed.
+INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
+                     finished_at, wake_at, args_digest)
+VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
+        :finished_at, :wake_at, :args_digest)
+{{entry_conflict}}
 
 -- name: fence_and_write_entry
 -- The fence and one entry's upsert in one statement (PostgreSQL only: a data-modifying
@@ -287,15 +292,7 @@ WITH fence AS (
            CAST(:finished_at AS DOUBLE PRECISION), CAST(:wake_at AS DOUBLE PRECISION),
            CAST(:args_digest AS TEXT)
     FROM fence
-    ON CONFLICT (workflow_id, seq) DO UPDATE
-    SET kind = excluded.kind, name = excluded.name,
-        status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
-        started_at = excluded.started_at, finished_at = excluded.finished_at,
-        wake_at = excluded.wake_at,
-        args_digest = COALESCE(excluded.args_digest, journal.args_digest)
-    WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
-      AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
-           OR excluded.kind = 'cancel')
+    {{entry_conflict}}
     RETURNING 1
 ), progressed AS (
     -- a new final entry ends the crashes in a row (what ``progress`` does after upsert_entry)
