@@ -152,6 +152,9 @@ PRIVATE_READS = {
     ("durably.testing.payments", "app._enter"),
     ("durably.testing.payments", "app._exit"),
     ("durably.testing.payments", "app._handle"),
+    # CPython's documented frame access, one call cheaper than inspect.currentframe() (whose
+    # f_back chain makes a frame object per frame): a replayed call notes its line with it
+    ("durably.workflow_run", "sys._getframe"),
 }
 
 
@@ -165,8 +168,16 @@ def test_no_module_reads_private_attributes_of_another() -> None:
                 isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
             ):
                 continue
+            if _is_super(node.value):  # an override calling its own class's version
+                continue
             found.add((name, ast.unparse(node)))
     assert found <= PRIVATE_READS, f"new reads of private attributes: {found - PRIVATE_READS}"
+
+
+def _is_super(node: ast.expr) -> bool:
+    return (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+    )
 
 
 def test_the_checker_finds_a_cycle() -> None:

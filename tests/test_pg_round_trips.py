@@ -22,7 +22,7 @@ import pytest
 import durably
 from durably import errors, journal
 from durably.storage import base, create_store
-from tests.test_store import LEASE, NOW, Verbs, owned, step, take_over
+from tests.test_store import LEASE, NOW, Verbs, new, owned, step, take_over
 
 
 @pytest.fixture
@@ -88,15 +88,51 @@ def test_a_plain_steps_fence_and_write_are_one_statement(pg_store: Any) -> None:
     assert db.load_history("wf-1") == [step(1), step(2)]
 
 
-def test_a_plain_steps_whole_commit_is_two_round_trips(pg_store: Any) -> None:
-    """BEGIN goes with the first statement (pipelined), then COMMIT: two waits, where a raw
-    BEGIN; INSERT; COMMIT takes three."""
+def test_a_plain_steps_whole_commit_is_one_round_trip(pg_store: Any) -> None:
+    """A step's commit alone in its batch is one statement sent as its own transaction:
+    no BEGIN, no COMMIT, one wait, where a raw BEGIN; INSERT; COMMIT takes three."""
     db = Verbs(pg_store)
     info = owned(db)
     for seq in (1, 2, 3):
-        statements(pg_store, pg_store.append_entries, "wf-1", info.epoch, [step(seq)], NOW)
-        assert pg_store.last_round_trips == 2
+        op = base.Op(pg_store.append_entries, ("wf-1", info.epoch, [step(seq)], NOW), True)
+        sent = traced(pg_store, [op])
+        assert op.error is None
+        assert len(sent) == 1, sent
+        assert "INSERT INTO journal" in sent[0], sent  # the fused statement, nothing else
     assert db.load_history("wf-1") == [step(1), step(2), step(3)]
+    assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_receipt_with_events_is_one_transaction(pg_store: Any) -> None:
+    """A step that published events writes more than the fused statement: BEGIN goes with
+    it (pipelined, in its round trip), and the events commit in the same transaction."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    op = base.Op(
+        pg_store.commit_receipt, ("wf-1", info.epoch, [step(1)], [("k", '"v"')], NOW), True
+    )
+    sent = traced(pg_store, [op])
+    assert op.error is None
+    assert len(sent) == 3 and sent[-1].strip('" ') == "COMMIT", sent  # fused, event, COMMIT
+    assert db.load_history("wf-1") == [step(1)]
+    assert pg_store.get_event("wf-1", "k") == '"v"'
+
+
+def test_the_one_statement_commit_ends_the_crashes_counted(pg_store: Any) -> None:
+    """A recovery counted a crash; the first new final entry, committed alone as one
+    statement, resets the count in that same statement."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    with pg_store.conn.transaction():
+        pg_store.conn.execute(
+            "UPDATE workflows SET crash_count = 2 WHERE workflow_id = %s", ("wf-1",)
+        )
+    op = base.Op(pg_store.append_entries, ("wf-1", info.epoch, [step(1, "started")], NOW), True)
+    assert len(traced(pg_store, [op])) == 1 and op.error is None
+    assert db.get_workflow("wf-1").crash_count == 2  # an intent is not progress
+    op = base.Op(pg_store.append_entries, ("wf-1", info.epoch, [step(1)], NOW), True)
+    assert len(traced(pg_store, [op])) == 1 and op.error is None
+    assert db.get_workflow("wf-1").crash_count == 0
 
 
 def test_a_batch_that_succeeds_sends_no_savepoint(pg_store: Any) -> None:
@@ -152,6 +188,25 @@ def test_finish_and_park_fence_and_first_write_are_one_statement(pg_store: Any) 
     assert parked is True
     assert len(sent) == 3, sent  # the fenced write, the park, its timer's wake-up
     assert db.load_history("b") == [sleep]
+
+
+def test_a_plain_start_and_finish_are_one_statement_each(pg_store: Any) -> None:
+    """A start writes the row and its claim in one statement and returns the row
+    (RETURNING, no SELECT after); with nothing staged, the fence and the final row are
+    one UPDATE."""
+    db = Verbs(pg_store)
+    op = base.Op(pg_store.create_workflow, (new("a"), "ex-a", NOW + LEASE, NOW), True)
+    sent = traced(pg_store, [op])
+    info, created = op.result
+    assert created and info.workflow_id == "a" and info.epoch == 1 and info.owner == "ex-a"
+    assert len(sent) == 1, sent  # the row (returned) and its claim, alone: no BEGIN, no SELECT
+    assert [(c.epoch, c.owner, c.reason) for c in db.load_claims("a")] == [(1, "ex-a", "start")]
+    _, sent = statements(
+        pg_store, pg_store.finish_workflow, "a", info.epoch, "completed", "1", None, [], NOW
+    )
+    assert len(sent) == 1, sent
+    assert db.get_workflow("a").status == "completed"
+    assert db.get_workflow("a").owner is None
 
 
 def test_the_one_statement_write_refuses_a_stale_epoch_and_writes_nothing(pg_store: Any) -> None:

@@ -44,7 +44,9 @@ def test_every_query_is_used_by_the_library() -> None:
     unused = [
         name
         for name in sqlbase.load_queries()
-        if f'"{name}"' not in code and not name.startswith(families)
+        if f'"{name}"' not in code
+        and not name.startswith(families)
+        and "{{" + name + "}}" not in QUERIES  # embedded in another query
     ]
     assert unused == [], f"queries nothing runs: {unused}"
 
@@ -57,6 +59,17 @@ def test_a_query_written_with_its_direction_open_is_made_both_ways() -> None:
     assert "ORDER BY created_at ASC" in oldest and "created_at > :after_created" in oldest
     left = [name for name, sql in queries.items() if "{past}" in sql or "{order}" in sql]
     assert left == [], f"direction slots left unfilled in {left}"
+
+
+def test_a_query_embedded_in_others_is_written_once_and_filled_in() -> None:
+    queries = sqlbase.load_queries()
+    clause = "ON CONFLICT (workflow_id, seq) DO UPDATE"
+    assert QUERIES.count(clause) == 1  # the entry_conflict fragment, and nowhere else
+    assert clause in queries["upsert_entry"] and clause in queries["fence_and_write_entry"]
+    assert queries["create_workflow"].split("INSERT", 1)[1] in queries["create_owned_workflow"]
+    assert "-- name:" not in queries["create_owned_workflow"]
+    left = [name for name, sql in queries.items() if "{{" in sql]
+    assert left == [], f"embedded queries left unfilled in {left}"
 
 
 def test_status_lists_in_sql_are_the_sets_journal_defines() -> None:

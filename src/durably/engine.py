@@ -34,6 +34,7 @@ from durably import (
     leases,
     liveness,
     operations,
+    run_types,
     validate,
     waits,
     watchdog,
@@ -97,6 +98,9 @@ class WorkflowHandle:
             if task is not None:
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 await asyncio.wait({task}, timeout=left)
+                ended = _ended(task)
+                if ended is not None:  # it ended here: as committed, without reading the row
+                    return waits.finished_outcome(f"workflow {self.workflow_id!r}", *ended)
             info = await self.info()
             if info.finished:
                 return outcome(info)
@@ -105,6 +109,13 @@ class WorkflowHandle:
             wait = delay if deadline is None else min(delay, deadline - loop.time())
             await engine._changes.wait(mark, wait)
         raise AssertionError("unreachable: delays() never ends")
+
+
+def _ended(task: asyncio.Task[run_types.Outcome | None]) -> run_types.Outcome | None:
+    """How a finished run's task ended its workflow, if it did (not parked, lost, failed)."""
+    if not task.done() or task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()
 
 
 def outcome(info: journal.WorkflowInfo) -> Any:
@@ -188,7 +199,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         )
         self._executor_id = executor_id
         self._me: journal.ExecutorInfo | None = None
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[str, asyncio.Task[run_types.Outcome | None]] = {}
         self._epochs: dict[str, int] = {}  # the epoch each task in _tasks was launched at
         self._runs: dict[str, workflow_run.Run] = {}
         self._background: list[asyncio.Task[None]] = []
@@ -535,7 +546,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         self._epochs[wid] = info.epoch
         task.add_done_callback(functools.partial(self._forget_task, wid))
 
-    def _forget_task(self, workflow_id: str, task: asyncio.Task[None]) -> None:
+    def _forget_task(self, workflow_id: str, task: asyncio.Task[run_types.Outcome | None]) -> None:
         if self._tasks.get(workflow_id) is task:
             del self._tasks[workflow_id]
             self._epochs.pop(workflow_id, None)
@@ -554,9 +565,10 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         services: workflow_run.Services,
         info: journal.WorkflowInfo,
         definition: workflows.WorkflowDefinition,
-        previous: asyncio.Task[None] | None,
+        previous: asyncio.Task[run_types.Outcome | None] | None,
         fresh: bool,
-    ) -> None:
+    ) -> run_types.Outcome | None:
+        """Run the workflow here; how it ended it, if this run did (not parked, not lost)."""
         wid = info.workflow_id
         if previous is not None:
             await asyncio.wait({previous})
@@ -566,7 +578,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             )
         except errors.StoreError as exc:  # the heartbeat releases what nothing runs
             log.warning("cannot load the journal of workflow %s: %s", wid, exc)
-            return
+            return None
         live = workflow_run.Run(services, info, history, definition.version, definition.source_hash)
         self._runs[wid] = live
         self._leases.track(live)
@@ -590,9 +602,10 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
                 parent.poke(journal.Kind.JOIN, wid)
             else:
                 self._kick_recovery()
+        return live.ended
 
 
-async def _end_tasks(tasks: Sequence[asyncio.Task[None]], patience: float, what: str) -> None:
+async def _end_tasks(tasks: Sequence[asyncio.Task[Any]], patience: float, what: str) -> None:
     """Wait for tasks asked to end; cancel those still running after ``patience`` seconds.
 
     A task still running ``STOP_GRACE`` seconds after its cancellation ignores
@@ -603,7 +616,7 @@ async def _end_tasks(tasks: Sequence[asyncio.Task[None]], patience: float, what:
     _, late = await asyncio.wait(tasks, timeout=patience)
     for task in late:
         task.cancel()
-    stuck: set[asyncio.Task[None]] = set()
+    stuck: set[asyncio.Task[Any]] = set()
     if late:
         _, stuck = await asyncio.wait(late, timeout=STOP_GRACE)
     for task in tasks:

@@ -20,9 +20,7 @@ _c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
 _c_make_scanner: Any = getattr(json.scanner, "c_make_scanner", None)
 
 
-def writer(
-    default: Callable[[Any], Any], *, sort_keys: bool = False
-) -> Callable[[Any], str]:
+def writer(default: Callable[[Any], Any], *, sort_keys: bool = False) -> Callable[[Any], str]:
     """A function writing compact, non-ASCII-escaping JSON that refuses NaN and infinities.
 
     The same text as ``json.JSONEncoder(separators=(",", ":"), ensure_ascii=False,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection
+from typing import Any
 
 from durably import errors, journal, operations, workflow_run
 from durably.storage import thread
@@ -52,7 +53,7 @@ class Leases:
         self._clock = clock
         self._running = running
         self._kick = kick
-        self._drivers: dict[workflow_run.Run, asyncio.Task[None]] = {}
+        self._drivers: dict[workflow_run.Run, asyncio.Task[Any]] = {}
         self._orphans: dict[str, int] = {}
 
     def track(self, run: workflow_run.Run) -> None:

@@ -1,7 +1,8 @@
 """The values a workflow run is made of, apart from its state (see :mod:`durably.runstate`).
 
 What a run needs from its engine (:class:`Services`), one wait of it
-(:class:`Block`), an undo registered for it (:class:`Compensation`), and the two
+(:class:`Block`), an undo registered for it (:class:`Compensation`), how it ended
+the workflow (:class:`Outcome`), and the two
 BaseExceptions that unwind it (:class:`Abandoned`, :class:`Suspended`).
 """
 
@@ -11,7 +12,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from durably.storage import thread
 
@@ -29,6 +30,14 @@ class Suspended(BaseException):
 
     A BaseException so that a workflow's own ``except Exception`` cannot swallow it.
     """
+
+
+class Outcome(NamedTuple):
+    """How a run ended the workflow, as committed: what its handles return or raise."""
+
+    status: str
+    output: str | None
+    error: str | None
 
 
 @dataclasses.dataclass(slots=True)

@@ -74,8 +74,9 @@ def _tracing() -> bool:
 
 @contextlib.contextmanager
 def workflow_span(run: Run, name: str, replayed: int, crash_count: int) -> Iterator[Any]:
-    """A span around one execution segment of a workflow (see the module docstring)."""
-    if trace is None:
+    """A span around one execution segment of a workflow (see the module docstring); none
+    without OpenTelemetry or a tracer provider (see ``_tracing``)."""
+    if not _tracing():
         yield None
         return
     attributes: dict[str, str | int] = {

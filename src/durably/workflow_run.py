@@ -21,7 +21,15 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from durably import cancellation, codec, errors, faults, journal, parking, replay, runstate
-from durably.run_types import REVIEW, Abandoned, Block, Compensation, Services, Suspended
+from durably.run_types import (
+    REVIEW,
+    Abandoned,
+    Block,
+    Compensation,
+    Outcome,
+    Services,
+    Suspended,
+)
 
 if TYPE_CHECKING:
     from durably.steps import StepDefinition
@@ -116,6 +124,7 @@ class Run(parking.Parking):
         self._patches: dict[str, bool] = {}  # durably.patched() answers, once per change id
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
+        self.ended: Outcome | None = None  # the workflow's end, once this run committed it
         self._locals: dict[object, Any] = {}
         self._state = State.RUNNING
         self._resume = State.RUNNING  # where PARKING goes back to if the park does not happen
@@ -283,9 +292,11 @@ class Run(parking.Parking):
             self.cancellation.requested = True
 
     async def finish(self, status: str, output: str | None, error: str | None) -> None:
-        """Commit the final status with any staged entries."""
+        """Commit the final status with any staged entries; ``ended`` then holds it (the
+        status and error as recorded: a late cancel records ``cancelled``)."""
         await self.settle()
-        await self.write("finish_workflow", status, output, error, internal=True)
+        status, error = await self.write("finish_workflow", status, output, error, internal=True)
+        self.ended = Outcome(status, output, error)
 
     def _take_pending(self) -> list[journal.Entry]:
         """Hand over the staged entries to the write about to be made."""

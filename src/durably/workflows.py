@@ -170,6 +170,22 @@ def new_workflow_id(workflow_id: str | None) -> str:
     return validate.name(workflow_id, "workflow id")
 
 
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``fn``'s signature, read once per function (every start checks its arguments)."""
+    try:
+        return _signature_of(fn)
+    except TypeError:  # an unhashable callable: read it each time
+        return _signature_of.__wrapped__(fn)
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature_of(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
 def check_arguments(
     definition: WorkflowDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
@@ -178,9 +194,8 @@ def check_arguments(
     Checked before the start is committed: otherwise the workflow would be
     stored and fail at its first line with a TypeError.
     """
-    try:
-        signature = inspect.signature(definition.fn)
-    except (TypeError, ValueError):  # no signature to check against (a builtin, a C function)
+    signature = _signature(definition.fn)
+    if signature is None:  # no signature to check against (a builtin, a C function)
         return
     try:
         signature.bind(*args, **kwargs)

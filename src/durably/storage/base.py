@@ -331,13 +331,13 @@ class Store(abc.ABC):
         error: str | None,
         entries: Sequence[journal.Entry],
         now: float,
-    ) -> None:
+    ) -> tuple[str, str | None]:
         """Write the last entries and the final status, fenced; the owner lets go.
 
         A parent waiting for this workflow is woken. A ``completed`` workflow whose
         cancel was committed before (or whose deadline passed) ends ``cancelled``
         instead, its output kept (``cancellation.final_status``): a cancel, once
-        accepted, is final.
+        accepted, is final. Returns the status and error recorded.
         """
 
     # --- waiting (fenced like the journal) -----------------------------------------

@@ -25,24 +25,18 @@ class ClaimVerbs(bulk.BulkVerbs):
     ) -> tuple[journal.WorkflowInfo, bool]:
         if new.debounce_key is not None and new.queue is not None:
             self._lock_queue(new.queue, now)  # debounced enqueues of a queue take turns
-        created = self._insert_workflow(new, owner, lease_expires_at, now)
+        # superseding a debounced burst writes after the row: then it is not the whole verb
+        row = self._create_row(new, owner, lease_expires_at, now, whole=new.debounce_key is None)
+        created = row is not None
         if created and new.debounce_key is not None:
             self._supersede(new, now)
-        if created and owner:
-            self._q(
-                "insert_claim",
-                workflow_id=new.workflow_id,
-                epoch=1,
-                owner=owner,
-                now=now,
-                previous_owner=None,
-                reason="start",
-            )
-        elif created and new.delay > 0:
-            self._wake("timer", at=now + new.delay)
-        elif created:
-            self._wake("work")
-        row = self.get_workflow(new.workflow_id)
+        if created and not owner:  # pending: an executor takes it (started here: running)
+            if new.delay > 0:
+                self._wake("timer", at=now + new.delay)
+            else:
+                self._wake("work")
+        if row is None:  # it was there already (or its deduplication id was)
+            row = self.get_workflow(new.workflow_id)
         if row is None and new.queue is not None and new.deduplication_id is not None:
             found = self._q(
                 "deduplicated", queue=new.queue, deduplication_id=new.deduplication_id
@@ -54,6 +48,31 @@ class ClaimVerbs(bulk.BulkVerbs):
             )
         return row, created
 
+    def _create_row(
+        self,
+        new: base.NewWorkflow,
+        owner: str | None,
+        lease_expires_at: float | None,
+        now: float,
+        *,
+        whole: bool,
+    ) -> journal.WorkflowInfo | None:
+        """The new workflow's row and, owned (started here), its start's claim; None if it
+        exists. ``whole``: nothing else of the verb writes after them. PostgreSQL writes
+        both in one statement (``create_owned_workflow``)."""
+        row = self._insert_workflow(new, owner, lease_expires_at, now)
+        if row is not None and owner:
+            self._q(
+                "insert_claim",
+                workflow_id=new.workflow_id,
+                epoch=1,
+                owner=owner,
+                now=now,
+                previous_owner=None,
+                reason="start",
+            )
+        return row
+
     def _insert_workflow(
         self,
         new: base.NewWorkflow,
@@ -61,15 +80,18 @@ class ClaimVerbs(bulk.BulkVerbs):
         lease_expires_at: float | None,
         now: float,
         inherited_deadline: float | None = None,
-    ) -> bool:
-        """Insert the workflow's row (owned by ``owner``, else pending); False if it exists.
+        *,
+        query: str = "create_workflow",
+    ) -> journal.WorkflowInfo | None:
+        """Insert the workflow's row (owned by ``owner``, else pending) and return it; None
+        if it exists. ``query``: create_workflow, or a statement that embeds it.
 
         Its deadline is ``new.timeout`` from now, no later than ``inherited_deadline``
         (a child's: its parent's).
         """
         status = journal.Status.RUNNING if owner else journal.Status.PENDING
         cursor = self._q(
-            "create_workflow",
+            query,
             workflow_id=new.workflow_id,
             name=new.name,
             version=new.version,
@@ -91,7 +113,8 @@ class ClaimVerbs(bulk.BulkVerbs):
             debounce_key=new.debounce_key,
             deadline_at=cancellation.deadline_of(new.timeout, now, inherited_deadline),
         )
-        return bool(cursor.rowcount == 1)
+        found = rows.first(cursor)
+        return rows.workflow(found) if found else None
 
     def _supersede(self, new: base.NewWorkflow, now: float) -> None:
         """End the not yet started workflows of ``new``'s queue and debounce key."""

@@ -34,6 +34,10 @@ class Fence:
         return cancellation.asked(self.cancel_requested, self.deadline_at, now)
 
 
+#: Entry kinds whose write is followed by another statement (``_wrote``).
+_WRITE_MORE = frozenset({journal.Kind.CANCEL, journal.Kind.EVENT})
+
+
 class EntryVerbs(claims.ClaimVerbs):
     """The journal and the fenced writes, for :class:`~durably.storage.sql.SqlStore`."""
 
@@ -68,11 +72,12 @@ class EntryVerbs(claims.ClaimVerbs):
         )
 
     def _fence_and_write(
-        self, workflow_id: str, epoch: int, entry: journal.Entry, now: float
+        self, workflow_id: str, epoch: int, entry: journal.Entry, now: float, *, whole: bool
     ) -> tuple[Fence, int | None]:
         """The fence, and the write of ``entry`` under it where the dialect does both in
         one statement: (what the fence found, how many rows the write changed), or with
-        None when the entry is not written yet (the caller writes it).
+        None when the entry is not written yet (the caller writes it). ``whole``: that
+        statement is all the verb writes (the dialect may send it as its own transaction).
 
         Here, the fence alone: an embedded database has no round trip to save.
         PostgreSQL overrides it (``fence_and_write_entry``).
@@ -80,13 +85,23 @@ class EntryVerbs(claims.ClaimVerbs):
         return self._fence(workflow_id, epoch, now), None
 
     def _fenced_upsert(
-        self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
+        self,
+        workflow_id: str,
+        epoch: int,
+        entries: Sequence[journal.Entry],
+        now: float,
+        *,
+        last: bool = False,
     ) -> Fence:
         """``_fence`` then ``_upsert``, the fence and the first entry's write in one
-        statement where the dialect can (a step's commit: one round trip)."""
+        statement where the dialect can (a step's commit: one round trip). ``last``: the
+        verb writes nothing after these entries."""
         if not entries:
             return self._fence(workflow_id, epoch, now)
-        fence, written = self._fence_and_write(workflow_id, epoch, entries[0], now)
+        first = entries[0]
+        # what _wrote does after a cancel or an event entry writes more: not the whole verb
+        whole = last and len(entries) == 1 and first.kind not in _WRITE_MORE
+        fence, written = self._fence_and_write(workflow_id, epoch, first, now, whole=whole)
         if written is None:
             self._upsert(workflow_id, entries, now, fence)
         else:
@@ -181,7 +196,7 @@ class EntryVerbs(claims.ClaimVerbs):
     def append_entries(
         self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
     ) -> bool:
-        fence = self._fenced_upsert(workflow_id, epoch, entries, now)
+        fence = self._fenced_upsert(workflow_id, epoch, entries, now, last=True)
         return fence.asked(now)
 
     def finish_workflow(
@@ -193,29 +208,42 @@ class EntryVerbs(claims.ClaimVerbs):
         error: str | None,
         entries: Sequence[journal.Entry],
         now: float,
-    ) -> None:
-        fence = self._fenced_upsert(workflow_id, epoch, entries, now)
-        final = cancellation.final_status(status, fence.cancel_requested, fence.deadline_at, now)
-        if final != status:  # it returned after the cancel was committed: cancelled, output kept
-            status = final
-            late = cancellation.cancelled(
-                workflow_id, "after its last durable call", fence.deadline_at, now
-            )
-            error = codec.encode(codec.encode_error(late), where="workflow error")
-        parent_id, queue = self._q(
-            "finish_workflow",
-            status=status,
-            output=output,
-            error=error,
-            now=now,
-            workflow_id=workflow_id,
-            epoch=epoch,
-        ).fetchone()
+    ) -> tuple[str, str | None]:
+        outcome = {"output": output, "now": now, "workflow_id": workflow_id, "epoch": epoch}
+        found = None
+        if not entries:  # the usual end: fenced and finished in one statement
+            found = self._q("finish_workflow_fenced", status=status, error=error, **outcome)
+            found = found.fetchone()
+        if found is None:  # entries to write first, or fenced off, or asked to stop
+            status, error = self._fenced_end(workflow_id, epoch, status, error, entries, now)
+            found = self._q("finish_workflow", status=status, error=error, **outcome).fetchone()
+        parent_id, queue = found
         if parent_id is not None:
             self._q("wake_parent", parent_id=parent_id, now=now)
             self._wake("join", str(parent_id), name=workflow_id)
         if queue is not None:
             self._wake("work")  # a place in its queue is free
+        return status, error
+
+    def _fenced_end(
+        self,
+        workflow_id: str,
+        epoch: int,
+        status: str,
+        error: str | None,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> tuple[str, str | None]:
+        """Fence and write ``entries``; the status and error to finish with: ``cancelled``
+        for a workflow that completed after a cancel was committed (its output kept)."""
+        fence = self._fenced_upsert(workflow_id, epoch, entries, now)
+        final = cancellation.final_status(status, fence.cancel_requested, fence.deadline_at, now)
+        if final == status:
+            return status, error
+        late = cancellation.cancelled(
+            workflow_id, "after its last durable call", fence.deadline_at, now
+        )
+        return final, codec.encode(codec.encode_error(late), where="workflow error")
 
     # --- waiting ------------------------------------------------------------------------
 

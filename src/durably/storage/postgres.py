@@ -13,7 +13,9 @@ own transaction with an explicit ``BEGIN``, exactly as the SQLite dialect does,
 so the transaction boundaries are the ones :meth:`SqlStore.run_batch` draws and
 nothing is begun behind its back. The ``BEGIN`` is sent with the batch's first
 statement, pipelined, and a step's fence and journal write are one statement
-(``fence_and_write_entry``), so a plain step's commit is two round trips.
+(``fence_and_write_entry``). A batch that is only that statement (a plain step's
+commit, alone in its batch) is sent without ``BEGIN`` and ``COMMIT``, as a
+transaction of its own: one round trip.
 Isolation is READ COMMITTED: every verb that decides on a row does so in one
 conditional UPDATE or a ``SELECT ... FOR UPDATE`` (``claim``, the fence of
 ``append_entries``), whose row lock makes a rival wait and then re-check its
@@ -60,11 +62,12 @@ meanwhile are gone. Executors still poll, rarely, as the fallback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -355,18 +358,21 @@ class PostgresStore(sql.SqlStore):
         return _paramstyle(sql_text)
 
     def _execute(self, sql_text: str, params: Mapping[str, Any] | None = None) -> Any:
-        if not self._begin_pending:
+        session = self._session
+        if not session.begin_pending:
             return self.conn.execute(sql_text, params)
-        self._begin_pending = False
+        session.begin_pending = False
+        send = _alone if session.skip_begin else _begin_with
+        session.skip_begin = False
         conn = self.conn
         try:
-            return _begin_with(conn, sql_text, params)
+            return send(conn, sql_text, params)
         except psycopg.OperationalError:
             if not conn.broken:
                 raise
             # The connection died while idle; nothing of this batch reached the server, or
-            # only inside a transaction that dies with the connection: send both again.
-            return _begin_with(self._connect(), sql_text, params)
+            # only inside a transaction that dies with the connection: send it all again.
+            return send(self._connect(), sql_text, params)
 
     def _begin(self, write: bool) -> None:
         if not self._open:
@@ -381,7 +387,10 @@ class PostgresStore(sql.SqlStore):
         if self._begin_pending:  # nothing was sent: nothing to commit
             self._begin_pending = False
             return
-        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        status = self.conn.info.transaction_status
+        if status == psycopg.pq.TransactionStatus.IDLE:  # one statement, committed alone
+            return
+        if status == psycopg.pq.TransactionStatus.INERROR:
             # PostgreSQL answers COMMIT of an aborted transaction with a silent ROLLBACK.
             self._rollback()
             raise errors.StoreError(
@@ -402,32 +411,75 @@ class PostgresStore(sql.SqlStore):
         except psycopg.Error:
             self._drop()  # in an unknown state: the next batch starts on a new connection
 
+    def _run_alone(self, op: base.Op) -> None:
+        session = self._session
+        session.solo = True
+        try:
+            super()._run_alone(op)
+        finally:
+            session.solo = False
+
+    @contextlib.contextmanager
+    def _alone(self, whole: bool) -> Iterator[None]:
+        """Around a verb's first statement: when it is ``whole`` (all the verb writes) and
+        the verb is alone in its batch, it is sent without BEGIN (and so needs no COMMIT):
+        a statement on its own is a transaction, and the batch one round trip."""
+        session = self._session
+        session.skip_begin = whole and session.solo
+        try:
+            yield
+        finally:
+            session.skip_begin = False
+
+    def _create_row(
+        self,
+        new: base.NewWorkflow,
+        owner: str | None,
+        lease_expires_at: float | None,
+        now: float,
+        *,
+        whole: bool,
+    ) -> journal.WorkflowInfo | None:
+        if not owner:
+            return super()._create_row(new, owner, lease_expires_at, now, whole=whole)
+        with self._alone(whole):  # the row and its claim: one statement
+            return self._insert_workflow(
+                new, owner, lease_expires_at, now, query="create_owned_workflow"
+            )
+
     def _next_savepoint(self) -> None:
         self._execute("RELEASE SAVEPOINT op; SAVEPOINT op")  # one round trip, not two
 
     def _fence_and_write(
-        self, workflow_id: str, epoch: int, entry: journal.Entry, now: float
+        self, workflow_id: str, epoch: int, entry: journal.Entry, now: float, *, whole: bool
     ) -> tuple[entries.Fence, int | None]:
         # One statement, so one round trip: the fence's SELECT ... FOR UPDATE and the upsert
-        # of the first entry, written only if the fence held.
-        found = self._q(
-            "fence_and_write_entry",
-            workflow_id=workflow_id,
-            epoch=epoch,
-            seq=entry.seq,
-            kind=entry.kind,
-            name=entry.name,
-            status=entry.status,
-            attempt=entry.attempt,
-            payload=entry.payload,
-            started_at=entry.started_at,
-            finished_at=entry.finished_at,
-            wake_at=entry.wake_at,
-            args_digest=entry.args_digest,
-        ).fetchone()
+        # of the first entry, written only if the fence held. When it is all of a batch
+        # (one op, which writes nothing else), it is sent without BEGIN and COMMIT: a
+        # single statement is a transaction of its own, so the whole commit is that one
+        # round trip, and _commit finds nothing left to commit.
+        with self._alone(whole):
+            found = self._q(
+                "fence_and_write_entry",
+                workflow_id=workflow_id,
+                now=now,
+                epoch=epoch,
+                seq=entry.seq,
+                kind=entry.kind,
+                name=entry.name,
+                status=entry.status,
+                attempt=entry.attempt,
+                payload=entry.payload,
+                started_at=entry.started_at,
+                finished_at=entry.finished_at,
+                wake_at=entry.wake_at,
+                args_digest=entry.args_digest,
+            ).fetchone()
         if found is None:  # the fence did not hold: nothing was written
             raise self._fenced_off(workflow_id, epoch)
         cancel_requested, crash_count, deadline_at, written = found
+        if written and entry.status in journal.FINAL_ENTRY_STATUSES:
+            crash_count = 0  # the statement reset the crashes counted (``progressed``)
         fence = entries.Fence(
             workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at
         )
@@ -539,13 +591,16 @@ class PostgresStore(sql.SqlStore):
 
 
 class _Session:
-    """A connection to the database and whether its batch's BEGIN is still to send."""
+    """A connection to the database, whether its batch's BEGIN is still to send, and
+    whether the batch is one op (``solo``: a one-statement verb may skip BEGIN)."""
 
-    __slots__ = ("begin_pending", "conn")
+    __slots__ = ("begin_pending", "conn", "skip_begin", "solo")
 
     def __init__(self) -> None:
         self.conn: psycopg.Connection[Any] | None = None
         self.begin_pending = False
+        self.solo = False
+        self.skip_begin = False  # the pending statement is the whole batch: no BEGIN
 
 
 def _connections(given: list[str], url: str) -> int:
@@ -558,6 +613,11 @@ def _connections(given: list[str], url: str) -> int:
             "(and store threads) each process opens, one number from 1 to 64"
         )
     return int(given[0])
+
+
+def _alone(conn: psycopg.Connection[Any], sql_text: str, params: Any) -> Any:
+    """A statement that is a whole batch, sent as its own transaction (autocommit)."""
+    return conn.execute(sql_text, params)
 
 
 def _begin_with(conn: psycopg.Connection[Any], sql_text: str, params: Any) -> Any:

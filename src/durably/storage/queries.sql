@@ -9,6 +9,7 @@
 -- Insert a new workflow's row (owned and running, or pending; a pending one is not
 -- claimed before its wake_at, a delayed enqueue).
 -- Without a conflict target: a taken id and a taken (queue, deduplication_id) both do nothing.
+-- Returns the row created (as get_workflow reads it), or no row.
 INSERT INTO workflows (workflow_id, name, version, source_hash, status, input, owner, epoch,
                        lease_expires_at, crash_count, parent_id, created_at, updated_at,
                        queue, priority, deduplication_id, started_at, max_recoveries,
@@ -18,6 +19,21 @@ VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :owner, :e
         :queue, :priority, :deduplication_id, :started_at, :max_recoveries,
         :wake_at, :partition_key, :debounce_key, :deadline_at)
 ON CONFLICT DO NOTHING
+RETURNING workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
+          lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
+          cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries,
+          warnings, deadline_at
+
+-- name: create_owned_workflow
+-- PostgreSQL only (a data-modifying WITH): create_workflow and, when it created the row,
+-- the claim of its start, in one statement; returns the row, as create_workflow does.
+WITH created AS (
+{{create_workflow}}
+), claimed AS (
+    INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
+    SELECT workflow_id, epoch, owner, created_at, NULL, 'start' FROM created
+)
+SELECT * FROM created
 
 -- name: supersede_debounced
 -- End, as cancelled, the workflows of a queue under a debounce key that have not started
@@ -235,12 +251,9 @@ WHERE workflow_id = :workflow_id AND epoch = :epoch
 -- Who owns a workflow now (for the message of a fenced write).
 SELECT owner, epoch, status FROM workflows WHERE workflow_id = :workflow_id
 
--- name: upsert_entry
--- Write a call's entry at its seq; a final entry, or another call's, is never changed.
-INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at, args_digest)
-VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
-        :finished_at, :wake_at, :args_digest)
+-- name: entry_conflict
+-- Not a statement: the ON CONFLICT clause of every write of a journal entry (embedded):
+-- a final entry, or another call's, is never changed.
 ON CONFLICT (workflow_id, seq) DO UPDATE
 SET kind = excluded.kind, name = excluded.name,
     status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
@@ -251,11 +264,21 @@ WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
   AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
        OR excluded.kind = 'cancel')
 
+-- name: upsert_entry
+-- Write a call's entry at its seq; a final entry, or another call's, is never changed.
+INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
+                     finished_at, wake_at, args_digest)
+VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
+        :finished_at, :wake_at, :args_digest)
+{{entry_conflict}}
+
 -- name: fence_and_write_entry
 -- The fence and one entry's upsert in one statement (PostgreSQL only: a data-modifying
 -- WITH; a step's commit is then one round trip): the row this epoch owns, locked; the
 -- entry written only if the fence held, as upsert_entry would; returns what the fence found
 -- (no row: it did not hold) and how many entries were written (0: one was there already).
+-- A new final entry resets the crashes counted in a row here too, so that the statement is
+-- a whole step's commit, and can be sent alone, without BEGIN and COMMIT (``solo``).
 WITH fence AS (
     SELECT cancel_requested, crash_count, deadline_at FROM workflows
     WHERE workflow_id = :workflow_id AND epoch = :epoch AND owner IS NOT NULL
@@ -269,16 +292,14 @@ WITH fence AS (
            CAST(:finished_at AS DOUBLE PRECISION), CAST(:wake_at AS DOUBLE PRECISION),
            CAST(:args_digest AS TEXT)
     FROM fence
-    ON CONFLICT (workflow_id, seq) DO UPDATE
-    SET kind = excluded.kind, name = excluded.name,
-        status = excluded.status, attempt = excluded.attempt, payload = excluded.payload,
-        started_at = excluded.started_at, finished_at = excluded.finished_at,
-        wake_at = excluded.wake_at,
-        args_digest = COALESCE(excluded.args_digest, journal.args_digest)
-    WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
-      AND ((journal.kind = excluded.kind AND journal.name = excluded.name)
-           OR excluded.kind = 'cancel')
+    {{entry_conflict}}
     RETURNING 1
+), progressed AS (
+    -- a new final entry ends the crashes in a row (what ``progress`` does after upsert_entry)
+    UPDATE workflows SET crash_count = 0, updated_at = :now
+    WHERE workflow_id = :workflow_id AND epoch = :epoch AND crash_count > 0
+      AND CAST(:status AS TEXT) IN ('completed', 'failed', 'timed_out')
+      AND EXISTS (SELECT 1 FROM written)
 )
 SELECT cancel_requested, crash_count, deadline_at, (SELECT COUNT(*) FROM written) AS written
 FROM fence
@@ -301,6 +322,17 @@ UPDATE workflows
 SET status = :status, output = :output, error = :error, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
+RETURNING parent_id, queue
+
+-- name: finish_workflow_fenced
+-- The fence and finish_workflow in one statement, for a workflow nothing can stop now: the
+-- row this epoch owns, no cancel asked, its deadline (if any) not passed. No row otherwise
+-- (then the caller fences and finishes in two statements, to find out why).
+UPDATE workflows
+SET status = :status, output = :output, error = :error, owner = NULL, lease_expires_at = NULL,
+    wake_at = NULL, updated_at = :now
+WHERE workflow_id = :workflow_id AND epoch = :epoch AND owner IS NOT NULL
+  AND cancel_requested = 0 AND (deadline_at IS NULL OR deadline_at > :now)
 RETURNING parent_id, queue
 
 -- name: release_owned

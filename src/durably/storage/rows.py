@@ -13,7 +13,14 @@ from durably import journal
 
 
 def names(cursor: Any) -> list[str]:
-    """The cursor's column names, lower case."""
+    """The cursor's column names, lower case.
+
+    psycopg's are read off its result: its ``description`` makes an object per
+    column on every call (17 µs for a workflow's row, a tenth of a step's commit).
+    """
+    result = getattr(cursor, "pgresult", None)
+    if result is not None:
+        return [bytes(result.fname(i) or b"").decode().lower() for i in range(result.nfields)]
     return [str(column[0]).lower() for column in cursor.description]
 
 

@@ -153,13 +153,13 @@ class SignalVerbs(entries.EntryVerbs):
         events: Sequence[tuple[str, str]],
         now: float,
     ) -> bool:
-        requested = self.append_entries(workflow_id, epoch, entries, now)
+        fence = self._fenced_upsert(workflow_id, epoch, entries, now, last=not events)
         seq = entries[-1].seq
         for key, value in events:
             self._q(
                 "publish_event", workflow_id=workflow_id, key=key, value=value, seq=seq, now=now
             )
-        return requested
+        return fence.asked(now)
 
     def start_child(
         self,

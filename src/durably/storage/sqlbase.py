@@ -40,6 +40,9 @@ _DIRECTIONS = {
     "_oldest_first": {"past": ">", "order": "ASC"},
 }
 
+#: ``{{name}}`` in a query stands for the text of the query ``name`` written above it.
+_INCLUDE = re.compile(r"\{\{(\w+)\}\}")
+
 _MAX_PAYLOAD = 4000  # characters; PostgreSQL refuses a NOTIFY payload of 8000 bytes or more
 
 
@@ -52,8 +55,9 @@ def load_queries() -> dict[str, str]:
     """
     text = importlib.resources.files("durably.storage").joinpath("queries.sql").read_text()
     parts = _NAME.split(text)
-    queries = {}
+    queries: dict[str, str] = {}
     for name, sql in zip(parts[1::2], parts[2::2], strict=True):
+        sql = _INCLUDE.sub(lambda m: _body(queries[m.group(1)]), sql)
         if "{order}" not in sql:
             queries[name] = sql.strip()
             continue
@@ -63,6 +67,14 @@ def load_queries() -> dict[str, str]:
                 directed = directed.replace("{" + slot + "}", word)
             queries[name + suffix] = directed.strip()
     return queries
+
+
+def _body(sql_text: str) -> str:
+    """A query's text without its leading comment lines (to embed it in another)."""
+    lines = sql_text.splitlines()
+    while lines and lines[0].lstrip().startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines)
 
 
 @functools.cache
