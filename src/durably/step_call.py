@@ -14,7 +14,6 @@ the outside world, at-most-once parks the workflow for a person to decide.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import dataclasses
 import functools
@@ -38,6 +37,7 @@ from durably import (
     watchdog,
     workflow_run,
 )
+from durably.storage import thread
 
 if TYPE_CHECKING:
     from durably.workflow_run import Run
@@ -354,7 +354,7 @@ async def _call(
         else:
             call = functools.partial(fn, *args, **kwargs)
             future = run.step_threads.submit(contextvars.copy_context().run, call)
-            if run.loop_is_quiet() and _done_within(future, HOLD_LOOP):
+            if run.loop_is_quiet() and thread.done_within(future, HOLD_LOOP):
                 awaitable = None
             else:
                 awaitable = asyncio.wrap_future(future)
@@ -370,19 +370,7 @@ async def _call(
 
 #: The longest the event loop's thread waits for a sync step itself (seconds), when
 #: nothing else is ready on the loop; as long as a run of inline commits holds it.
-HOLD_LOOP = 0.001
-
-
-def _done_within(future: concurrent.futures.Future[Any], seconds: float) -> bool:
-    """True if ``future`` finished (with a result or an error) within ``seconds``.
-
-    Blocks this thread, the GIL released, so the step thread runs meanwhile.
-    """
-    try:
-        future.exception(timeout=seconds)  # raises TimeoutError only if not done
-    except TimeoutError:
-        return False
-    return True
+HOLD_LOOP = thread.HOLD_LOOP
 
 
 #: Result types that are never awaitable: the usual ones skip ``inspect.isawaitable``.

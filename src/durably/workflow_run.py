@@ -390,7 +390,7 @@ class Run(parking.Parking):
         Other pending entries (events, finished sleeps) ride with the step's
         receipt, so a plain step still costs one commit.
         """
-        if any(e.kind in _OBSERVABLE for e in self._pending):
+        if self._pending and any(e.kind in _OBSERVABLE for e in self._pending):
             await self.commit()
 
     # --- journaled values -------------------------------------------------------

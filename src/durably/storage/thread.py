@@ -31,6 +31,22 @@ _STOP = object()
 #: yields once, so timers and I/O of everything else on the loop are served.
 _BREATHE_EVERY = 0.001
 
+#: The longest the event loop's thread waits for a store call (or a sync step) itself,
+#: when nothing else is ready on the loop, before it awaits it as any other future.
+HOLD_LOOP = 0.001
+
+
+def done_within(future: concurrent.futures.Future[Any], seconds: float) -> bool:
+    """True if ``future`` finished (with a result or an error) within ``seconds``.
+
+    Blocks this thread, the GIL released, so the thread that runs it goes on meanwhile.
+    """
+    try:
+        future.exception(timeout=seconds)  # raises TimeoutError only if not done
+    except TimeoutError:
+        return False
+    return True
+
 
 class StoreThread:
     """Runs a Store's verbs on dedicated threads (``store.threads``), batching concurrent
@@ -105,24 +121,39 @@ class StoreThread:
         not after each: a loop iteration costs as much as the rest of a step's
         Python on SQLite NORMAL, and the loop was quiet when each commit began.
         """
-        if inline and self._alone and self._queue.empty() and self._exec.acquire(blocking=False):
-            try:
-                op = base.Op(fn, args, write)
-                done = self.store.run_inline(op)
-            finally:
-                self._exec.release()
-            if done:
-                now = time.monotonic()
-                if now - self._breathed >= _BREATHE_EVERY:  # a long run must not starve it
-                    self._breathed = now
-                    await asyncio.sleep(0)
-                if op.error is not None:
-                    raise op.error
-                return op.result  # type: ignore[no-any-return]
+        if inline:
+            op = base.Op(fn, args, write)
+            if self._alone and self._queue.empty() and self._exec.acquire(blocking=False):
+                try:
+                    done = self.store.run_inline(op)
+                finally:
+                    self._exec.release()
+                if done:
+                    await self._breathe()
+                    if op.error is not None:
+                        raise op.error
+                    return op.result  # type: ignore[no-any-return]
+            # Not here (a server's round trip, a lock held): the loop is quiet, so its thread
+            # waits for the store thread itself a while, woken by it directly instead of
+            # through the loop (a self-pipe, a poll and a loop iteration).
+            held: concurrent.futures.Future[T] = concurrent.futures.Future()
+            self._put(op, held, False)
+            if done_within(held, HOLD_LOOP):
+                await self._breathe()
+                return held.result()
+            return await asyncio.wrap_future(held)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._put(base.Op(fn, args, write), (loop, future), False)
         return await future
+
+    async def _breathe(self) -> None:
+        """After a call answered without the loop: yield to it once a millisecond, so a long
+        run of such calls does not starve everything else on it."""
+        now = time.monotonic()
+        if now - self._breathed >= _BREATHE_EVERY:
+            self._breathed = now
+            await asyncio.sleep(0)
 
     def call_sync(
         self, fn: Callable[..., T], *args: Any, write: bool = True, _raw: bool = False
