@@ -160,6 +160,18 @@ def test_a_foreign_database_is_refused(empty_store_url):
 # --- workflows --------------------------------------------------------------------------
 
 
+def test_a_start_sent_twice_by_its_executor_at_one_time_is_created_once(db):
+    """What a lost connection's second sending of a start looks like (PostgreSQL sends a
+    start alone, committing before it answers): the same owner, the same time."""
+    first, created = db.create_workflow(new(), "ex-a", NOW + LEASE, NOW)
+    assert created
+    again, created = db.create_workflow(new(), "ex-a", NOW + LEASE, NOW)
+    assert created and again == first
+    assert [c.reason for c in db.load_claims("wf-1")] == ["start"]
+    _, created = db.create_workflow(new(), "ex-a", NOW + LEASE, NOW + 1)  # a later start
+    assert not created
+
+
 def test_create_workflow_is_idempotent_on_id(db):
     first, created = db.create_workflow(new(input='"first"'), "ex-a", NOW + LEASE, NOW)
     assert created

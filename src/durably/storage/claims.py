@@ -17,6 +17,11 @@ from durably import cancellation, codec, errors, journal
 from durably.storage import base, bulk, rows
 
 
+def _same_start(row: journal.WorkflowInfo, owner: str, now: float) -> bool:
+    """True if ``row`` is what a start by ``owner`` at ``now`` created (not yet claimed again)."""
+    return (row.owner, row.epoch, row.created_at) == (owner, 1, now)
+
+
 class ClaimVerbs(bulk.BulkVerbs):
     """Workflow rows, claims and executors, for :class:`~durably.storage.sql.SqlStore`."""
 
@@ -37,6 +42,9 @@ class ClaimVerbs(bulk.BulkVerbs):
                 self._wake("work")
         if row is None:  # it was there already (or its deduplication id was)
             row = self.get_workflow(new.workflow_id)
+            # ... or it is this very start, sent again: a statement sent as its own
+            # transaction commits before its answer, and its connection may be lost between
+            created = row is not None and owner is not None and _same_start(row, owner, now)
         if row is None and new.queue is not None and new.deduplication_id is not None:
             found = self._q(
                 "deduplicated", queue=new.queue, deduplication_id=new.deduplication_id

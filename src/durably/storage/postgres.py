@@ -372,6 +372,9 @@ class PostgresStore(sql.SqlStore):
                 raise
             # The connection died while idle; nothing of this batch reached the server, or
             # only inside a transaction that dies with the connection: send it all again.
+            # (A statement sent alone may have committed before the connection went: each
+            # such statement is one whose second sending finds its own write, see
+            # EntryVerbs._wrote and ClaimVerbs.create_workflow.)
             return send(self._connect(), sql_text, params)
 
     def _begin(self, write: bool) -> None:
