@@ -662,3 +662,32 @@ def test_public_durably_errors_are_still_rebuilt() -> None:
     data = codec.encode_error(errors.InvalidName("bad name"))
     exc = codec.decode_error(data)
     assert type(exc) is errors.InvalidName
+
+
+# --- json_text: json's C parts built once, its text and errors unchanged -------------------
+
+
+def test_json_text_writes_what_json_writes_and_reads_what_json_reads() -> None:
+    import json
+
+    from durably import json_text
+
+    plain = json.JSONEncoder(
+        separators=(",", ":"), ensure_ascii=False, allow_nan=False, check_circular=False
+    )
+    write = json_text.writer(lambda v: str(v))
+    values = ["é", "", [1, 2.5, None, True], {"a": {"b": ["ü", -0.0]}}, 10**30, (1, 2)]
+    for value in values:
+        assert write(value) == plain.encode(value)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            write([bad])
+    read = json_text.reader(json.JSONDecoder())
+    for text in ('{"a":[1,2]}', " 1", "1 ", '"x"', "[]"):
+        assert read(text) == json.loads(text)
+    for text in ("", "[1,", '{"a":1}x', "nan"):
+        with pytest.raises(json.JSONDecodeError) as ours:
+            read(text)
+        with pytest.raises(json.JSONDecodeError) as theirs:
+            json.loads(text)
+        assert str(ours.value) == str(theirs.value)
