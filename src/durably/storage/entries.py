@@ -34,6 +34,23 @@ class Fence:
         return cancellation.asked(self.cancel_requested, self.deadline_at, now)
 
 
+def entry_params(workflow_id: str, e: journal.Entry) -> dict[str, object]:
+    """The parameters of an entry's write (``upsert_entry``, ``fence_and_write_entry``)."""
+    return {
+        "workflow_id": workflow_id,
+        "seq": e.seq,
+        "kind": e.kind,
+        "name": e.name,
+        "status": e.status,
+        "attempt": e.attempt,
+        "payload": e.payload,
+        "started_at": e.started_at,
+        "finished_at": e.finished_at,
+        "wake_at": e.wake_at,
+        "args_digest": e.args_digest,
+    }
+
+
 #: Entry kinds whose write is followed by another statement (``_wrote``).
 _WRITE_MORE = frozenset({journal.Kind.CANCEL, journal.Kind.EVENT})
 
@@ -124,20 +141,7 @@ class EntryVerbs(claims.ClaimVerbs):
     ) -> None:
         """Write entries; under a ``fence``, the first new final one resets counted crashes."""
         for e in entries:
-            cursor = self._q(
-                "upsert_entry",
-                workflow_id=workflow_id,
-                seq=e.seq,
-                kind=e.kind,
-                name=e.name,
-                status=e.status,
-                attempt=e.attempt,
-                payload=e.payload,
-                started_at=e.started_at,
-                finished_at=e.finished_at,
-                wake_at=e.wake_at,
-                args_digest=e.args_digest,
-            )
+            cursor = self._q("upsert_entry", **entry_params(workflow_id, e))
             self._wrote(workflow_id, e, cursor.rowcount, now, fence)
 
     def _wrote(

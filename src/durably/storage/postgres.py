@@ -462,22 +462,8 @@ class PostgresStore(sql.SqlStore):
         # single statement is a transaction of its own, so the whole commit is that one
         # round trip, and _commit finds nothing left to commit.
         with self._alone(whole):
-            found = self._q(
-                "fence_and_write_entry",
-                workflow_id=workflow_id,
-                now=now,
-                epoch=epoch,
-                seq=entry.seq,
-                kind=entry.kind,
-                name=entry.name,
-                status=entry.status,
-                attempt=entry.attempt,
-                payload=entry.payload,
-                started_at=entry.started_at,
-                finished_at=entry.finished_at,
-                wake_at=entry.wake_at,
-                args_digest=entry.args_digest,
-            ).fetchone()
+            params = entries.entry_params(workflow_id, entry)
+            found = self._q("fence_and_write_entry", now=now, epoch=epoch, **params).fetchone()
         if found is None:  # the fence did not hold: nothing was written
             raise self._fenced_off(workflow_id, epoch)
         cancel_requested, crash_count, deadline_at, written = found
