@@ -68,8 +68,8 @@ async def _run(
     action, attempt = plan.action, plan.attempt
     where = f"step {step.name!r} (workflow {run.workflow_id!r}, seq {seq})"
     digest = args_digest(args, kwargs)
-    if entry is not None and entry.args_digest is not None and digest != entry.args_digest:
-        await run.check_arguments(seq, entry, digest)  # a replay with other arguments
+    if entry is not None and digest != entry.args_digest:  # a replay with other arguments?
+        await run.check_arguments(seq, entry, digest)
     if action is not _RUN:
         assert entry is not None  # a new call always runs
         if action is _A.RETURN:
@@ -341,10 +341,10 @@ async def _call(
     A sync function always runs on a step thread, so however long it blocks, the
     event loop goes on. When nothing else is ready to run on the loop (the test
     of an inline commit, and off with it), the loop's thread waits for it up to
-    ``HOLD_LOOP`` itself instead of going back to the loop and being woken
+    ``thread.HOLD_LOOP`` itself instead of going back to the loop and being woken
     through it: a quick step then costs one thread wake-up each way and no loop
     iteration, and its receipt is committed inline next. A longer one is awaited
-    as any other future; the loop was held at most ``HOLD_LOOP``.
+    as any other future; the loop was held at most ``thread.HOLD_LOOP``.
     """
     token = context.current_step.set(ctx)
     try:
@@ -354,7 +354,7 @@ async def _call(
         else:
             call = functools.partial(fn, *args, **kwargs)
             future = run.step_threads.submit(contextvars.copy_context().run, call)
-            if run.loop_is_quiet() and thread.done_within(future, HOLD_LOOP):
+            if run.loop_is_quiet() and thread.done_within(future, thread.HOLD_LOOP):
                 awaitable = None
             else:
                 awaitable = asyncio.wrap_future(future)
@@ -366,11 +366,6 @@ async def _call(
         return result
     finally:
         context.current_step.reset(token)
-
-
-#: The longest the event loop's thread waits for a sync step itself (seconds), when
-#: nothing else is ready on the loop; as long as a run of inline commits holds it.
-HOLD_LOOP = thread.HOLD_LOOP
 
 
 #: Result types that are never awaitable: the usual ones skip ``inspect.isawaitable``.

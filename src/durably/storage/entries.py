@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from durably import cancellation, codec, errors, journal
 from durably.storage import claims, rows
@@ -216,11 +217,10 @@ class EntryVerbs(claims.ClaimVerbs):
         outcome = {"output": output, "now": now, "workflow_id": workflow_id, "epoch": epoch}
         found = None
         if not entries:  # the usual end: fenced and finished in one statement
-            found = self._q("finish_workflow_fenced", status=status, error=error, **outcome)
-            found = found.fetchone()
+            found = self._finish_row(status, error, fenced=1, **outcome)
         if found is None:  # entries to write first, or fenced off, or asked to stop
             status, error = self._fenced_end(workflow_id, epoch, status, error, entries, now)
-            found = self._q("finish_workflow", status=status, error=error, **outcome).fetchone()
+            found = self._finish_row(status, error, fenced=0, **outcome)
         parent_id, queue = found
         if parent_id is not None:
             self._q("wake_parent", parent_id=parent_id, now=now)
@@ -228,6 +228,11 @@ class EntryVerbs(claims.ClaimVerbs):
         if queue is not None:
             self._wake("work")  # a place in its queue is free
         return status, error
+
+    def _finish_row(self, status: str, error: str | None, **params: Any) -> Any:
+        """``finish_workflow``: its (parent_id, queue), or None if ``fenced`` found the
+        workflow not this epoch's or asked to stop."""
+        return self._q("finish_workflow", status=status, error=error, **params).fetchone()
 
     def _fenced_end(
         self,

@@ -317,22 +317,16 @@ SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
 -- name: finish_workflow
--- Record the final status and outcome, and let go; returns the parent and queue.
+-- Record the final status and outcome, and let go; returns the parent and queue. With
+-- :fenced = 1 it is the fence too, for a workflow nothing can stop now: only the row this
+-- epoch owns, no cancel asked, its deadline (if any) not passed; no row otherwise (then the
+-- caller fences, to find out why, and finishes with :fenced = 0).
 UPDATE workflows
 SET status = :status, output = :output, error = :error, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
-RETURNING parent_id, queue
-
--- name: finish_workflow_fenced
--- The fence and finish_workflow in one statement, for a workflow nothing can stop now: the
--- row this epoch owns, no cancel asked, its deadline (if any) not passed. No row otherwise
--- (then the caller fences and finishes in two statements, to find out why).
-UPDATE workflows
-SET status = :status, output = :output, error = :error, owner = NULL, lease_expires_at = NULL,
-    wake_at = NULL, updated_at = :now
-WHERE workflow_id = :workflow_id AND epoch = :epoch AND owner IS NOT NULL
-  AND cancel_requested = 0 AND (deadline_at IS NULL OR deadline_at > :now)
+  AND (:fenced = 0 OR (owner IS NOT NULL AND cancel_requested = 0
+                       AND (deadline_at IS NULL OR deadline_at > :now)))
 RETURNING parent_id, queue
 
 -- name: release_owned
