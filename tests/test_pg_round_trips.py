@@ -301,3 +301,40 @@ def test_a_write_waiting_on_a_claim_is_refused_once_the_claim_commits(
         rival.close()
     assert len(outcome) == 1 and isinstance(outcome[0], durably.FencedError), outcome
     assert db.load_history("wf-1") == []
+
+
+def test_a_one_statement_read_alone_is_one_round_trip(pg_store: Any) -> None:
+    """A read marked ``one_read`` alone in its batch is its own transaction: the statement,
+    no BEGIN and no COMMIT; every marked verb really sends one statement."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+    reads: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
+        (pg_store.get_workflow, ("wf-1",)),
+        (pg_store.load_history, ("wf-1",)),
+        (pg_store.next_wake, ()),
+        (pg_store.list_executors, ()),
+        (pg_store.list_workflows, (None, None, 10)),
+        (pg_store.count_by_status, ()),
+        (pg_store.unclaimed, (NOW, 10)),
+        (pg_store.load_claims, ("wf-1",)),
+        (pg_store.get_event, ("wf-1", "k")),
+    ]
+    marked = {
+        name
+        for name in dir(pg_store)
+        if not name.startswith("_") and base.is_one_read(getattr(pg_store, name))
+    }
+    assert marked == {fn.__name__ for fn, _ in reads}  # a new mark gets a check here
+    for fn, args in reads:
+        op = base.Op(fn, args, write=False)
+        sent = traced(pg_store, [op])
+        assert op.error is None, (fn.__name__, op.error)
+        assert len(sent) == 1, (fn.__name__, sent)  # the read, nothing else
+        assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert [e.seq for e in db.load_history("wf-1")] == [1]
+    # Batched with another read, it is inside the batch's transaction as before.
+    ops = [base.Op(pg_store.get_workflow, ("wf-1",), False) for _ in range(2)]
+    sent = traced(pg_store, ops)
+    assert [op.result.workflow_id for op in ops] == ["wf-1", "wf-1"]
+    assert len(sent) == 3 and sent[-1].strip('" ') == "COMMIT", sent

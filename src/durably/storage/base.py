@@ -37,6 +37,19 @@ def runs_alone(fn: Callable[..., Any]) -> bool:
     return bool(getattr(fn, "runs_alone", False))
 
 
+def one_read(verb: _Verb) -> _Verb:
+    """Mark a verb that only reads, in exactly one statement: alone in its batch, a
+    dialect whose every statement is a round trip sends it without BEGIN and COMMIT (a
+    statement on its own is a transaction, with a snapshot of its own)."""
+    verb.one_read = True  # type: ignore[attr-defined]
+    return verb
+
+
+def is_one_read(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` (a verb, bound or not) is marked with :func:`one_read`."""
+    return bool(getattr(fn, "one_read", False))
+
+
 @dataclasses.dataclass(slots=True)
 class Op:
     """One verb call queued for a batch, with its outcome once run."""

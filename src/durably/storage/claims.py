@@ -139,6 +139,7 @@ class ClaimVerbs(bulk.BulkVerbs):
             workflow_id=new.workflow_id,
         )
 
+    @base.one_read
     def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
         row = rows.first(self._q("get_workflow", workflow_id=workflow_id))
         return rows.workflow(row) if row else None
@@ -150,6 +151,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         row = rows.first(self._execute(sql_text, {"workflow_id": workflow_id}))
         return rows.workflow(row) if row else None
 
+    @base.one_read
     def list_workflows(
         self, status: str | None, name: str | None, limit: int
     ) -> list[journal.WorkflowInfo]:
@@ -186,6 +188,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         found.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
         return found[query.offset : query.offset + query.limit]
 
+    @base.one_read
     def count_by_status(self) -> dict[str, int]:
         return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
 
@@ -298,10 +301,12 @@ class ClaimVerbs(bulk.BulkVerbs):
         assert row is not None
         return row
 
+    @base.one_read
     def unclaimed(self, now: float, limit: int) -> list[base.Unclaimed]:
         found = self._q("unclaimed", now=now, limit=limit).fetchall()
         return [base.Unclaimed(str(r[0]), str(r[1]), r[2], r[3], r[4]) for r in found]
 
+    @base.one_read
     def load_claims(self, workflow_id: str) -> list[journal.Claim]:
         return [
             journal.Claim(**r) for r in rows.every(self._q("load_claims", workflow_id=workflow_id))
@@ -368,6 +373,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         self.register_executor(dataclasses.replace(executor, heartbeat_at=now))
         return kept
 
+    @base.one_read
     def list_executors(self) -> list[journal.ExecutorInfo]:
         out = []
         for row in rows.every(self._q("list_executors")):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from durably import cancellation, codec, errors, journal
-from durably.storage import claims, rows
+from durably.storage import base, claims, rows
 
 
 @dataclasses.dataclass(slots=True)
@@ -59,6 +59,7 @@ _WRITE_MORE = frozenset({journal.Kind.CANCEL, journal.Kind.EVENT})
 class EntryVerbs(claims.ClaimVerbs):
     """The journal and the fenced writes, for :class:`~durably.storage.sql.SqlStore`."""
 
+    @base.one_read
     def load_history(self, workflow_id: str) -> list[journal.Entry]:
         return [rows.entry(r) for r in rows.every(self._q("load_history", workflow_id=workflow_id))]
 
@@ -286,6 +287,7 @@ class EntryVerbs(claims.ClaimVerbs):
             self._wake("work")  # a place in its queue is free
         return True
 
+    @base.one_read
     def next_wake(self) -> float | None:
         row = self._q("next_wake").fetchone()
         return None if row is None or row[0] is None else float(row[0])

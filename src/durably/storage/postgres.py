@@ -417,10 +417,14 @@ class PostgresStore(sql.SqlStore):
     def _run_alone(self, op: base.Op) -> None:
         session = self._session
         session.solo = True
+        # A one-statement read is its own transaction: one round trip, not BEGIN with it
+        # and a COMMIT after.
+        session.skip_begin = not op.write and base.is_one_read(op.fn)
         try:
             super()._run_alone(op)
         finally:
             session.solo = False
+            session.skip_begin = False
 
     @contextlib.contextmanager
     def _alone(self, whole: bool) -> Iterator[None]:

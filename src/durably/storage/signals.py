@@ -93,6 +93,7 @@ class SignalVerbs(entries.EntryVerbs):
         self._wake("signal", workflow_id, name=name)
         return True
 
+    @base.one_read
     def get_event(self, workflow_id: str, key: str) -> str | None:
         row = self._q("get_event", workflow_id=workflow_id, key=key).fetchone()
         return None if row is None else str(row[0])
