@@ -338,3 +338,94 @@ def test_a_one_statement_read_alone_is_one_round_trip(pg_store: Any) -> None:
     sent = traced(pg_store, ops)
     assert [op.result.workflow_id for op in ops] == ["wf-1", "wf-1"]
     assert len(sent) == 3 and sent[-1].strip('" ') == "COMMIT", sent
+
+
+def test_a_signal_sent_alone_is_one_round_trip(pg_store: Any) -> None:
+    """send_signal alone in its batch is one statement (keep_signal): the number, the
+    signal, the wake of its waiting workflow and the notification, no BEGIN, no COMMIT;
+    what it refuses it still refuses, and several signals at once stay all or none."""
+    db = Verbs(pg_store)
+    owned(db, "a")
+    with pg_store.conn.transaction():  # parked, waiting for a signal
+        pg_store.conn.execute(
+            "UPDATE workflows SET status = 'waiting', owner = NULL, wake_at = NULL "
+            "WHERE workflow_id = 'a'"
+        )
+    op = base.Op(pg_store.send_signal, ("a", "go", '"1"', "k1", NOW), True)
+    sent = traced(pg_store, [op])
+    assert op.error is None and op.result is True
+    assert len(sent) == 1, sent
+    assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    row = db.get_workflow("a")
+    assert row.wake_at == NOW  # due now: a claimer takes it
+    again = base.Op(pg_store.send_signal, ("a", "go", '"2"', "k1", NOW), True)
+    assert len(traced(pg_store, [again])) == 1 and again.result is False  # the key was used
+    assert [(s["name"], s["payload"]) for s in db.list_signals("a")] == [("go", '"1"')]
+    missing = base.Op(pg_store.send_signal, ("nope", "go", "1", None, NOW), True)
+    traced(pg_store, [missing])
+    assert isinstance(missing.error, errors.WorkflowNotFound)
+    owned(db, "b")
+    db.finish_workflow("b", 1, "completed", "1", None, [], NOW)
+    ended = base.Op(pg_store.send_signal, ("b", "go", "1", None, NOW), True)
+    traced(pg_store, [ended])
+    assert isinstance(ended.error, errors.WorkflowFinished) and "completed" in str(ended.error)
+    assert db.list_signals("b") == []
+    # Two signals, the second to an ended workflow: neither is kept.
+    pair = [("a", "x", "1", None), ("b", "x", "1", None)]
+    both = base.Op(pg_store.send_signals, (pair, NOW), True)
+    sent = traced(pg_store, [both])
+    assert isinstance(both.error, errors.WorkflowFinished)
+    assert [s["name"] for s in db.list_signals("a")] == ["go"], sent
+
+
+def test_senders_of_one_key_at_once_keep_one_signal(postgres_url: str) -> None:
+    """Two connections send the same key to one workflow at the same moment, many times:
+    exactly one signal is kept each time and exactly one sender is told it was."""
+    stores = [create_store(postgres_url) for _ in range(2)]
+    for s in stores:
+        s.open()
+    try:
+        db = Verbs(stores[0])
+        owned(db, "a")
+        for round_ in range(20):
+            key = f"k{round_}"
+            results: list[Any] = [None, None]
+            barrier = threading.Barrier(2)
+
+            def send(
+                i: int, key: str = key, barrier: threading.Barrier = barrier, results=results
+            ) -> None:
+                barrier.wait()
+                op = base.Op(stores[i].send_signal, ("a", "go", str(i), key, NOW), True)
+                stores[i].run_batch([op])
+                results[i] = op.error or op.result
+
+            threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert sorted(results) == [False, True], results
+        kept = db.list_signals("a")
+        assert len(kept) == 20 and len({s["idempotency_key"] for s in kept}) == 20
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_a_function_that_calls_verbs_keeps_its_transaction(pg_store: Any) -> None:
+    """Only a verb called as itself is sent without BEGIN: a function that calls the
+    one-statement verbs and then fails commits none of them."""
+    db = Verbs(pg_store)
+    info = owned(db)
+
+    def write_then_fail() -> None:
+        pg_store.append_entries("wf-1", info.epoch, [step(1)], NOW)
+        pg_store.send_signal("wf-1", "go", "1", None, NOW)
+        raise RuntimeError("after the writes")
+
+    op = base.Op(write_then_fail, (), True)
+    sent = traced(pg_store, [op])
+    assert isinstance(op.error, RuntimeError)
+    assert sent[-1].strip('" ') == "ROLLBACK", sent
+    assert db.load_history("wf-1") == [] and db.list_signals("wf-1") == []

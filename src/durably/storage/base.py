@@ -416,8 +416,14 @@ class Store(abc.ABC):
         order = sorted(range(len(signals)), key=lambda i: signals[i][0])
         sent = [False] * len(signals)
         for i in order:
-            sent[i] = self.send_signal(*signals[i], now)
+            sent[i] = self._send_one_of_many(*signals[i], now)
         return sent
+
+    def _send_one_of_many(
+        self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
+    ) -> bool:
+        """One signal of :meth:`send_signals`, in that verb's transaction."""
+        return self.send_signal(workflow_id, name, payload, idempotency_key, now)
 
     @abc.abstractmethod
     def get_event(self, workflow_id: str, key: str) -> str | None:

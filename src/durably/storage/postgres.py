@@ -77,7 +77,7 @@ import psycopg.pq
 from psycopg import sql as pgsql
 
 from durably import errors, journal
-from durably.storage import base, entries, pg_listener, sql, sqlbase
+from durably.storage import base, entries, pg_listener, signals, sql, sqlbase
 
 log = logging.getLogger("durably")
 
@@ -416,10 +416,12 @@ class PostgresStore(sql.SqlStore):
 
     def _run_alone(self, op: base.Op) -> None:
         session = self._session
-        session.solo = True
+        # Only a verb called as itself: a function that calls verbs (and may fail after
+        # one) needs its transaction, whatever the verbs it calls would send alone.
+        session.solo = getattr(op.fn, "__self__", None) is self
         # A one-statement read is its own transaction: one round trip, not BEGIN with it
         # and a COMMIT after.
-        session.skip_begin = not op.write and base.is_one_read(op.fn)
+        session.skip_begin = session.solo and not op.write and base.is_one_read(op.fn)
         try:
             super()._run_alone(op)
         finally:
@@ -477,6 +479,39 @@ class PostgresStore(sql.SqlStore):
             workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at
         )
         return fence, int(written)
+
+    def _keep_signal(
+        self,
+        workflow_id: str,
+        name: str,
+        payload: str,
+        idempotency_key: str | None,
+        now: float,
+        *,
+        whole: bool,
+    ) -> signals.KeptSignal:
+        # One statement (keep_signal in queries.sql); alone in its batch, one round trip.
+        wakeup = sqlbase.encode_wakeup(base.Wakeup("signal", workflow_id, name))
+        with self._alone(whole):
+            found = self._q(
+                "keep_signal",
+                workflow_id=workflow_id,
+                name=name,
+                payload=payload,
+                idempotency_key=idempotency_key,
+                now=now,
+                channel=self.channel,
+                wakeup=wakeup,
+            ).fetchone()
+        if found is None:
+            return signals.KeptSignal(None)
+        status, duplicate, counted, kept = str(found[0]), bool(found[1]), found[2], found[3]
+        if duplicate or (counted and not kept):  # the key's first sender got there first
+            return signals.KeptSignal(status, duplicate=True)
+        if not counted:  # it has ended, maybe since the statement's snapshot
+            row = self.get_workflow(workflow_id)
+            return signals.KeptSignal(status if row is None else row.status, finished=True)
+        return signals.KeptSignal(status, kept=True)
 
     def _notify(self, channel: str, payload: str) -> None:
         params = {"channel": channel, "payload": payload}

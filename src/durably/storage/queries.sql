@@ -431,6 +431,37 @@ SET signal_count = signal_count + 1,
 WHERE workflow_id = :workflow_id
 RETURNING signal_count, status
 
+-- name: keep_signal
+-- PostgreSQL only (a data-modifying WITH): count_signal and insert_signal in one statement,
+-- for a workflow that exists, has not ended, and has no signal of this key yet, with the
+-- wake-up notification when the signal was kept; returns the workflow's status (no row: no
+-- such workflow), whether the key was used before, and whether the signal was numbered
+-- and kept. The UPDATE takes the row lock that orders senders; of two senders of one key
+-- that pass the check at once, the second one's insert does nothing.
+WITH dup AS (
+    SELECT num FROM signals
+    WHERE workflow_id = :workflow_id AND idempotency_key = :idempotency_key
+), counted AS (
+    UPDATE workflows
+    SET signal_count = signal_count + 1,
+        wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END,
+        updated_at = :now
+    WHERE workflow_id = :workflow_id
+      AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
+      AND NOT EXISTS (SELECT 1 FROM dup)
+    RETURNING signal_count
+), kept AS (
+    INSERT INTO signals (workflow_id, num, name, payload, idempotency_key, sent_at)
+    SELECT :workflow_id, signal_count, :name, :payload, :idempotency_key, :now FROM counted
+    ON CONFLICT DO NOTHING
+    RETURNING num
+), woken AS (
+    SELECT pg_notify(:channel, :wakeup) FROM kept
+)
+SELECT status, EXISTS (SELECT 1 FROM dup), (SELECT COUNT(*) FROM counted),
+       (SELECT COUNT(*) FROM kept), (SELECT COUNT(*) FROM woken)
+FROM workflows WHERE workflow_id = :workflow_id
+
 -- name: signal_by_key
 -- A signal already sent to a workflow with this idempotency key.
 SELECT num FROM signals WHERE workflow_id = :workflow_id AND idempotency_key = :idempotency_key

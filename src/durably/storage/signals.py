@@ -17,6 +17,17 @@ from durably import errors, journal, replay
 from durably.storage import base, entries
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeptSignal:
+    """What sending a signal found: the workflow's status (None: no such workflow), and
+    whether the key was used before, the workflow had ended, or the signal was kept."""
+
+    status: str | None
+    duplicate: bool = False
+    finished: bool = False
+    kept: bool = False
+
+
 class SignalVerbs(entries.EntryVerbs):
     """Signals, events and child workflows, for :class:`~durably.storage.sql.SqlStore`."""
 
@@ -62,22 +73,61 @@ class SignalVerbs(entries.EntryVerbs):
     def send_signal(
         self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
     ) -> bool:
+        return self._send_signal(workflow_id, name, payload, idempotency_key, now, whole=True)
+
+    def _send_one_of_many(
+        self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
+    ) -> bool:
+        return self._send_signal(workflow_id, name, payload, idempotency_key, now, whole=False)
+
+    def _send_signal(
+        self,
+        workflow_id: str,
+        name: str,
+        payload: str,
+        idempotency_key: str | None,
+        now: float,
+        *,
+        whole: bool,
+    ) -> bool:
+        """``send_signal``; ``whole`` when it is all the verb writes (not a workflow's send)."""
+        kept = self._keep_signal(workflow_id, name, payload, idempotency_key, now, whole=whole)
+        if kept.status is None:
+            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        if kept.duplicate:
+            return False
+        if kept.finished:
+            raise errors.WorkflowFinished(
+                f"workflow {workflow_id!r} is {kept.status}: signal {name!r} could never be "
+                "received, so it was not kept"
+            )
+        return kept.kept
+
+    def _keep_signal(
+        self,
+        workflow_id: str,
+        name: str,
+        payload: str,
+        idempotency_key: str | None,
+        now: float,
+        *,
+        whole: bool,
+    ) -> KeptSignal:
+        """Number and keep the signal, wake its workflow; what was found. A dialect may do it
+        in one statement (``whole``: nothing else is written in the transaction)."""
         # Under the workflow's row lock, so of two senders of one key the second sees the
         # first's signal; ON CONFLICT in insert_signal is the backstop.
         target = self._lock_workflow(workflow_id)
         if target is None:
-            raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+            return KeptSignal(None)
         if idempotency_key is not None:
             dup = self._q(
                 "signal_by_key", workflow_id=workflow_id, idempotency_key=idempotency_key
             ).fetchone()
             if dup is not None:
-                return False
+                return KeptSignal(target.status, duplicate=True)
         if target.finished:
-            raise errors.WorkflowFinished(
-                f"workflow {workflow_id!r} is {target.status}: signal {name!r} could never be "
-                "received, so it was not kept"
-            )
+            return KeptSignal(target.status, finished=True)
         rows = self._q("count_signal", workflow_id=workflow_id, now=now).fetchall()
         inserted = self._q(
             "insert_signal",
@@ -89,9 +139,9 @@ class SignalVerbs(entries.EntryVerbs):
             now=now,
         )
         if inserted.rowcount != 1:
-            return False
+            return KeptSignal(target.status, duplicate=True)
         self._wake("signal", workflow_id, name=name)
-        return True
+        return KeptSignal(target.status, kept=True)
 
     @base.one_read
     def get_event(self, workflow_id: str, key: str) -> str | None:
@@ -123,7 +173,7 @@ class SignalVerbs(entries.EntryVerbs):
         def outcome() -> journal.Entry:
             key = f"{workflow_id}:{send.seq}"
             try:
-                self.send_signal(target, name, payload, key, now)
+                self._send_signal(target, name, payload, key, now, whole=False)
             except (errors.WorkflowNotFound, errors.WorkflowFinished) as exc:
                 error = {"type": f"durably.errors.{type(exc).__name__}", "message": str(exc)}
                 return replay.sent_outcome(send, json.dumps(error), now)
