@@ -429,3 +429,28 @@ def test_a_function_that_calls_verbs_keeps_its_transaction(pg_store: Any) -> Non
     assert isinstance(op.error, RuntimeError)
     assert sent[-1].strip('" ') == "ROLLBACK", sent
     assert db.load_history("wf-1") == [] and db.list_signals("wf-1") == []
+
+
+def test_receiving_a_signal_is_three_round_trips(pg_store: Any) -> None:
+    """The fence, the wait's settled entry and the signal in one statement; the signal's
+    consumption and the wait's entry in another; COMMIT. Sent again (its first outcome
+    unknown), it returns the same entry and consumes nothing more."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, None)
+    db.append_entries("wf-1", info.epoch, [wait], NOW)
+    nothing, sent = statements(pg_store, pg_store.receive_signal, "wf-1", info.epoch, wait, [], NOW)
+    assert nothing == wait and len(sent) == 2, sent  # nothing yet: the wait as it was
+    db.send_signal("wf-1", "go", '"one"', None, NOW)
+    db.send_signal("wf-1", "go", '"two"', None, NOW)
+    got, sent = statements(pg_store, pg_store.receive_signal, "wf-1", info.epoch, wait, [], NOW)
+    assert (got.status, got.payload) == ("completed", '"one"')
+    assert pg_store.last_round_trips == 3, sent
+    again, _ = statements(pg_store, pg_store.receive_signal, "wf-1", info.epoch, wait, [], NOW)
+    assert again == got
+    assert [s["consumed_seq"] for s in db.list_signals("wf-1")] == [1, None]
+    assert db.load_history("wf-1") == [got]
+    take_over(db, "wf-1", "ex-b")
+    op = base.Op(pg_store.receive_signal, ("wf-1", info.epoch, wait, [], NOW), True)
+    traced(pg_store, [op])
+    assert isinstance(op.error, errors.FencedError)

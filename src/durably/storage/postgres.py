@@ -480,6 +480,43 @@ class PostgresStore(sql.SqlStore):
         )
         return fence, int(written)
 
+    def _fence_and_look(
+        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float
+    ) -> tuple[entries.Fence, journal.Entry | None, tuple[int, str] | None]:
+        # One statement: the fence, the wait's final entry (whether there is one) and the
+        # signal it receives (fence_and_next_signal in queries.sql).
+        found = self._q(
+            "fence_and_next_signal",
+            workflow_id=workflow_id,
+            epoch=epoch,
+            seq=wait.seq,
+            name=wait.name,
+        ).fetchone()
+        if found is None:
+            raise self._fenced_off(workflow_id, epoch)
+        cancel_requested, crash_count, deadline_at, final, num, payload = found
+        fence = entries.Fence(
+            workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at
+        )
+        if final:  # rare: an earlier commit's outcome was not known to its caller
+            return fence, self._final_at(workflow_id, wait.seq), None
+        return fence, None, None if num is None else (int(num), str(payload))
+
+    def _consume_and_write(
+        self,
+        workflow_id: str,
+        num: int | None,
+        final: journal.Entry,
+        now: float,
+        fence: entries.Fence,
+    ) -> None:
+        if num is None:
+            super()._consume_and_write(workflow_id, num, final, now, fence)
+            return
+        params = entries.entry_params(workflow_id, final)
+        cursor = self._q("consume_and_write_entry", num=num, **params)
+        self._wrote(workflow_id, final, cursor.rowcount, now, fence)
+
     def _keep_signal(
         self,
         workflow_id: str,

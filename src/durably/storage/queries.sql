@@ -485,6 +485,31 @@ LIMIT 1
 -- Mark a signal received by the wait at seq.
 UPDATE signals SET consumed_seq = :seq WHERE workflow_id = :workflow_id AND num = :num
 
+-- name: fence_and_next_signal
+-- PostgreSQL only: the fence (as fence, its row locked), whether the wait at :seq is final
+-- already, and the oldest signal of :name it has not received, in one statement (no row:
+-- the fence did not hold).
+WITH fence AS (
+{{fence}}
+FOR UPDATE
+)
+SELECT fence.cancel_requested, fence.crash_count, fence.deadline_at,
+       EXISTS (SELECT 1 FROM journal
+               WHERE workflow_id = :workflow_id AND seq = :seq
+                 AND status IN ('completed', 'failed', 'timed_out')),
+       next.num, next.payload
+FROM fence LEFT JOIN LATERAL (
+{{next_signal}}
+) AS next ON TRUE
+
+-- name: consume_and_write_entry
+-- PostgreSQL only: consume_signal and upsert_entry in one statement (its row count is the
+-- upsert's).
+WITH consumed AS (
+{{consume_signal}}
+)
+{{upsert_entry}}
+
 -- name: list_signals
 -- Every signal sent to a workflow, in order.
 SELECT num, name, payload, idempotency_key, sent_at, consumed_seq

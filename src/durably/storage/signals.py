@@ -62,13 +62,40 @@ class SignalVerbs(entries.EntryVerbs):
         entries: Sequence[journal.Entry],
         now: float,
     ) -> journal.Entry:
-        def outcome() -> journal.Entry:
-            found = self._q("next_signal", workflow_id=workflow_id, name=wait.name).fetchone()
-            if found is not None:
-                self._q("consume_signal", workflow_id=workflow_id, num=found[0], seq=wait.seq)
-            return replay.signal_outcome(wait, None if found is None else found[1], now)
+        fence, done, signal = self._fence_and_look(workflow_id, epoch, wait, now)
+        self._upsert(workflow_id, entries, now, fence)
+        if done is not None:  # settled by an earlier commit whose outcome was not known
+            return done
+        final = replay.signal_outcome(wait, None if signal is None else signal[1], now)
+        num = None if signal is None else signal[0]
+        self._consume_and_write(workflow_id, num, final, now, fence)
+        return final
 
-        return self._settle_wait(workflow_id, epoch, wait, entries, now, outcome)
+    def _fence_and_look(
+        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float
+    ) -> tuple[entries.Fence, journal.Entry | None, tuple[int, str] | None]:
+        """The fence; the wait's entry if it is final already; else the oldest signal of its
+        name not yet received, as (number, payload). A dialect may do it in one statement."""
+        fence = self._fence(workflow_id, epoch, now)
+        done = self._final_at(workflow_id, wait.seq)
+        if done is not None:
+            return fence, done, None
+        found = self._q("next_signal", workflow_id=workflow_id, name=wait.name).fetchone()
+        return fence, None, None if found is None else (int(found[0]), str(found[1]))
+
+    def _consume_and_write(
+        self,
+        workflow_id: str,
+        num: int | None,
+        final: journal.Entry,
+        now: float,
+        fence: entries.Fence,
+    ) -> None:
+        """Mark signal ``num`` (if any) received by the wait, and write the wait's entry. A
+        dialect may do both in one statement."""
+        if num is not None:
+            self._q("consume_signal", workflow_id=workflow_id, num=num, seq=final.seq)
+        self._upsert(workflow_id, [final], now, fence)
 
     def send_signal(
         self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
