@@ -22,7 +22,18 @@ import pytest
 import durably
 from durably import errors, journal
 from durably.storage import base, create_store
-from tests.test_store import LEASE, NOW, Verbs, new, owned, step, take_over
+from tests.test_store import (
+    LEASE,
+    NOW,
+    RUNNABLE,
+    Verbs,
+    claim_next,
+    claim_then_fail,
+    new,
+    owned,
+    step,
+    take_over,
+)
 
 
 @pytest.fixture
@@ -301,3 +312,75 @@ def test_a_write_waiting_on_a_claim_is_refused_once_the_claim_commits(
         rival.close()
     assert len(outcome) == 1 and isinstance(outcome[0], durably.FencedError), outcome
     assert db.load_history("wf-1") == []
+
+
+# --- claims: a recovery pass ---------------------------------------------------------------
+
+
+def runnable_statements(sent: list[str]) -> list[str]:
+    """The statements that (re)write the runnable table, not the claims that read it. (A
+    statement without parameters is traced as a Query of its first line only: its comment.)"""
+    writes = ("CREATE TEMPORARY TABLE", "Empty the runnable_here", "INSERT INTO runnable_here")
+    return [s for s in sent if any(w in s for w in writes)]
+
+
+def claim(store: Any, owner: str = "ex-a", limit: int = 100) -> tuple[list[str], list[str]]:
+    """One claim_next of the test suite's runnable set, as one batch: (the ids taken, every
+    statement sent, BEGIN and COMMIT included)."""
+    op = base.Op(store.claim_next, (owner, RUNNABLE, NOW + LEASE, NOW, limit), True)
+    sent = traced(store, [op])
+    if op.error is not None:
+        raise op.error
+    return [w.workflow_id for w in op.result], sent
+
+
+def test_a_claim_pass_with_the_same_runnable_set_does_not_write_it_again(pg_store: Any) -> None:
+    _, first = claim(pg_store)
+    assert len(runnable_statements(first)) == 2 + len(RUNNABLE), first  # create, clear, adds
+    Verbs(pg_store).create_workflow(new("a"), None, None, NOW)
+    taken, again = claim(pg_store)
+    assert taken == ["a"]
+    assert runnable_statements(again) == [], again
+    other = base.Op(pg_store.claim_next, ("ex-a", [("refund", "2")], NOW + LEASE, NOW, 9), True)
+    assert len(runnable_statements(traced(pg_store, [other]))) == 3  # another set: written
+
+
+def test_after_a_rollback_the_runnable_set_is_written_again(pg_store: Any) -> None:
+    """A batch that filled the table and failed is rolled back, the table's rows with it:
+    the next pass writes them again (and finds its workflows: tests/test_store.py)."""
+    claim(pg_store)
+    op = base.Op(claim_then_fail, (pg_store, [("other", None)]), True)
+    pg_store.run_batch([op])
+    assert op.error is not None
+    Verbs(pg_store).create_workflow(new("a"), None, None, NOW)
+    taken, sent = claim(pg_store)
+    assert taken == ["a"]
+    assert len(runnable_statements(sent)) == 2 + len(RUNNABLE), sent
+
+
+def terminate(url: str, pid: int) -> None:
+    """End the server process of another session, as a server restart would, and wait
+    until it is gone."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 30
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline, "the session was not terminated"
+            time.sleep(0.01)
+
+
+def test_a_pass_that_reconnects_writes_the_runnable_table_on_the_new_connection(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """The connection was lost between two passes: the pass's first statement (the pick,
+    the runnable table being known) finds it dead and is sent again on a new connection,
+    which gets the table first."""
+    claim(pg_store)
+    Verbs(pg_store).create_workflow(new("a"), None, None, NOW)
+    lost = pg_store.conn
+    terminate(postgres_url, lost.info.backend_pid)
+    assert claim_next(Verbs(pg_store), "ex-a") == ["a"]
+    assert pg_store.conn is not lost
+    Verbs(pg_store).create_workflow(new("b"), None, None, NOW)
+    taken, sent = claim(pg_store)
+    assert taken == ["b"] and runnable_statements(sent) == [], sent  # known again

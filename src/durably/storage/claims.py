@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from durably import cancellation, codec, errors, journal
-from durably.storage import base, bulk, rows
+from durably.storage import base, bulk, rows, sqlbase
 
 
 def _same_start(row: journal.WorkflowInfo, owner: str, now: float) -> bool:
@@ -201,13 +201,8 @@ class ClaimVerbs(bulk.BulkVerbs):
     ) -> list[journal.WorkflowInfo]:
         if limit <= 0:
             return []
-        self._q("create_runnable")
-        self._q("clear_runnable")
         hashes = same_code or {}
-        for name, version in sorted(set(runnable), key=lambda r: (r[0], r[1] or "")):
-            self._q(
-                "add_runnable", name=name, version=version or "", source_hash=hashes.get(name, "")
-            )
+        self._fill_runnable(tuple(sorted({(n, v or "", hashes.get(n, "")) for n, v in runnable})))
         picked = self._pick("claimable_unqueued", now=now, limit=limit)
         claimed = [self._take(c, owner, lease_expires_at, now) for c in picked]
         # In name order, so that two claimers of the same queues never wait for each other
@@ -235,6 +230,27 @@ class ClaimVerbs(bulk.BulkVerbs):
                     starts -= 1
                 claimed.append(self._take(candidate, owner, lease_expires_at, now))
         return claimed
+
+    def _fill_runnable(self, wanted: tuple[tuple[str, str, str], ...]) -> None:
+        """Make the connection's ``runnable_here`` hold ``wanted`` (name, version, source
+        hash), the claim queries' join. Nothing is sent when it holds them already: a
+        recovery pass, with the same workflows registered as the last, writes nothing."""
+        temp = self._temp_tables()
+        if temp.runnable == wanted:
+            return
+        temp.forget()  # in doubt until written
+        self._q("create_runnable")
+        self._q("clear_runnable")
+        for name, version, source_hash in wanted:
+            self._q("add_runnable", name=name, version=version, source_hash=source_hash)
+        self._temp_tables().runnable = wanted  # the connection's now (it may be a new one)
+
+    def _carry_temp_tables(self, lost: sqlbase.TempTables) -> None:
+        """Write on this thread's new connection what ``lost`` (its connection's, found
+        dead by a batch's first statement) held, so that the statement, which may rely
+        on it, can be sent again as it was. Committed at once: the batch has not begun."""
+        if lost.runnable is not None:
+            self._fill_runnable(lost.runnable)
 
     def _pick(self, query: str, /, **params: Any) -> list[Any]:
         """The claimable rows a query selects, locked against other claimers where they run."""

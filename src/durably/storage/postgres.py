@@ -306,6 +306,7 @@ class PostgresStore(sql.SqlStore):
                 f"cannot connect to {self.where}: {self._scrub(exc)}"
             ) from None
         self._session.conn = conn
+        self._session.temp = sqlbase.TempTables()  # a new connection has no temporary table
         with self._sessions_lock:
             self._connections.add(conn)
         if self._schema_settled:
@@ -375,7 +376,10 @@ class PostgresStore(sql.SqlStore):
             # (A statement sent alone may have committed before the connection went: each
             # such statement is one whose second sending finds its own write, see
             # EntryVerbs._wrote and ClaimVerbs.create_workflow.)
-            return send(self._connect(), sql_text, params)
+            lost = session.temp
+            conn = self._connect()
+            self._carry_temp_tables(lost)  # what the batch's statements may rely on
+            return send(conn, sql_text, params)
 
     def _begin(self, write: bool) -> None:
         if not self._open:
@@ -402,7 +406,7 @@ class PostgresStore(sql.SqlStore):
             )
         self.conn.execute("COMMIT")
 
-    def _rollback(self) -> None:
+    def _abort(self) -> None:
         self._begin_pending = False
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
@@ -413,6 +417,9 @@ class PostgresStore(sql.SqlStore):
             conn.execute("ROLLBACK")
         except psycopg.Error:
             self._drop()  # in an unknown state: the next batch starts on a new connection
+
+    def _temp_tables(self) -> sqlbase.TempTables:
+        return self._session.temp
 
     def _run_alone(self, op: base.Op) -> None:
         session = self._session
@@ -580,13 +587,15 @@ class PostgresStore(sql.SqlStore):
 
 
 class _Session:
-    """A connection to the database, whether its batch's BEGIN is still to send, and
-    whether the batch is one op (``solo``: a one-statement verb may skip BEGIN)."""
+    """A connection to the database, what its temporary tables hold, whether its batch's
+    BEGIN is still to send, and whether the batch is one op (``solo``: a one-statement
+    verb may skip BEGIN)."""
 
-    __slots__ = ("begin_pending", "conn", "skip_begin", "solo")
+    __slots__ = ("begin_pending", "conn", "skip_begin", "solo", "temp")
 
     def __init__(self) -> None:
         self.conn: psycopg.Connection[Any] | None = None
+        self.temp = sqlbase.TempTables()
         self.begin_pending = False
         self.solo = False
         self.skip_begin = False  # the pending statement is the whole batch: no BEGIN

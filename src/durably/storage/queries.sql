@@ -102,8 +102,10 @@ SELECT status, COUNT(*) FROM workflows GROUP BY status
 -- name: create_runnable
 -- The (name, version) pairs the claiming executor can run, for the claim queries below to
 -- join (version '' for an unversioned workflow). A temporary table lives as long as its
--- connection; claim_next refills it every time. A source_hash other than '' (a strict
--- executor's) makes only the workflows started by that code, or by unknown code, runnable.
+-- connection; claim_next refills it only when the pairs changed or what it holds is not
+-- known (a new connection, a rollback: sqlbase.TempTables). A source_hash other than ''
+-- (a strict executor's) makes only the workflows started by that code, or by unknown
+-- code, runnable.
 CREATE TEMPORARY TABLE IF NOT EXISTS runnable_here (
     name        TEXT NOT NULL,
     version     TEXT NOT NULL,
@@ -111,7 +113,7 @@ CREATE TEMPORARY TABLE IF NOT EXISTS runnable_here (
 )
 
 -- name: clear_runnable
--- Empty the runnable_here table before claim_next refills it.
+-- Empty the runnable_here table before claim_next refills it (the runnable pairs changed).
 DELETE FROM runnable_here
 
 -- name: add_runnable
