@@ -31,6 +31,7 @@ from tests.test_store import (
     claim_then_fail,
     new,
     owned,
+    queued,
     step,
     take_over,
 )
@@ -343,6 +344,30 @@ def test_a_claim_pass_with_the_same_runnable_set_does_not_write_it_again(pg_stor
     assert runnable_statements(again) == [], again
     other = base.Op(pg_store.claim_next, ("ex-a", [("refund", "2")], NOW + LEASE, NOW, 9), True)
     assert len(runnable_statements(traced(pg_store, [other]))) == 3  # another set: written
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_queued_workflow_is_taken_in_one_statement(pg_store: Any, n: int) -> None:
+    """A queue's pick (after its lock and its load) is followed by one statement per row
+    taken: the claim, its record and the row read back, in one data-modifying WITH."""
+    db = Verbs(pg_store)
+    limits = base.QueueLimits("llm")
+    db.claim_next("ex-a", RUNNABLE, NOW + LEASE, NOW, 100, [limits])  # table, queue row
+    for i in range(n):
+        queued(db, f"q{i}", "llm", NOW + i)
+    op = base.Op(pg_store.claim_next, ("ex-a", RUNNABLE, NOW + LEASE, NOW, 100, [limits]), True)
+    sent = traced(pg_store, [op])
+    assert op.error is None
+    assert [w.workflow_id for w in op.result] == [f"q{i}" for i in range(n)]
+    assert [(w.owner, w.epoch, w.status) for w in op.result] == [("ex-a", 1, "running")] * n
+    assert [c.reason for i in range(n) for c in db.load_claims(f"q{i}")] == ["start"] * n
+    # BEGIN with the unqueued claim, the queue's lock, its load, its pick, n takes, COMMIT
+    assert len(sent) == 5 + n, sent
+    later = NOW + 2 * LEASE  # the leases ran out: recoveries, a crash counted each
+    again = db.claim_next("ex-b", RUNNABLE, later + LEASE, later, 100, [limits])
+    assert [(w.owner, w.epoch, w.crash_count) for w in again] == [("ex-b", 2, 1)] * n
+    assert [c.reason for c in db.load_claims("q0")] == ["start", "recovery"]
+    assert db.load_claims("q0")[1].previous_owner == "ex-a"
 
 
 def test_after_a_rollback_the_runnable_set_is_written_again(pg_store: Any) -> None:

@@ -289,30 +289,27 @@ class ClaimVerbs(bulk.BulkVerbs):
         """Claim one selected row (still locked by this transaction); record why."""
         workflow_id, status, previous_owner, epoch = candidate
         crashed = previous_owner is not None and status == journal.Status.RUNNING
-        cursor = self._q(
-            "claim",
+        row = self._claim_and_record(
+            workflow_id=workflow_id,
+            epoch=int(epoch),
             owner=owner,
             lease_expires_at=lease_expires_at,
-            crashed=1 if crashed else 0,
-            now=now,
-            workflow_id=workflow_id,
-            epoch=epoch,
-        )
-        if cursor.rowcount != 1:  # only if a dialect let another claimer take a selected row
-            raise errors.StoreError(f"workflow {workflow_id!r} changed hands while being claimed")
-        reason = "recovery" if crashed else ("resume" if epoch else "start")
-        self._q(
-            "insert_claim",
-            workflow_id=workflow_id,
-            epoch=int(epoch) + 1,
-            owner=owner,
             now=now,
             previous_owner=previous_owner,
-            reason=reason,
+            reason="recovery" if crashed else ("resume" if epoch else "start"),
         )
-        row = self.get_workflow(workflow_id)
-        assert row is not None
+        if row is None:  # only if a dialect let another claimer take a selected row
+            raise changed_hands(workflow_id)
         return row
+
+    def _claim_and_record(self, **params: Any) -> journal.WorkflowInfo | None:
+        """Claim the row at ``epoch`` (the ``claim`` query counts a recovery's crash),
+        record the claim, and return the row; None if the row was not at that epoch.
+        Three statements; PostgreSQL sends one (``claim_and_record``)."""
+        if self._q("claim", **params).rowcount != 1:
+            return None
+        self._q("insert_claim", **{**params, "epoch": params["epoch"] + 1})
+        return self.get_workflow(params["workflow_id"])
 
     def unclaimed(self, now: float, limit: int) -> list[base.Unclaimed]:
         found = self._q("unclaimed", now=now, limit=limit).fetchall()
@@ -396,6 +393,11 @@ class ClaimVerbs(bulk.BulkVerbs):
         if expire_leases:
             self._q("expire_leases", owner=executor_id)
         self._q("remove_executor", executor_id=executor_id)
+
+
+def changed_hands(workflow_id: str) -> errors.StoreError:
+    """The error of a claim whose selected row another claimer took meanwhile."""
+    return errors.StoreError(f"workflow {workflow_id!r} changed hands while being claimed")
 
 
 def _serves(

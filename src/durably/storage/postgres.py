@@ -77,7 +77,7 @@ import psycopg.pq
 from psycopg import sql as pgsql
 
 from durably import errors, journal
-from durably.storage import base, entries, pg_listener, sql, sqlbase
+from durably.storage import base, entries, pg_listener, rows, sql, sqlbase
 
 log = logging.getLogger("durably")
 
@@ -456,6 +456,11 @@ class PostgresStore(sql.SqlStore):
             return self._insert_workflow(
                 new, owner, lease_expires_at, now, query="create_owned_workflow"
             )
+
+    def _claim_and_record(self, **params: Any) -> journal.WorkflowInfo | None:
+        # One statement (a data-modifying WITH), not three: the claim, its record, the row.
+        found = rows.first(self._q("claim_and_record", **params))
+        return rows.workflow(found) if found else None
 
     def _next_savepoint(self) -> None:
         self._execute("RELEASE SAVEPOINT op; SAVEPOINT op")  # one round trip, not two
