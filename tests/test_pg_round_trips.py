@@ -346,6 +346,35 @@ def test_a_claim_pass_with_the_same_runnable_set_does_not_write_it_again(pg_stor
     assert len(runnable_statements(traced(pg_store, [other]))) == 3  # another set: written
 
 
+@pytest.mark.parametrize("n", [1, 100])
+def test_a_pass_claiming_n_unqueued_workflows_is_two_round_trips(pg_store: Any, n: int) -> None:
+    """The runnable set unchanged, a pass is BEGIN pipelined with one statement that picks
+    and claims every row (and records why), then COMMIT: two waits whatever n is (it was
+    3n + 6 with two runnable pairs: the table refilled, then a claim, its record and a read
+    of the row for each)."""
+    db = Verbs(pg_store)
+    claim(pg_store)  # the runnable table: written once
+    for i in range(n):
+        db.create_workflow(new(f"p{i:03}"), None, None, NOW + i)
+    taken, sent = claim(pg_store)
+    assert taken == [f"p{i:03}" for i in range(n)]  # oldest first
+    # (psycopg prepares BEGIN and COMMIT once sent five times: the trace then shows them
+    # as a Bind of a name parsed before, counted here but under the last text parsed)
+    assert len(sent) == 2 and "claimable_unqueued's pick" in sent[0], sent
+    later = NOW + n + 2 * LEASE  # every lease ran out: each is recovered, a crash counted
+    op = base.Op(pg_store.claim_next, ("ex-b", RUNNABLE, later + LEASE, later, n), True)
+    assert len(traced(pg_store, [op])) == 2 and op.error is None
+    assert [(w.workflow_id, w.owner, w.epoch, w.crash_count) for w in op.result] == [
+        (f"p{i:03}", "ex-b", 2, 1) for i in range(n)
+    ]
+    for wid in ("p000", f"p{n - 1:03}"):
+        assert [(c.epoch, c.owner, c.previous_owner, c.reason) for c in db.load_claims(wid)] == [
+            (1, "ex-a", None, "start"),
+            (2, "ex-b", "ex-a", "recovery"),
+        ]
+        assert db.load_claims(wid)[1].claimed_at == later
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_a_queued_workflow_is_taken_in_one_statement(pg_store: Any, n: int) -> None:
     """A queue's pick (after its lock and its load) is followed by one statement per row

@@ -203,8 +203,7 @@ class ClaimVerbs(bulk.BulkVerbs):
             return []
         hashes = same_code or {}
         self._fill_runnable(tuple(sorted({(n, v or "", hashes.get(n, "")) for n, v in runnable})))
-        picked = self._pick("claimable_unqueued", now=now, limit=limit)
-        claimed = [self._take(c, owner, lease_expires_at, now) for c in picked]
+        claimed = self._claim_unqueued(owner, lease_expires_at, now, limit)
         # In name order, so that two claimers of the same queues never wait for each other
         # in a cycle.
         for queue in sorted(queues, key=lambda q: q.name):
@@ -251,6 +250,14 @@ class ClaimVerbs(bulk.BulkVerbs):
         on it, can be sent again as it was. Committed at once: the batch has not begun."""
         if lost.runnable is not None:
             self._fill_runnable(lost.runnable)
+
+    def _claim_unqueued(
+        self, owner: str, lease_expires_at: float, now: float, limit: int
+    ) -> list[journal.WorkflowInfo]:
+        """Pick and take up to ``limit`` claimable workflows of no queue, oldest first.
+        A statement a row and one for the pick; PostgreSQL sends one (``claim_unqueued``)."""
+        picked = self._pick("claimable_unqueued", now=now, limit=limit)
+        return [self._take(c, owner, lease_expires_at, now) for c in picked]
 
     def _pick(self, query: str, /, **params: Any) -> list[Any]:
         """The claimable rows a query selects, locked against other claimers where they run."""
@@ -393,6 +400,16 @@ class ClaimVerbs(bulk.BulkVerbs):
         if expire_leases:
             self._q("expire_leases", owner=executor_id)
         self._q("remove_executor", executor_id=executor_id)
+
+
+def taken(found: list[dict[str, Any]]) -> list[journal.WorkflowInfo]:
+    """The rows a statement that picks and claims returned (``claim_unqueued``): each with
+    the id it was picked as, and no row where the row picked changed hands."""
+    for row in found:
+        picked_id = row.pop("picked_id")
+        if row["workflow_id"] is None:  # only if a dialect let another claimer take it
+            raise changed_hands(picked_id)
+    return [rows.workflow(row) for row in found]
 
 
 def changed_hands(workflow_id: str) -> errors.StoreError:

@@ -77,7 +77,7 @@ import psycopg.pq
 from psycopg import sql as pgsql
 
 from durably import errors, journal
-from durably.storage import base, entries, pg_listener, rows, sql, sqlbase
+from durably.storage import base, claims, entries, pg_listener, rows, sql, sqlbase
 
 log = logging.getLogger("durably")
 
@@ -461,6 +461,13 @@ class PostgresStore(sql.SqlStore):
         # One statement (a data-modifying WITH), not three: the claim, its record, the row.
         found = rows.first(self._q("claim_and_record", **params))
         return rows.workflow(found) if found else None
+
+    def _claim_unqueued(
+        self, owner: str, lease_expires_at: float, now: float, limit: int
+    ) -> list[journal.WorkflowInfo]:
+        # The pick and every claim of it in one statement: a pass is BEGIN with it, COMMIT.
+        params = {"owner": owner, "lease_expires_at": lease_expires_at, "now": now}
+        return claims.taken(rows.every(self._q("claim_unqueued", limit=limit, **params)))
 
     def _next_savepoint(self) -> None:
         self._execute("RELEASE SAVEPOINT op; SAVEPOINT op")  # one round trip, not two

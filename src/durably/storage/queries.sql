@@ -255,6 +255,32 @@ RETURNING {{workflow_columns}}
 )
 SELECT * FROM taken
 
+-- name: claim_unqueued
+-- PostgreSQL only (a data-modifying WITH): claimable_unqueued's pick, locked and skipping
+-- the rows other claimers hold (SqlStore.skip_locked), the claim of every row picked and
+-- its record, in one statement: a pass taking up to :limit workflows is one round trip.
+-- Returns the rows taken as get_workflow reads them, oldest first, each with the id it was
+-- picked as (picked_id); a row picked but not taken (all else NULL) changed hands.
+WITH picked AS (
+{{claimable_unqueued}}
+FOR UPDATE SKIP LOCKED
+), taken AS (
+{{claim_row}}
+WHERE (workflow_id, epoch) IN (SELECT workflow_id, epoch FROM picked)
+RETURNING {{workflow_columns}}
+), recorded AS (
+    INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
+    SELECT t.workflow_id, t.epoch, t.owner, t.updated_at, p.owner, p.reason
+    FROM taken t
+    JOIN (SELECT workflow_id, owner,
+                 CASE WHEN {{claim_recovers}} THEN 'recovery'
+                      WHEN epoch > 0 THEN 'resume' ELSE 'start' END AS reason
+          FROM picked) p ON p.workflow_id = t.workflow_id
+)
+SELECT p.workflow_id AS picked_id, t.*
+FROM picked p LEFT JOIN taken t ON t.workflow_id = p.workflow_id
+ORDER BY t.created_at, p.workflow_id
+
 -- name: load_claims
 -- Every change of owner of a workflow, oldest first.
 SELECT workflow_id, epoch, owner, claimed_at, previous_owner, reason
