@@ -255,7 +255,8 @@ class ClaimVerbs(bulk.BulkVerbs):
         self, owner: str, lease_expires_at: float, now: float, limit: int
     ) -> list[journal.WorkflowInfo]:
         """Pick and take up to ``limit`` claimable workflows of no queue, oldest first.
-        A statement a row and one for the pick; PostgreSQL sends one (``claim_unqueued``)."""
+        The pick, then a take per row (``_take``); PostgreSQL does it all in one statement
+        (``claim_unqueued``)."""
         picked = self._pick("claimable_unqueued", now=now, limit=limit)
         return [self._take(c, owner, lease_expires_at, now) for c in picked]
 

@@ -39,9 +39,12 @@ of it had committed.
 
 Claiming. ``claim_next`` selects the claimable rows ``FOR UPDATE SKIP LOCKED``
 and claims them in the same transaction: concurrent claimers on any number of
-machines take disjoint rows without waiting for each other. Claimers of one
-queue lock its row in ``queues`` first, so they count its running workflows
-and recent starts one at a time (the limits hold across machines).
+machines take disjoint rows without waiting for each other. The rows of no queue
+are picked and claimed in one statement (``claim_unqueued``), a queue's one row
+at a time (``claim_and_record``), and the connection's table of runnable
+workflows is written only when that set changed: a pass is two round trips.
+Claimers of one queue lock its row in ``queues`` first, so they count its
+running workflows and recent starts one at a time (the limits hold across machines).
 
 A schema of its own. durably's tables live in the schema ``durably`` (or the one
 ``?schema=NAME`` names: lowercase letters, digits and ``_``), created on first use
