@@ -22,7 +22,19 @@ import pytest
 import durably
 from durably import errors, journal
 from durably.storage import base, create_store
-from tests.test_store import LEASE, NOW, Verbs, new, owned, step, take_over
+from tests.test_store import (
+    LEASE,
+    NOW,
+    RUNNABLE,
+    Verbs,
+    claim_next,
+    claim_then_fail,
+    new,
+    owned,
+    queued,
+    step,
+    take_over,
+)
 
 
 @pytest.fixture
@@ -454,3 +466,128 @@ def test_receiving_a_signal_is_three_round_trips(pg_store: Any) -> None:
     op = base.Op(pg_store.receive_signal, ("wf-1", info.epoch, wait, [], NOW), True)
     traced(pg_store, [op])
     assert isinstance(op.error, errors.FencedError)
+
+
+# --- claims: a recovery pass ---------------------------------------------------------------
+
+
+def runnable_statements(sent: list[str]) -> list[str]:
+    """The statements that (re)write the runnable table, not the claims that read it. (A
+    statement without parameters is traced as a Query of its first line only: its comment.)"""
+    writes = ("CREATE TEMPORARY TABLE", "Empty the runnable_here", "INSERT INTO runnable_here")
+    return [s for s in sent if any(w in s for w in writes)]
+
+
+def claim(store: Any, owner: str = "ex-a", limit: int = 100) -> tuple[list[str], list[str]]:
+    """One claim_next of the test suite's runnable set, as one batch: (the ids taken, every
+    statement sent, BEGIN and COMMIT included)."""
+    op = base.Op(store.claim_next, (owner, RUNNABLE, NOW + LEASE, NOW, limit), True)
+    sent = traced(store, [op])
+    if op.error is not None:
+        raise op.error
+    return [w.workflow_id for w in op.result], sent
+
+
+def test_a_claim_pass_with_the_same_runnable_set_does_not_write_it_again(pg_store: Any) -> None:
+    _, first = claim(pg_store)
+    assert len(runnable_statements(first)) == 2 + len(RUNNABLE), first  # create, clear, adds
+    Verbs(pg_store).create_workflow(new("a"), None, None, NOW)
+    taken, again = claim(pg_store)
+    assert taken == ["a"]
+    assert runnable_statements(again) == [], again
+    other = base.Op(pg_store.claim_next, ("ex-a", [("refund", "2")], NOW + LEASE, NOW, 9), True)
+    assert len(runnable_statements(traced(pg_store, [other]))) == 3  # another set: written
+
+
+@pytest.mark.parametrize("n", [1, 100])
+def test_a_pass_claiming_n_unqueued_workflows_is_two_round_trips(pg_store: Any, n: int) -> None:
+    """The runnable set unchanged, a pass is BEGIN pipelined with one statement that picks
+    and claims every row (and records why), then COMMIT: two waits whatever n is (it was
+    3n + 6 with two runnable pairs: the table refilled, then a claim, its record and a read
+    of the row for each)."""
+    db = Verbs(pg_store)
+    claim(pg_store)  # the runnable table: written once
+    for i in range(n):
+        db.create_workflow(new(f"p{i:03}"), None, None, NOW + i)
+    taken, sent = claim(pg_store)
+    assert taken == [f"p{i:03}" for i in range(n)]  # oldest first
+    # (psycopg prepares BEGIN and COMMIT once sent five times: the trace then shows them
+    # as a Bind of a name parsed before, counted here but under the last text parsed)
+    assert len(sent) == 2 and "claimable_unqueued's pick" in sent[0], sent
+    later = NOW + n + 2 * LEASE  # every lease ran out: each is recovered, a crash counted
+    op = base.Op(pg_store.claim_next, ("ex-b", RUNNABLE, later + LEASE, later, n), True)
+    assert len(traced(pg_store, [op])) == 2 and op.error is None
+    assert [(w.workflow_id, w.owner, w.epoch, w.crash_count) for w in op.result] == [
+        (f"p{i:03}", "ex-b", 2, 1) for i in range(n)
+    ]
+    for wid in ("p000", f"p{n - 1:03}"):
+        assert [(c.epoch, c.owner, c.previous_owner, c.reason) for c in db.load_claims(wid)] == [
+            (1, "ex-a", None, "start"),
+            (2, "ex-b", "ex-a", "recovery"),
+        ]
+        assert db.load_claims(wid)[1].claimed_at == later
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_queued_workflow_is_taken_in_one_statement(pg_store: Any, n: int) -> None:
+    """A queue's pick (after its lock and its load) is followed by one statement per row
+    taken: the claim, its record and the row read back, in one data-modifying WITH."""
+    db = Verbs(pg_store)
+    limits = base.QueueLimits("llm")
+    db.claim_next("ex-a", RUNNABLE, NOW + LEASE, NOW, 100, [limits])  # table, queue row
+    for i in range(n):
+        queued(db, f"q{i}", "llm", NOW + i)
+    op = base.Op(pg_store.claim_next, ("ex-a", RUNNABLE, NOW + LEASE, NOW, 100, [limits]), True)
+    sent = traced(pg_store, [op])
+    assert op.error is None
+    assert [w.workflow_id for w in op.result] == [f"q{i}" for i in range(n)]
+    assert [(w.owner, w.epoch, w.status) for w in op.result] == [("ex-a", 1, "running")] * n
+    assert [c.reason for i in range(n) for c in db.load_claims(f"q{i}")] == ["start"] * n
+    # BEGIN with the unqueued claim, the queue's lock, its load, its pick, n takes, COMMIT
+    assert len(sent) == 5 + n, sent
+    later = NOW + 2 * LEASE  # the leases ran out: recoveries, a crash counted each
+    again = db.claim_next("ex-b", RUNNABLE, later + LEASE, later, 100, [limits])
+    assert [(w.owner, w.epoch, w.crash_count) for w in again] == [("ex-b", 2, 1)] * n
+    assert [c.reason for c in db.load_claims("q0")] == ["start", "recovery"]
+    assert db.load_claims("q0")[1].previous_owner == "ex-a"
+
+
+def test_after_a_rollback_the_runnable_set_is_written_again(pg_store: Any) -> None:
+    """A batch that filled the table and failed is rolled back, the table's rows with it:
+    the next pass writes them again (and finds its workflows: tests/test_store.py)."""
+    claim(pg_store)
+    op = base.Op(claim_then_fail, (pg_store, [("other", None)]), True)
+    pg_store.run_batch([op])
+    assert op.error is not None
+    Verbs(pg_store).create_workflow(new("a"), None, None, NOW)
+    taken, sent = claim(pg_store)
+    assert taken == ["a"]
+    assert len(runnable_statements(sent)) == 2 + len(RUNNABLE), sent
+
+
+def terminate(url: str, pid: int) -> None:
+    """End the server process of another session, as a server restart would, and wait
+    until it is gone."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 30
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline, "the session was not terminated"
+            time.sleep(0.01)
+
+
+def test_a_pass_that_reconnects_writes_the_runnable_table_on_the_new_connection(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """The connection was lost between two passes: the pass's first statement (the pick,
+    the runnable table being known) finds it dead and is sent again on a new connection,
+    which gets the table first."""
+    claim(pg_store)
+    Verbs(pg_store).create_workflow(new("a"), None, None, NOW)
+    lost = pg_store.conn
+    terminate(postgres_url, lost.info.backend_pid)
+    assert claim_next(Verbs(pg_store), "ex-a") == ["a"]
+    assert pg_store.conn is not lost
+    Verbs(pg_store).create_workflow(new("b"), None, None, NOW)
+    taken, sent = claim(pg_store)
+    assert taken == ["b"] and runnable_statements(sent) == [], sent  # known again

@@ -623,6 +623,40 @@ def test_a_failing_op_does_not_undo_the_others_in_its_batch(store, db):
     assert db.get_workflow("c") is not None
 
 
+def claim_then_fail(store: base.Store, runnable: list[base.Runnable]) -> None:
+    """An op that fills the runnable table (a claim of nothing), then fails: rolled back."""
+    assert store.claim_next("ex-a", runnable, NOW + LEASE, NOW, 10) == []
+    raise errors.StoreError("failed after filling the runnable table")
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["rolled-back", "to-savepoint"])
+def test_a_runnable_set_written_by_a_rolled_back_batch_is_written_again(store, db, alone):
+    """The runnable table's rows roll back with the batch (whole, or the op's savepoint,
+    when the batch runs again guarded): what it holds is not taken from the cache then."""
+    assert claim_next(db, "ex-a") == []  # commits the table holding RUNNABLE
+    ops = [base.Op(claim_then_fail, (store, [("other", None)]), True)]
+    if not alone:
+        ops.append(base.Op(store.get_workflow, ("a",), False))
+    store.run_batch(ops)
+    assert isinstance(ops[0].error, errors.StoreError)
+    assert all(op.error is None for op in ops[1:])
+    db.create_workflow(new("a"), None, None, NOW)
+    db.create_workflow(new("o", "other"), None, None, NOW)
+    # the table holds RUNNABLE again, not ("other", None): a cache that lied would find "a"
+    taken = db.claim_next("ex-a", [("other", None)], NOW + LEASE, NOW, 10)
+    assert [w.workflow_id for w in taken] == ["o"]
+    assert claim_next(db, "ex-a") == ["a"]
+
+
+def test_a_new_connection_has_its_runnable_table_written(store, db):
+    """Closed and opened again: a new connection, no temporary table, whatever was known."""
+    assert claim_next(db, "ex-a") == []
+    store.close()
+    store.open()
+    db.create_workflow(new("a"), None, None, NOW)
+    assert claim_next(db, "ex-a") == ["a"]
+
+
 def test_the_store_thread_serves_concurrent_callers(store_url):
     runner = thread.StoreThread(create_store(store_url))
     runner.start()

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from durably import cancellation, codec, errors, journal
-from durably.storage import base, bulk, rows
+from durably.storage import base, bulk, rows, sqlbase
 
 
 def _same_start(row: journal.WorkflowInfo, owner: str, now: float) -> bool:
@@ -204,15 +204,9 @@ class ClaimVerbs(bulk.BulkVerbs):
     ) -> list[journal.WorkflowInfo]:
         if limit <= 0:
             return []
-        self._q("create_runnable")
-        self._q("clear_runnable")
         hashes = same_code or {}
-        for name, version in sorted(set(runnable), key=lambda r: (r[0], r[1] or "")):
-            self._q(
-                "add_runnable", name=name, version=version or "", source_hash=hashes.get(name, "")
-            )
-        picked = self._pick("claimable_unqueued", now=now, limit=limit)
-        claimed = [self._take(c, owner, lease_expires_at, now) for c in picked]
+        self._fill_runnable(tuple(sorted({(n, v or "", hashes.get(n, "")) for n, v in runnable})))
+        claimed = self._claim_unqueued(owner, lease_expires_at, now, limit)
         # In name order, so that two claimers of the same queues never wait for each other
         # in a cycle.
         for queue in sorted(queues, key=lambda q: q.name):
@@ -238,6 +232,36 @@ class ClaimVerbs(bulk.BulkVerbs):
                     starts -= 1
                 claimed.append(self._take(candidate, owner, lease_expires_at, now))
         return claimed
+
+    def _fill_runnable(self, wanted: tuple[tuple[str, str, str], ...]) -> None:
+        """Make the connection's ``runnable_here`` hold ``wanted`` (name, version, source
+        hash), the claim queries' join. Nothing is sent when it holds them already: a
+        recovery pass, with the same workflows registered as the last, writes nothing."""
+        temp = self._temp_tables()
+        if temp.runnable == wanted:
+            return
+        temp.forget()  # in doubt until written
+        self._q("create_runnable")
+        self._q("clear_runnable")
+        for name, version, source_hash in wanted:
+            self._q("add_runnable", name=name, version=version, source_hash=source_hash)
+        self._temp_tables().runnable = wanted  # the connection's now (it may be a new one)
+
+    def _carry_temp_tables(self, lost: sqlbase.TempTables) -> None:
+        """Write on this thread's new connection what ``lost`` (its connection's, found
+        dead by a batch's first statement) held, so that the statement, which may rely
+        on it, can be sent again as it was. Committed at once: the batch has not begun."""
+        if lost.runnable is not None:
+            self._fill_runnable(lost.runnable)
+
+    def _claim_unqueued(
+        self, owner: str, lease_expires_at: float, now: float, limit: int
+    ) -> list[journal.WorkflowInfo]:
+        """Pick and take up to ``limit`` claimable workflows of no queue, oldest first.
+        The pick, then a take per row (``_take``); PostgreSQL does it all in one statement
+        (``claim_unqueued``)."""
+        picked = self._pick("claimable_unqueued", now=now, limit=limit)
+        return [self._take(c, owner, lease_expires_at, now) for c in picked]
 
     def _pick(self, query: str, /, **params: Any) -> list[Any]:
         """The claimable rows a query selects, locked against other claimers where they run."""
@@ -276,30 +300,27 @@ class ClaimVerbs(bulk.BulkVerbs):
         """Claim one selected row (still locked by this transaction); record why."""
         workflow_id, status, previous_owner, epoch = candidate
         crashed = previous_owner is not None and status == journal.Status.RUNNING
-        cursor = self._q(
-            "claim",
+        row = self._claim_and_record(
+            workflow_id=workflow_id,
+            epoch=int(epoch),
             owner=owner,
             lease_expires_at=lease_expires_at,
-            crashed=1 if crashed else 0,
-            now=now,
-            workflow_id=workflow_id,
-            epoch=epoch,
-        )
-        if cursor.rowcount != 1:  # only if a dialect let another claimer take a selected row
-            raise errors.StoreError(f"workflow {workflow_id!r} changed hands while being claimed")
-        reason = "recovery" if crashed else ("resume" if epoch else "start")
-        self._q(
-            "insert_claim",
-            workflow_id=workflow_id,
-            epoch=int(epoch) + 1,
-            owner=owner,
             now=now,
             previous_owner=previous_owner,
-            reason=reason,
+            reason="recovery" if crashed else ("resume" if epoch else "start"),
         )
-        row = self.get_workflow(workflow_id)
-        assert row is not None
+        if row is None:  # only if a dialect let another claimer take a selected row
+            raise changed_hands(workflow_id)
         return row
+
+    def _claim_and_record(self, **params: Any) -> journal.WorkflowInfo | None:
+        """Claim the row at ``epoch`` (the ``claim`` query counts a recovery's crash),
+        record the claim, and return the row; None if the row was not at that epoch.
+        Three statements; PostgreSQL sends one (``claim_and_record``)."""
+        if self._q("claim", **params).rowcount != 1:
+            return None
+        self._q("insert_claim", **{**params, "epoch": params["epoch"] + 1})
+        return self.get_workflow(params["workflow_id"])
 
     @base.one_read
     def unclaimed(self, now: float, limit: int) -> list[base.Unclaimed]:
@@ -386,6 +407,21 @@ class ClaimVerbs(bulk.BulkVerbs):
         if expire_leases:
             self._q("expire_leases", owner=executor_id)
         self._q("remove_executor", executor_id=executor_id)
+
+
+def taken(found: list[dict[str, Any]]) -> list[journal.WorkflowInfo]:
+    """The rows a statement that picks and claims returned (``claim_unqueued``): each with
+    the id it was picked as, and no row where the row picked changed hands."""
+    for row in found:
+        picked_id = row.pop("picked_id")
+        if row["workflow_id"] is None:  # only if a dialect let another claimer take it
+            raise changed_hands(picked_id)
+    return [rows.workflow(row) for row in found]
+
+
+def changed_hands(workflow_id: str) -> errors.StoreError:
+    """The error of a claim whose selected row another claimer took meanwhile."""
+    return errors.StoreError(f"workflow {workflow_id!r} changed hands while being claimed")
 
 
 def _serves(

@@ -39,9 +39,12 @@ of it had committed.
 
 Claiming. ``claim_next`` selects the claimable rows ``FOR UPDATE SKIP LOCKED``
 and claims them in the same transaction: concurrent claimers on any number of
-machines take disjoint rows without waiting for each other. Claimers of one
-queue lock its row in ``queues`` first, so they count its running workflows
-and recent starts one at a time (the limits hold across machines).
+machines take disjoint rows without waiting for each other. The rows of no queue
+are picked and claimed in one statement (``claim_unqueued``), a queue's one row
+at a time (``claim_and_record``), and the connection's table of runnable
+workflows is written only when that set changed: a pass is two round trips.
+Claimers of one queue lock its row in ``queues`` first, so they count its
+running workflows and recent starts one at a time (the limits hold across machines).
 
 A schema of its own. durably's tables live in the schema ``durably`` (or the one
 ``?schema=NAME`` names: lowercase letters, digits and ``_``), created on first use
@@ -77,7 +80,7 @@ import psycopg.pq
 from psycopg import sql as pgsql
 
 from durably import errors, journal
-from durably.storage import base, entries, pg_listener, signals, sql, sqlbase
+from durably.storage import base, claims, entries, pg_listener, rows, signals, sql, sqlbase
 
 log = logging.getLogger("durably")
 
@@ -306,6 +309,7 @@ class PostgresStore(sql.SqlStore):
                 f"cannot connect to {self.where}: {self._scrub(exc)}"
             ) from None
         self._session.conn = conn
+        self._session.temp = sqlbase.TempTables()  # a new connection has no temporary table
         with self._sessions_lock:
             self._connections.add(conn)
         if self._schema_settled:
@@ -375,7 +379,10 @@ class PostgresStore(sql.SqlStore):
             # (A statement sent alone may have committed before the connection went: each
             # such statement is one whose second sending finds its own write, see
             # EntryVerbs._wrote and ClaimVerbs.create_workflow.)
-            return send(self._connect(), sql_text, params)
+            lost = session.temp
+            conn = self._connect()
+            self._carry_temp_tables(lost)  # what the batch's statements may rely on
+            return send(conn, sql_text, params)
 
     def _begin(self, write: bool) -> None:
         if not self._open:
@@ -402,7 +409,7 @@ class PostgresStore(sql.SqlStore):
             )
         self.conn.execute("COMMIT")
 
-    def _rollback(self) -> None:
+    def _abort(self) -> None:
         self._begin_pending = False
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
@@ -413,6 +420,9 @@ class PostgresStore(sql.SqlStore):
             conn.execute("ROLLBACK")
         except psycopg.Error:
             self._drop()  # in an unknown state: the next batch starts on a new connection
+
+    def _temp_tables(self) -> sqlbase.TempTables:
+        return self._session.temp
 
     def _run_alone(self, op: base.Op) -> None:
         session = self._session
@@ -455,6 +465,18 @@ class PostgresStore(sql.SqlStore):
             return self._insert_workflow(
                 new, owner, lease_expires_at, now, query="create_owned_workflow"
             )
+
+    def _claim_and_record(self, **params: Any) -> journal.WorkflowInfo | None:
+        # One statement (a data-modifying WITH), not three: the claim, its record, the row.
+        found = rows.first(self._q("claim_and_record", **params))
+        return rows.workflow(found) if found else None
+
+    def _claim_unqueued(
+        self, owner: str, lease_expires_at: float, now: float, limit: int
+    ) -> list[journal.WorkflowInfo]:
+        # The pick and every claim of it in one statement: a pass is BEGIN with it, COMMIT.
+        params = {"owner": owner, "lease_expires_at": lease_expires_at, "now": now}
+        return claims.taken(rows.every(self._q("claim_unqueued", limit=limit, **params)))
 
     def _next_savepoint(self) -> None:
         self._execute("RELEASE SAVEPOINT op; SAVEPOINT op")  # one round trip, not two
@@ -656,13 +678,15 @@ class PostgresStore(sql.SqlStore):
 
 
 class _Session:
-    """A connection to the database, whether its batch's BEGIN is still to send, and
-    whether the batch is one op (``solo``: a one-statement verb may skip BEGIN)."""
+    """A connection to the database, what its temporary tables hold, whether its batch's
+    BEGIN is still to send, and whether the batch is one op (``solo``: a one-statement
+    verb may skip BEGIN)."""
 
-    __slots__ = ("begin_pending", "conn", "skip_begin", "solo")
+    __slots__ = ("begin_pending", "conn", "skip_begin", "solo", "temp")
 
     def __init__(self) -> None:
         self.conn: psycopg.Connection[Any] | None = None
+        self.temp = sqlbase.TempTables()
         self.begin_pending = False
         self.solo = False
         self.skip_begin = False  # the pending statement is the whole batch: no BEGIN

@@ -5,6 +5,14 @@
 -- Status lists are spelled out; tests/test_queries.py checks each against journal.py.
 -- Casts are written CAST(x AS TEXT), never x::text, so both dialects read them.
 
+-- name: workflow_columns
+-- Not a statement: the columns of a workflow's row as the engine reads it (rows.workflow),
+-- embedded in every query that returns whole rows.
+workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
+    lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
+    cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries,
+    warnings, deadline_at
+
 -- name: create_workflow
 -- Insert a new workflow's row (owned and running, or pending; a pending one is not
 -- claimed before its wake_at, a delayed enqueue).
@@ -19,10 +27,7 @@ VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :owner, :e
         :queue, :priority, :deduplication_id, :started_at, :max_recoveries,
         :wake_at, :partition_key, :debounce_key, :deadline_at)
 ON CONFLICT DO NOTHING
-RETURNING workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
-          lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-          cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries,
-          warnings, deadline_at
+RETURNING {{workflow_columns}}
 
 -- name: create_owned_workflow
 -- PostgreSQL only (a data-modifying WITH): create_workflow and, when it created the row,
@@ -51,18 +56,12 @@ WHERE queue = :queue AND deduplication_id = :deduplication_id
 
 -- name: get_workflow
 -- One workflow's row.
-SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
-       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries,
-       warnings, deadline_at
+SELECT {{workflow_columns}}
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: list_workflows
 -- Workflows newest first, by status and name if given.
-SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
-       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries,
-       warnings, deadline_at
+SELECT {{workflow_columns}}
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -75,10 +74,7 @@ LIMIT :limit
 -- (created_at, workflow_id) of the other's last row. Written once, its direction left
 -- open; the loader (sqlbase.load_queries) makes it oldest first too, under the name
 -- search_workflows_oldest_first.
-SELECT workflow_id, name, status, input, version, source_hash, output, error, owner, epoch,
-       lease_expires_at, crash_count, wake_at, parent_id, created_at, updated_at,
-       cancel_requested, queue, priority, forked_from, forked_from_seq, max_recoveries,
-       warnings, deadline_at
+SELECT {{workflow_columns}}
 FROM workflows
 WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND (CAST(:name AS TEXT) IS NULL OR name = :name)
@@ -102,8 +98,10 @@ SELECT status, COUNT(*) FROM workflows GROUP BY status
 -- name: create_runnable
 -- The (name, version) pairs the claiming executor can run, for the claim queries below to
 -- join (version '' for an unversioned workflow). A temporary table lives as long as its
--- connection; claim_next refills it every time. A source_hash other than '' (a strict
--- executor's) makes only the workflows started by that code, or by unknown code, runnable.
+-- connection; claim_next refills it only when the pairs changed or what it holds is not
+-- known (a new connection, a rollback: sqlbase.TempTables). A source_hash other than ''
+-- (a strict executor's) makes only the workflows started by that code, or by unknown
+-- code, runnable.
 CREATE TEMPORARY TABLE IF NOT EXISTS runnable_here (
     name        TEXT NOT NULL,
     version     TEXT NOT NULL,
@@ -111,7 +109,7 @@ CREATE TEMPORARY TABLE IF NOT EXISTS runnable_here (
 )
 
 -- name: clear_runnable
--- Empty the runnable_here table before claim_next refills it.
+-- Empty the runnable_here table before claim_next refills it (the runnable pairs changed).
 DELETE FROM runnable_here
 
 -- name: add_runnable
@@ -218,18 +216,70 @@ SELECT
        AND lease_expires_at >= :now AND cancel_requested = 0),
     (SELECT COUNT(*) FROM workflows WHERE queue = :queue AND started_at > :since)
 
--- name: claim
--- Take a selected workflow: new owner, next epoch, a lease; a recovery counts a crash.
+-- name: claim_recovers
+-- Not a statement: whether a claim recovers the row (embedded, read before the claim): it
+-- was running under an owner whose lease ran out; the claim counts a crash, and records
+-- the reason 'recovery' (as ClaimVerbs._take decides for the rows it takes).
+(owner IS NOT NULL AND status = 'running')
+
+-- name: claim_row
+-- Not a statement: a claim's UPDATE without its WHERE (embedded): new owner, next epoch, a
+-- lease, running; a recovery counts a crash (the row's columns are read before the update).
 UPDATE workflows
 SET owner = :owner, epoch = epoch + 1, lease_expires_at = :lease_expires_at, status = 'running',
-    crash_count = crash_count + :crashed, started_at = COALESCE(started_at, :now),
-    updated_at = :now
+    crash_count = crash_count + CASE WHEN {{claim_recovers}} THEN 1 ELSE 0 END,
+    started_at = COALESCE(started_at, :now), updated_at = :now
+
+-- name: claim
+-- Take a selected workflow at the epoch it was selected at (claim_row).
+{{claim_row}}
 WHERE workflow_id = :workflow_id AND epoch = :epoch
 
 -- name: insert_claim
 -- Record who took the workflow at which epoch, from whom and why.
 INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
 VALUES (:workflow_id, :epoch, :owner, :now, :previous_owner, :reason)
+
+-- name: claim_and_record
+-- PostgreSQL only (a data-modifying WITH): claim and insert_claim of one selected row in
+-- one statement, returning the row as get_workflow reads it (no row: it changed hands), so
+-- that taking a row is one round trip, not three (ClaimVerbs._take).
+WITH taken AS (
+{{claim}}
+RETURNING {{workflow_columns}}
+), recorded AS (
+    INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
+    SELECT workflow_id, epoch, owner, updated_at, CAST(:previous_owner AS TEXT),
+           CAST(:reason AS TEXT)
+    FROM taken
+)
+SELECT * FROM taken
+
+-- name: claim_unqueued
+-- PostgreSQL only (a data-modifying WITH): claimable_unqueued's pick, locked and skipping
+-- the rows other claimers hold (SqlStore.skip_locked), the claim of every row picked and
+-- its record, in one statement: a pass taking up to :limit workflows is one round trip.
+-- Returns the rows taken as get_workflow reads them, oldest first, each with the id it was
+-- picked as (picked_id); a row picked but not taken (all else NULL) changed hands.
+WITH picked AS (
+{{claimable_unqueued}}
+FOR UPDATE SKIP LOCKED
+), taken AS (
+{{claim_row}}
+WHERE (workflow_id, epoch) IN (SELECT workflow_id, epoch FROM picked)
+RETURNING {{workflow_columns}}
+), recorded AS (
+    INSERT INTO claims (workflow_id, epoch, owner, claimed_at, previous_owner, reason)
+    SELECT t.workflow_id, t.epoch, t.owner, t.updated_at, p.owner, p.reason
+    FROM taken t
+    JOIN (SELECT workflow_id, owner,
+                 CASE WHEN {{claim_recovers}} THEN 'recovery'
+                      WHEN epoch > 0 THEN 'resume' ELSE 'start' END AS reason
+          FROM picked) p ON p.workflow_id = t.workflow_id
+)
+SELECT p.workflow_id AS picked_id, t.*
+FROM picked p LEFT JOIN taken t ON t.workflow_id = p.workflow_id
+ORDER BY t.created_at, p.workflow_id
 
 -- name: load_claims
 -- Every change of owner of a workflow, oldest first.

@@ -99,6 +99,25 @@ def split_statements(sql: str) -> Iterator[str]:
             yield statement.strip("\n")
 
 
+class TempTables:
+    """What one connection's temporary tables hold, as this process last wrote them, so
+    that a verb need not write them again: ``runnable``, the rows of ``runnable_here``
+    (``ClaimVerbs._fill_runnable``); None while unknown (a new connection, a rollback).
+
+    A temporary table lives as long as its connection, and its rows and its creation
+    roll back with the transaction that wrote them: ``SqlBase._rollback`` forgets.
+    """
+
+    __slots__ = ("runnable",)
+
+    def __init__(self) -> None:
+        self.runnable: tuple[tuple[str, str, str], ...] | None = None
+
+    def forget(self) -> None:
+        """What the tables hold is not known any more: the next verb writes them."""
+        self.runnable = None
+
+
 class SqlBase(base.Store):
     """A Store over a DB-API connection, without its verbs; dialects subclass SqlStore."""
 
@@ -141,8 +160,13 @@ class SqlBase(base.Store):
         """Commit the open transaction."""
 
     @abc.abstractmethod
-    def _rollback(self) -> None:
-        """Abandon the open transaction, if any."""
+    def _abort(self) -> None:
+        """Abandon the open transaction, if any (``_rollback`` calls it)."""
+
+    @abc.abstractmethod
+    def _temp_tables(self) -> TempTables:
+        """What the calling thread's connection's temporary tables hold: a new
+        :class:`TempTables` with each new connection (one that has none)."""
 
     def _notify(self, channel: str, payload: str) -> None:
         """Tell listening executors, when the open transaction commits, what it may wake.
@@ -189,6 +213,12 @@ class SqlBase(base.Store):
         """A driver error as a durably StoreError that says what and where."""
 
     # --- plumbing ------------------------------------------------------------------
+
+    def _rollback(self) -> None:
+        """Abandon the open transaction, if any, and with it what it wrote to the
+        connection's temporary tables: what they hold is no longer known."""
+        self._temp_tables().forget()
+        self._abort()
 
     def _q(self, query: str, /, **params: Any) -> Any:
         return self._execute(self._queries[query], params)
@@ -251,6 +281,7 @@ class SqlBase(base.Store):
                     op.result = op.fn(*op.args)
                 except Exception as exc:
                     self._execute("ROLLBACK TO SAVEPOINT op")
+                    self._temp_tables().forget()  # the op's writes to them are undone too
                     op.error = self._translate(exc)
         except Exception as exc:  # the transaction itself failed (a lost connection)
             self._rollback()

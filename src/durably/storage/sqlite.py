@@ -73,6 +73,7 @@ class SqliteStore(sql.SqlStore):
         #: The connection's busy_timeout now (ms): set only when it must change.
         self._lock_wait_ms = 0
         self._inline = False  # a run_inline commit is running: it must not wait for a lock
+        self._temp = sqlbase.TempTables()  # the connection's (a new one with each connection)
 
     def _paramstyle(self, sql_text: str) -> str:
         return sql_text  # sqlite3 reads :name natively
@@ -95,6 +96,7 @@ class SqliteStore(sql.SqlStore):
             self._conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=0
             )
+            self._temp = sqlbase.TempTables()
             self._lock_wait_ms = 0  # connect(timeout=0)
             self._wait_for_locks(self.busy_timeout_ms)
             self._execute(f"PRAGMA synchronous = {self.synchronous}")
@@ -223,9 +225,12 @@ class SqliteStore(sql.SqlStore):
     def _commit(self) -> None:
         self._execute("COMMIT")
 
-    def _rollback(self) -> None:
+    def _abort(self) -> None:
         if self._conn is not None and self._conn.in_transaction:
             self._conn.execute("ROLLBACK")
+
+    def _temp_tables(self) -> sqlbase.TempTables:
+        return self._temp
 
     def _table_names(self) -> set[str]:
         rows = self._execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
