@@ -10,6 +10,7 @@ while the write waits for the row lock.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 import time
@@ -48,8 +49,10 @@ def pg_store(postgres_url: str) -> Iterator[Any]:
 def traced(store: Any, ops: list[base.Op]) -> list[str]:
     """Run ``ops`` as one batch; every statement sent, BEGIN and COMMIT included.
 
-    A ``Query`` or a ``Sync`` is one wait for the server (a round trip); a statement
-    sent in the same pipeline as the next one has no ``Sync`` of its own.
+    A ``Query`` or a ``Sync`` after a ``Bind`` is one wait for the server (a round
+    trip); a statement sent in the same pipeline as the next one has no ``Sync`` of its
+    own. The store prepares each statement at its first use on a connection, in a round
+    trip of its own (``Parse``, ``Sync``) that is not one of these: it happens once.
     """
     fd, path = tempfile.mkstemp(suffix=".trace")
     pgconn = store.conn.pgconn
@@ -63,15 +66,34 @@ def traced(store: Any, ops: list[base.Op]) -> list[str]:
             trace = f.read()
         os.close(fd)
         os.unlink(path)
-    sent, text = [], ""
+    texts: dict[str, str] = {}  # prepared statement name -> its text, as parsed here
+    sent: list[str] = []
+    parsing: str | None = None
+    bound: str | None = None
     for line in trace.splitlines():
         fields = line.split("\t")
-        if len(fields) >= 3 and fields[0] == "F" and fields[2] == "Parse":
-            text = fields[3] if len(fields) > 3 else ""
-        elif len(fields) >= 3 and fields[0] == "F" and fields[2] in ("Query", "Sync"):
-            sent.append(fields[3].strip() if fields[2] == "Query" else text)
-        elif not line.startswith(("F", "B")):  # the rest of a multi-line Parse
-            text += "\n" + line
+        message = fields[2] if len(fields) >= 3 and fields[0] == "F" else None
+        if message == "Parse":
+            name, _, text = (fields[3] if len(fields) > 3 else "").lstrip().partition(" ")
+            parsing = name.strip('"')
+            texts[parsing] = text
+        elif message == "Bind":
+            bound = fields[3].split()[1].strip('"')
+            parsing = None
+        elif message == "Query":
+            sent.append(fields[3].strip())
+        elif message == "Sync":
+            if bound is not None:  # else the Sync of a preparation: no statement ran
+                text = texts.get(bound, "\0" + bound)
+                sent.append(re.sub(r'"(\s+\d+(\s+NNNN)*)?\s*$', '"', text))  # not its types
+            bound = parsing = None
+        elif not line.startswith(("F", "B")) and parsing is not None:  # more of a Parse
+            texts[parsing] += "\n" + line
+        else:
+            parsing = None
+    if any(s.startswith("\0") for s in sent):  # prepared before the trace began
+        known = dict(store.conn.execute("SELECT name, statement FROM pg_prepared_statements"))
+        sent = [known.get(s[1:], s) if s.startswith("\0") else s for s in sent]
     return sent
 
 
@@ -439,7 +461,7 @@ def test_a_function_that_calls_verbs_keeps_its_transaction(pg_store: Any) -> Non
     op = base.Op(write_then_fail, (), True)
     sent = traced(pg_store, [op])
     assert isinstance(op.error, RuntimeError)
-    assert sent[-1].strip('" ') == "ROLLBACK", sent
+    assert "ROLLBACK" in [s.strip('" ') for s in sent], sent
     assert db.load_history("wf-1") == [] and db.list_signals("wf-1") == []
 
 

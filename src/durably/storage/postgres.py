@@ -98,6 +98,10 @@ DEFAULTS = {
 #: docs/decisions.md).
 DEFAULT_CONNECTIONS = 1
 
+#: How many prepared statements a connection keeps (psycopg drops the least recently
+#: used past it): more than durably's queries.
+PREPARED_MAX = 256
+
 #: The schema durably's tables go into unless the URL says ``?schema=NAME``.
 DEFAULT_SCHEMA = "durably"
 
@@ -303,7 +307,11 @@ class PostgresStore(sql.SqlStore):
     def _connect(self) -> psycopg.Connection[Any]:
         self._drop()
         try:
-            conn = psycopg.connect(self._conninfo, autocommit=True)
+            # Every statement prepared at its first use, so each is planned once per
+            # connection, not at every execution until it has run five times (psycopg's
+            # default): planning some of ours costs more than running them.
+            conn = psycopg.connect(self._conninfo, autocommit=True, prepare_threshold=0)
+            conn.prepared_max = PREPARED_MAX
         except psycopg.Error as exc:
             raise errors.DatabaseUnavailable(
                 f"cannot connect to {self.where}: {self._scrub(exc)}"
@@ -479,7 +487,8 @@ class PostgresStore(sql.SqlStore):
         return claims.taken(rows.every(self._q("claim_unqueued", limit=limit, **params)))
 
     def _next_savepoint(self) -> None:
-        self._execute("RELEASE SAVEPOINT op; SAVEPOINT op")  # one round trip, not two
+        # One round trip, not two; two commands cannot be one prepared statement.
+        self.conn.execute("RELEASE SAVEPOINT op; SAVEPOINT op", prepare=False)
 
     def _fence_and_write(
         self, workflow_id: str, epoch: int, entry: journal.Entry, now: float, *, whole: bool
