@@ -1,0 +1,164 @@
+"""PostgreSQL's verbs in one statement each: a round trip each, where SQL sends several.
+
+The generic verbs (:mod:`durably.storage.sql`) send one statement at a time; with a
+server each is a round trip. Here the dialect overrides the hooks where
+PostgreSQL's data-modifying ``WITH`` does a verb's work at once (the statements are
+in queries.sql, marked "PostgreSQL only"), and sends a statement that is all its
+batch writes without BEGIN and COMMIT (``_alone``). A part of
+:class:`~durably.storage.postgres.PostgresStore`, kept apart from its connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from durably import journal
+from durably.storage import base, claims, entries, rows, signals, sql, sqlbase
+
+
+class Session(Protocol):
+    """What ``_alone`` reads and sets on the calling thread's session."""
+
+    solo: bool
+    skip_begin: bool
+
+
+class OneStatementVerbs(sql.SqlStore):
+    """The hooks of :class:`~durably.storage.sql.SqlStore` PostgreSQL does in one statement."""
+
+    @property
+    def _session(self) -> Session:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _alone(self, whole: bool) -> Iterator[None]:
+        """Around a verb's first statement: when it is ``whole`` (all the verb writes) and
+        the verb is alone in its batch, it is sent without BEGIN (and so needs no COMMIT):
+        a statement on its own is a transaction, and the batch one round trip."""
+        session = self._session
+        session.skip_begin = whole and session.solo
+        try:
+            yield
+        finally:
+            session.skip_begin = False
+
+    def _create_row(
+        self,
+        new: base.NewWorkflow,
+        owner: str | None,
+        lease_expires_at: float | None,
+        now: float,
+        *,
+        whole: bool,
+    ) -> journal.WorkflowInfo | None:
+        if not owner:
+            return super()._create_row(new, owner, lease_expires_at, now, whole=whole)
+        with self._alone(whole):  # the row and its claim: one statement
+            return self._insert_workflow(
+                new, owner, lease_expires_at, now, query="create_owned_workflow"
+            )
+
+    def _claim_and_record(self, **params: Any) -> journal.WorkflowInfo | None:
+        # One statement (a data-modifying WITH), not three: the claim, its record, the row.
+        found = rows.first(self._q("claim_and_record", **params))
+        return rows.workflow(found) if found else None
+
+    def _claim_unqueued(
+        self, owner: str, lease_expires_at: float, now: float, limit: int
+    ) -> list[journal.WorkflowInfo]:
+        # The pick and every claim of it in one statement: a pass is BEGIN with it, COMMIT.
+        params = {"owner": owner, "lease_expires_at": lease_expires_at, "now": now}
+        return claims.taken(rows.every(self._q("claim_unqueued", limit=limit, **params)))
+
+    def _fence_and_write(
+        self, workflow_id: str, epoch: int, entry: journal.Entry, now: float, *, whole: bool
+    ) -> tuple[entries.Fence, int | None]:
+        # One statement, so one round trip: the fence's SELECT ... FOR UPDATE and the upsert
+        # of the first entry, written only if the fence held. When it is all of a batch
+        # (one op, which writes nothing else), it is sent without BEGIN and COMMIT: a
+        # single statement is a transaction of its own, so the whole commit is that one
+        # round trip, and _commit finds nothing left to commit.
+        with self._alone(whole):
+            params = entries.entry_params(workflow_id, entry)
+            found = self._q("fence_and_write_entry", now=now, epoch=epoch, **params).fetchone()
+        if found is None:  # the fence did not hold: nothing was written
+            raise self._fenced_off(workflow_id, epoch)
+        cancel_requested, crash_count, deadline_at, written = found
+        if written and entry.status in journal.FINAL_ENTRY_STATUSES:
+            crash_count = 0  # the statement reset the crashes counted (``progressed``)
+        fence = entries.Fence(
+            workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at
+        )
+        return fence, int(written)
+
+    def _fence_and_look(
+        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float
+    ) -> tuple[entries.Fence, journal.Entry | None, tuple[int, str] | None]:
+        # One statement: the fence, the wait's final entry (whether there is one) and the
+        # signal it receives (fence_and_next_signal in queries.sql).
+        found = self._q(
+            "fence_and_next_signal",
+            workflow_id=workflow_id,
+            epoch=epoch,
+            seq=wait.seq,
+            name=wait.name,
+        ).fetchone()
+        if found is None:
+            raise self._fenced_off(workflow_id, epoch)
+        cancel_requested, crash_count, deadline_at, final, num, payload = found
+        fence = entries.Fence(
+            workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at
+        )
+        if final:  # rare: an earlier commit's outcome was not known to its caller
+            return fence, self._final_at(workflow_id, wait.seq), None
+        return fence, None, None if num is None else (int(num), str(payload))
+
+    def _consume_and_write(
+        self,
+        workflow_id: str,
+        num: int | None,
+        final: journal.Entry,
+        now: float,
+        fence: entries.Fence,
+    ) -> None:
+        if num is None:
+            super()._consume_and_write(workflow_id, num, final, now, fence)
+            return
+        params = entries.entry_params(workflow_id, final)
+        cursor = self._q("consume_and_write_entry", num=num, **params)
+        self._wrote(workflow_id, final, cursor.rowcount, now, fence)
+
+    def _keep_signal(
+        self,
+        workflow_id: str,
+        name: str,
+        payload: str,
+        idempotency_key: str | None,
+        now: float,
+        *,
+        whole: bool,
+    ) -> signals.KeptSignal:
+        # One statement (keep_signal in queries.sql); alone in its batch, one round trip.
+        wakeup = sqlbase.encode_wakeup(base.Wakeup("signal", workflow_id, name))
+        with self._alone(whole):
+            found = self._q(
+                "keep_signal",
+                workflow_id=workflow_id,
+                name=name,
+                payload=payload,
+                idempotency_key=idempotency_key,
+                now=now,
+                channel=self.channel,
+                wakeup=wakeup,
+            ).fetchone()
+        if found is None:
+            return signals.KeptSignal(None)
+        status, duplicate, counted, kept = str(found[0]), bool(found[1]), found[2], found[3]
+        if duplicate or (counted and not kept):  # the key's first sender got there first
+            return signals.KeptSignal(status, duplicate=True)
+        if not counted:  # it has ended, maybe since the statement's snapshot
+            row = self.get_workflow(workflow_id)
+            return signals.KeptSignal(status if row is None else row.status, finished=True)
+        return signals.KeptSignal(status, kept=True)
