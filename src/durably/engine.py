@@ -212,6 +212,8 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         self._timer: asyncio.TimerHandle | None = None  # for the earliest wake-up known here
         self._timer_at = 0.0
         self._next_wake = float("-inf")  # the store's earliest wake-up or deadline, last read
+        self._woken: set[str] = set()
+        self._pass_due = False
         self._ops = operations.Operations(self._store.store, clock)
         self._leases = leases.Leases(
             self._store, lease_seconds, clock, self._tasks.keys, self._kick_recovery
@@ -601,7 +603,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             if parent is not None:
                 parent.poke(journal.Kind.JOIN, wid)
             else:
-                self._kick_recovery()
+                self._claim_soon(info.parent_id)
         return live.ended
 
 

@@ -47,6 +47,7 @@ class Recovery:
     _me: journal.ExecutorInfo | None
     _services: workflow_run.Services | None
     _runs: dict[str, workflow_run.Run]
+    _tasks: dict[str, asyncio.Task[Any]]
     _changes: operations.ChangeBroadcast
     _kick: asyncio.Event | None
     _timer: asyncio.TimerHandle | None
@@ -55,6 +56,8 @@ class Recovery:
     _scanned_at: float
     _noted: set[str]
     _other_code: set[str]
+    _woken: set[str]  # workflows a wake-up named, for the loop to claim directly
+    _pass_due: bool  # a full pass is asked for (not only direct claims)
 
     @property
     def executor_id(self) -> str:
@@ -105,8 +108,7 @@ class Recovery:
             expired = await self._call(store.expire_deadlines, now, CLAIM_BATCH)
             for wid in expired:
                 self._on_wakeup(base.Wakeup("cancel", wid))
-        runnable = [(name, version) for name, version, _ in self._me.workflows]
-        same_code = {name: h for name, _, h in self._me.workflows if h} if self.strict_code else {}
+        runnable, same_code = self._claim_filters()
         claimed = await self._call(
             store.claim_next,
             self.executor_id,
@@ -117,6 +119,27 @@ class Recovery:
             [q.limits for q in self.queues],
             same_code,
         )
+        await self._run_claimed(services, claimed)
+        if len(claimed) >= CLAIM_BATCH:
+            self._kick_recovery()  # there may be more: take it in the next pass
+        elif now - self._scanned_at >= 5 * self.poll_interval:
+            self._scanned_at = now
+            await self._note_unclaimed(executors, now)
+        return [info.workflow_id for info in claimed]
+
+    def _claim_filters(self) -> tuple[list[base.Runnable], dict[str, str]]:
+        """What this engine may claim: its (name, version) pairs, and with ``strict_code``
+        the source hash each name must have been started by."""
+        assert self._me is not None
+        runnable = [(name, version) for name, version, _ in self._me.workflows]
+        same_code = {name: h for name, _, h in self._me.workflows if h} if self.strict_code else {}
+        return runnable, same_code
+
+    async def _run_claimed(
+        self, services: workflow_run.Services, claimed: list[journal.WorkflowInfo]
+    ) -> None:
+        """Launch a run for each workflow just claimed (let go of those it cannot run)."""
+        store = self._store.store
         for info in claimed:
             definition = workflows.registered(info.name)
             if definition is None or services.stopping.is_set():  # unregistered meanwhile
@@ -138,12 +161,6 @@ class Recovery:
                     definition.source_hash,
                 )
             self._launch(services, info, definition)
-        if len(claimed) >= CLAIM_BATCH:
-            self._kick_recovery()  # there may be more: take it in the next pass
-        elif now - self._scanned_at >= 5 * self.poll_interval:
-            self._scanned_at = now
-            await self._note_unclaimed(executors, now)
-        return [info.workflow_id for info in claimed]
 
     async def _note_unclaimed(self, executors: list[journal.ExecutorInfo], now: float) -> None:
         """Log, once per workflow, the claimable ones that no running executor takes."""
@@ -192,8 +209,47 @@ class Recovery:
                 continue
             self._noted.add(row.workflow_id)
 
+    async def _claim_woken(self, woken: set[str]) -> bool:
+        """Claim each workflow a wake-up named, directly (``claim_woken``); whether all
+        were taken. Those that were not (on a queue, not due yet, taken by another
+        executor) are left to a full pass."""
+        services = self._require_open()
+        if services.stopping.is_set():
+            return True
+        store = self._store.store
+        runnable, same_code = self._claim_filters()
+        every = True
+        for workflow_id in woken:
+            if workflow_id in self._tasks:  # a run of it here is still letting go: a pass waits
+                every = False
+                continue
+            now = self.clock()
+            info = await self._call(
+                store.claim_woken,
+                self.executor_id,
+                workflow_id,
+                runnable,
+                now + self.lease_seconds,
+                now,
+                same_code,
+            )
+            if info is None:
+                every = False
+            else:
+                await self._run_claimed(services, [info])
+        return every
+
+    def _claim_soon(self, workflow_id: str) -> None:
+        """A wake-up for a workflow that no run here holds: the recovery loop claims it
+        directly, without a pass over every claimable row."""
+        self._changes.signal()
+        self._woken.add(workflow_id)
+        if self._kick is not None:
+            self._kick.set()
+
     def _kick_recovery(self) -> None:
         self._changes.signal()
+        self._pass_due = True
         if self._kick is not None:
             self._kick.set()
 
@@ -235,6 +291,8 @@ class Recovery:
             self._kick_recovery()  # its place in its queue is free now
         elif wakeup.kind == "timer":
             self._wake_later(wakeup.at)
+        elif live is None and wakeup.workflow_id and wakeup.kind in ("signal", "join"):
+            self._claim_soon(wakeup.workflow_id)
         else:
             self._kick_recovery()
 
@@ -252,11 +310,14 @@ class Recovery:
         assert self._kick is not None
         stopping = self._require_open().stopping
         claimed_last = True
+        read_wake = True
         while not stopping.is_set():
             timeout = self.poll_interval
             try:
-                due = await self._call(self._store.store.next_wake, write=False)
-                self._next_wake = float("inf") if due is None else due
+                if read_wake:  # not after a direct claim: it changed no wake-up to come
+                    due = await self._call(self._store.store.next_wake, write=False)
+                    self._next_wake = float("inf") if due is None else due
+                due = None if self._next_wake == float("inf") else self._next_wake
                 # A wake-up already past that the last pass could not claim belongs to
                 # workflows this engine cannot run (other code or version, a full queue):
                 # wait the poll interval, don't spin on it.
@@ -267,8 +328,16 @@ class Recovery:
             await operations.wait_event(self._kick, timeout)
             if stopping.is_set():
                 return
+            kicked = self._kick.is_set()
             self._kick.clear()
+            woken, self._woken = self._woken, set()
             try:
+                if woken and kicked and not self._pass_due and await self._claim_woken(woken):
+                    read_wake = False
+                    continue
+                self._pass_due = False
+                read_wake = True
                 claimed_last = bool(await self.recover())
             except errors.StoreError as exc:
+                read_wake = True
                 log.warning("recovery pass failed: %s", exc)

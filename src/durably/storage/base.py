@@ -296,6 +296,25 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    def claim_woken(
+        self,
+        owner: str,
+        workflow_id: str,
+        runnable: Sequence[Runnable],
+        lease_expires_at: float,
+        now: float,
+        same_code: Mapping[str, str] | None = None,
+    ) -> journal.WorkflowInfo | None:
+        """Take the one workflow a wake-up named, as ``claim_next`` would take it; else None.
+
+        For a workflow parked on no queue that a signal or a child's end has just made
+        due: the engine that saw the wake-up claims it directly, without a pass over
+        every claimable row. None when it is not claimable by ``owner`` now (on a
+        queue, not due, held by a live lease, not runnable here, or being taken by
+        another claimer at this moment): a ``claim_next`` pass then decides.
+        """
+
+    @abc.abstractmethod
     def unclaimed(self, now: float, limit: int) -> list[Unclaimed]:
         """Up to ``limit`` workflows claimable now by an executor that runs them, oldest
         first, whether or not this one does (to tell the ones nobody takes)."""

@@ -204,8 +204,7 @@ class ClaimVerbs(bulk.BulkVerbs):
     ) -> list[journal.WorkflowInfo]:
         if limit <= 0:
             return []
-        hashes = same_code or {}
-        self._fill_runnable(tuple(sorted({(n, v or "", hashes.get(n, "")) for n, v in runnable})))
+        self._fill_runnable(_runnable_rows(runnable, same_code))
         claimed = self._claim_unqueued(owner, lease_expires_at, now, limit)
         # In name order, so that two claimers of the same queues never wait for each other
         # in a cycle.
@@ -232,6 +231,26 @@ class ClaimVerbs(bulk.BulkVerbs):
                     starts -= 1
                 claimed.append(self._take(candidate, owner, lease_expires_at, now))
         return claimed
+
+    def claim_woken(
+        self,
+        owner: str,
+        workflow_id: str,
+        runnable: Sequence[base.Runnable],
+        lease_expires_at: float,
+        now: float,
+        same_code: Mapping[str, str] | None = None,
+    ) -> journal.WorkflowInfo | None:
+        self._fill_runnable(_runnable_rows(runnable, same_code))
+        return self._claim_woken(owner, workflow_id, lease_expires_at, now)
+
+    def _claim_woken(
+        self, owner: str, workflow_id: str, lease_expires_at: float, now: float
+    ) -> journal.WorkflowInfo | None:
+        """The pick of one row by id, then its take; PostgreSQL sends one statement
+        (``claim_woken``)."""
+        picked = self._pick("claimable_woken", workflow_id=workflow_id, now=now)
+        return self._take(picked[0], owner, lease_expires_at, now) if picked else None
 
     def _fill_runnable(self, wanted: tuple[tuple[str, str, str], ...]) -> None:
         """Make the connection's ``runnable_here`` hold ``wanted`` (name, version, source
@@ -407,6 +426,15 @@ class ClaimVerbs(bulk.BulkVerbs):
         if expire_leases:
             self._q("expire_leases", owner=executor_id)
         self._q("remove_executor", executor_id=executor_id)
+
+
+def _runnable_rows(
+    runnable: Sequence[base.Runnable], same_code: Mapping[str, str] | None
+) -> tuple[tuple[str, str, str], ...]:
+    """The rows of ``runnable_here`` for these (name, version) pairs: name, version ('' for
+    none) and the source hash a strict executor requires ('' for any)."""
+    hashes = same_code or {}
+    return tuple(sorted({(n, v or "", hashes.get(n, "")) for n, v in runnable}))
 
 
 def taken(found: list[dict[str, Any]]) -> list[journal.WorkflowInfo]:

@@ -72,6 +72,14 @@ class OneStatementVerbs(sql.SqlStore):
         params = {"owner": owner, "lease_expires_at": lease_expires_at, "now": now}
         return claims.taken(rows.every(self._q("claim_unqueued", limit=limit, **params)))
 
+    def _claim_woken(
+        self, owner: str, workflow_id: str, lease_expires_at: float, now: float
+    ) -> journal.WorkflowInfo | None:
+        # The pick and its claim in one statement, as _claim_unqueued's.
+        params = {"owner": owner, "lease_expires_at": lease_expires_at, "now": now}
+        found = claims.taken(rows.every(self._q("claim_woken", workflow_id=workflow_id, **params)))
+        return found[0] if found else None
+
     def _fence_and_write(
         self, workflow_id: str, epoch: int, entry: journal.Entry, now: float, *, whole: bool
     ) -> tuple[entries.Fence, int | None]:

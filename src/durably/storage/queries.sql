@@ -116,21 +116,26 @@ DELETE FROM runnable_here
 -- One (name, version, source hash) this executor can run.
 INSERT INTO runnable_here (name, version, source_hash) VALUES (:name, :version, :source_hash)
 
+-- name: claimable_now
+-- Not a statement: whether the row w may be claimed now (embedded): unowned, lease gone, or
+-- due (a pending workflow's wake_at, when it has one, is the end of its delay), and
+-- runnable here.
+((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now)
+  AND (status = 'running' OR wake_at IS NULL OR wake_at <= :now))
+ OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
+AND EXISTS (SELECT 1 FROM runnable_here r
+            WHERE r.name = w.name AND r.version = COALESCE(w.version, '')
+              AND (r.source_hash = '' OR w.source_hash IS NULL
+                   OR r.source_hash = w.source_hash))
+
 -- name: claimable_unqueued
--- Workflows on no queue that may be claimed now: unowned, lease gone, or due (a pending
--- workflow's wake_at, when it has one, is the end of its delay).
+-- Workflows on no queue that may be claimed now (claimable_now), oldest first.
 -- The claimable queries end without a locking clause: a dialect whose claimers run
 -- concurrently appends one that skips the rows another claimer holds (SqlStore.skip_locked).
 SELECT workflow_id, status, owner, epoch
 FROM workflows w
 WHERE queue IS NULL
-  AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now)
-        AND (status = 'running' OR wake_at IS NULL OR wake_at <= :now))
-       OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
-  AND EXISTS (SELECT 1 FROM runnable_here r
-              WHERE r.name = w.name AND r.version = COALESCE(w.version, '')
-                AND (r.source_hash = '' OR w.source_hash IS NULL
-                     OR r.source_hash = w.source_hash))
+  AND {{claimable_now}}
 ORDER BY created_at, workflow_id
 LIMIT :limit
 
@@ -139,15 +144,17 @@ LIMIT :limit
 SELECT workflow_id, status, owner, epoch, started_at
 FROM workflows w
 WHERE queue = :queue
-  AND ((status IN ('pending', 'running') AND (owner IS NULL OR lease_expires_at < :now)
-        AND (status = 'running' OR wake_at IS NULL OR wake_at <= :now))
-       OR (status IN ('sleeping', 'waiting', 'needs_review') AND wake_at <= :now))
-  AND EXISTS (SELECT 1 FROM runnable_here r
-              WHERE r.name = w.name AND r.version = COALESCE(w.version, '')
-                AND (r.source_hash = '' OR w.source_hash IS NULL
-                     OR r.source_hash = w.source_hash))
+  AND {{claimable_now}}
 ORDER BY priority DESC, created_at, workflow_id
 LIMIT :limit
+
+-- name: claimable_woken
+-- The one workflow of no queue a wake-up named (a signal sent to it, its child ended), if
+-- it may be claimed now (claimable_now).
+SELECT workflow_id, status, owner, epoch
+FROM workflows w
+WHERE workflow_id = :workflow_id AND queue IS NULL
+  AND {{claimable_now}}
 
 -- name: claimable_partitioned
 -- As claimable_queued, for a partitioned queue: its concurrency holds per partition key,
@@ -255,16 +262,12 @@ RETURNING {{workflow_columns}}
 )
 SELECT * FROM taken
 
--- name: claim_unqueued
--- PostgreSQL only (a data-modifying WITH): claimable_unqueued's pick, locked and skipping
--- the rows other claimers hold (SqlStore.skip_locked), the claim of every row picked and
--- its record, in one statement: a pass taking up to :limit workflows is one round trip.
--- Returns the rows taken as get_workflow reads them, oldest first, each with the id it was
--- picked as (picked_id); a row picked but not taken (all else NULL) changed hands.
-WITH picked AS (
-{{claimable_unqueued}}
-FOR UPDATE SKIP LOCKED
-), taken AS (
+-- name: claim_picked
+-- Not a statement: the rest of a one-statement claim after its WITH picked AS (...)
+-- (embedded): the claim of every row picked and its record. Returns the rows taken as
+-- get_workflow reads them, oldest first, each with the id it was picked as (picked_id); a
+-- row picked but not taken (all else NULL) changed hands.
+taken AS (
 {{claim_row}}
 WHERE (workflow_id, epoch) IN (SELECT workflow_id, epoch FROM picked)
 RETURNING {{workflow_columns}}
@@ -280,6 +283,23 @@ RETURNING {{workflow_columns}}
 SELECT p.workflow_id AS picked_id, t.*
 FROM picked p LEFT JOIN taken t ON t.workflow_id = p.workflow_id
 ORDER BY t.created_at, p.workflow_id
+
+-- name: claim_unqueued
+-- PostgreSQL only (a data-modifying WITH): claimable_unqueued's pick, locked and skipping
+-- the rows other claimers hold (SqlStore.skip_locked), the claim of every row picked and
+-- its record (claim_picked), in one statement: a pass taking up to :limit workflows is one
+-- round trip.
+WITH picked AS (
+{{claimable_unqueued}}
+FOR UPDATE SKIP LOCKED
+), {{claim_picked}}
+
+-- name: claim_woken
+-- PostgreSQL only: claimable_woken's pick and its claim (claim_picked) in one statement.
+WITH picked AS (
+{{claimable_woken}}
+FOR UPDATE SKIP LOCKED
+), {{claim_picked}}
 
 -- name: load_claims
 -- Every change of owner of a workflow, oldest first.
