@@ -613,3 +613,50 @@ def test_a_pass_that_reconnects_writes_the_runnable_table_on_the_new_connection(
     Verbs(pg_store).create_workflow(new("b"), None, None, NOW)
     taken, sent = claim(pg_store)
     assert taken == ["b"] and runnable_statements(sent) == [], sent  # known again
+
+
+@durably.step
+async def plain(i: int) -> int:
+    return i
+
+
+@durably.workflow(name="round-trips.steps")
+async def plain_steps(n: int) -> int:
+    return sum([await plain(i) for i in range(n)])
+
+
+async def _begins_sent(engine: durably.Engine, steps: int) -> int:
+    """How many BEGINs every connection of the engine's store sent while a workflow of
+    ``steps`` plain steps ran."""
+    conns = list(engine._store.store._connections)
+    files = []
+    for conn in conns:
+        fd, path = tempfile.mkstemp(suffix=".trace")
+        conn.pgconn.trace(fd)
+        conn.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
+        files.append((fd, path))
+    try:
+        assert await (await engine.start(plain_steps, steps)).result(timeout=30) == sum(
+            range(steps)
+        )
+    finally:
+        for conn in conns:
+            conn.pgconn.untrace()
+    begins = 0
+    for fd, path in files:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            begins += f.read().count("BEGIN")
+        os.close(fd)
+        os.unlink(path)
+    return begins
+
+
+@pytest.mark.parametrize("inline", [True, False])
+async def test_an_engines_plain_step_commits_without_begin(postgres_url: str, inline: bool) -> None:
+    """Through a running engine too (on the store thread, or on the loop's own
+    connection), a plain step's commit is sent alone: twenty more steps, no more BEGINs."""
+    async with durably.Engine(postgres_url, inline_commits=inline) as engine:
+        await _begins_sent(engine, 25)  # every statement prepared, the connections open
+        few = await _begins_sent(engine, 5)
+        many = await _begins_sent(engine, 25)
+    assert many - few <= 2, (few, many)  # not one per step

@@ -141,3 +141,125 @@ async def test_a_queued_workflow_woken_by_a_signal_still_waits_for_its_queue(
         assert await parked.result(timeout=15) == "q:late"  # taken by a pass once free
         assert "wake-claim-q" in seen["next"]
     assert SENT == ["q:late"]
+
+
+def ops_of(engine: durably.Engine, verbs: tuple[str, ...]) -> list[tuple[str, int]]:
+    """(verb, the number of the batch or inline call it ran in) for each call of ``verbs``:
+    a batch of the store is one transaction, an inline call one op of its own."""
+    store: Any = engine._store.store
+    seen: list[tuple[str, int]] = []
+    current = [0]
+    for runner in ("run_batch", "run_inline"):
+        real_runner = getattr(store, runner)
+
+        def run(arg: Any, _real: Any = real_runner) -> Any:
+            current[0] += 1
+            return _real(arg)
+
+        setattr(store, runner, run)
+    for verb in verbs:
+        real_verb = getattr(store, verb)
+
+        def call(*args: Any, _real: Any = real_verb, _verb: str = verb) -> Any:
+            seen.append((_verb, current[0]))
+            return _real(*args)
+
+        setattr(store, verb, call)
+    return seen
+
+
+async def test_the_engine_that_sends_the_signal_takes_the_workflow_in_the_same_commit(
+    store_url: str,
+) -> None:
+    SENT.clear()
+    async with durably.Engine(store_url, hold_seconds=0.0) as engine:
+        handle = await engine.start(waiter, "b", workflow_id="wake-claim-b")
+        await until(handle, "waiting")
+        while "wake-claim-b" in engine._tasks:
+            await asyncio.sleep(0.01)
+        seen = ops_of(engine, ("send_signal", "claim_woken", "load_history", "claim_next"))
+        assert await engine.send_signal("wake-claim-b", "go", "now") is True
+        assert await handle.result(timeout=15) == "b:now"
+        first = [(verb, n) for verb, n in seen if verb != "claim_next"][:3]
+        assert [verb for verb, _ in first] == ["send_signal", "claim_woken", "load_history"]
+        assert len({n for _, n in first}) == 1, seen  # one op: one transaction
+    assert SENT == ["b:now"]
+
+
+@durably.workflow(name="wake-claim.twice")
+async def twice() -> list[str]:
+    return [await durably.wait_for_signal("go"), await durably.wait_for_signal("go")]
+
+
+async def parked(engine: durably.Engine, handle: durably.WorkflowHandle[Any]) -> None:
+    """Until the workflow is waiting and no run of it is left here."""
+    await until(handle, "waiting")
+    while handle.workflow_id in engine._tasks:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_duplicate_signal_takes_nothing(store_url: str) -> None:
+    async with durably.Engine(store_url, hold_seconds=0.0) as engine:
+        handle = await engine.start(twice, workflow_id="wake-claim-twice")
+        await parked(engine, handle)
+        assert await engine.send_signal("wake-claim-twice", "go", "one", idempotency_key="k")
+        await asyncio.sleep(0.05)
+        await parked(engine, handle)  # it took the first and waits for the second
+        seen = ops_of(engine, ("claim_woken", "claim_next"))
+        assert not await engine.send_signal("wake-claim-twice", "go", "one", idempotency_key="k")
+        assert seen == []  # a signal that was not kept wakes nothing
+        assert await handle.status() == "waiting"
+        assert await engine.send_signal("wake-claim-twice", "go", "two")
+        assert await handle.result(timeout=15) == ["one", "two"]
+
+
+async def test_a_cancelled_sender_still_leaves_the_workflow_running(store_url: str) -> None:
+    """The send, the claim and the launch are one shielded piece: cancelling the caller
+    once the commit is on its way leaves no workflow claimed and not running."""
+    SENT.clear()
+    async with durably.Engine(store_url, hold_seconds=0.0, inline_commits=False) as engine:
+        handle = await engine.start(waiter, "d", workflow_id="wake-claim-d")
+        await parked(engine, handle)
+        sending = asyncio.create_task(engine.send_signal("wake-claim-d", "go", "cut"))
+        await asyncio.sleep(0)  # the commit is on the store thread now
+        sending.cancel()
+        # its run goes on here at once, not after the lease of a claim nobody runs
+        assert await handle.result(timeout=5) == "d:cut"
+    assert SENT == ["d:cut"]
+
+
+@durably.workflow(name="wake-claim.napper")
+async def napper() -> str:
+    await durably.sleep(0.4)
+    return "rested"
+
+
+@durably.workflow(name="wake-claim.listener")
+async def listener(n: int) -> int:
+    for _ in range(n):
+        await durably.wait_for_signal("go")
+    return n
+
+
+async def test_a_stream_of_wake_ups_does_not_keep_due_work_waiting(postgres_url: str) -> None:
+    """Wake-ups claimed directly, one after another, still let a pass run at least once
+    a poll interval: a sleeper parked by an engine that went away wakes on time."""
+    async with durably.Engine(postgres_url, hold_seconds=0.0) as other:
+        sleeper = await other.start(napper, workflow_id="wake-claim-napper")
+        await until(sleeper, "sleeping")
+    async with durably.Engine(postgres_url, hold_seconds=0.0, poll_interval=1.0) as engine:
+        busy = await engine.start(listener, 10_000, workflow_id="wake-claim-busy")
+        await until(busy, "waiting")
+        with durably.Client(postgres_url) as client:  # its signals wake `engine` by NOTIFY
+
+            async def keep_sending() -> None:
+                while True:
+                    await asyncio.to_thread(client.send_signal, "wake-claim-busy", "go")
+                    await asyncio.sleep(0.02)
+
+            sending = asyncio.create_task(keep_sending())
+            try:
+                napping = engine.handle("wake-claim-napper")
+                assert await napping.result(timeout=4) == "rested"
+            finally:
+                sending.cancel()

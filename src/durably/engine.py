@@ -214,6 +214,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         self._next_wake = float("-inf")  # the store's earliest wake-up or deadline, last read
         self._woken: set[str] = set()
         self._pass_due = False
+        self._passed_at = float("-inf")
         self._ops = operations.Operations(self._store.store, clock)
         self._leases = leases.Leases(
             self._store, lease_seconds, clock, self._tasks.keys, self._kick_recovery
@@ -363,8 +364,11 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
     async def _call(self, fn: Callable[..., R], *args: Any, write: bool = True) -> R:
         return await self._store.call(fn, *args, write=write)
 
-    async def _run(self, plan: operations.Plan[R]) -> R:
-        return await operations.run_async(plan, self._store, self._changes)
+    async def _run(self, plan: operations.Plan[R], *, inline: bool = False) -> R:
+        """Run a plan of store calls; ``inline``: one made while the loop is quiet may run on
+        the loop's thread (with ``inline_commits``), as a run's commits do."""
+        inline = inline and self.inline_commits
+        return await operations.run_async(plan, self._store, self._changes, inline=inline)
 
     # --- starting and reading workflows -------------------------------------------
 
@@ -404,7 +408,9 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         )
         new = dataclasses.replace(new, delay=seconds)
         owner = None if definition is None or seconds > 0 else self.executor_id
-        info, created = await self._run(self._ops.start(new, owner, self.lease_seconds))
+        info, created = await self._run(
+            self._ops.start(new, owner, self.lease_seconds), inline=True
+        )
         if created and definition is not None and owner is not None:
             self._launch(services, info, definition, fresh=True)
         elif not info.finished:
@@ -482,10 +488,38 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         WorkflowNotFound for an unknown id, and WorkflowFinished if the workflow has
         ended (nothing could ever receive the signal, so it is not kept).
         """
-        sent = await self._run(self._ops.send_signal(workflow_id, name, payload, idempotency_key))
-        if sent:  # a duplicate changed nothing: nothing to wake
+        services = self._services
+        if services is None or services.stopping.is_set() or workflow_id in self._tasks:
+            plan = self._ops.send_signal(workflow_id, name, payload, idempotency_key)
+            sent = await self._run(plan, inline=True)
+            if sent:  # a duplicate changed nothing: nothing to wake
+                self._on_wakeup(base.Wakeup("signal", workflow_id, name))
+            return sent
+        # No run of it here: if it is parked and this engine can run it, take it with the
+        # signal, in the same commit, with its journal. Shielded: a caller cancelled once
+        # the commit is on its way must not leave the workflow claimed and not running.
+        runnable, same_code = self._claim_filters()
+        claimer = operations.Claimer(self.executor_id, runnable, self.lease_seconds, same_code)
+        taking = self._ops.send_signal_and_claim(
+            workflow_id, name, payload, idempotency_key, claimer
+        )
+        return await asyncio.shield(self._send_and_take(services, taking, workflow_id, name))
+
+    async def _send_and_take(
+        self,
+        services: workflow_run.Services,
+        plan: operations.Plan[operations.Woken],
+        workflow_id: str,
+        name: str,
+    ) -> bool:
+        """Run ``plan`` (``send_signal_and_claim``), then the workflow it took, if any."""
+        woken = await self._run(plan, inline=True)
+        if woken.taken is not None:
+            self._changes.signal()
+            await self._run_claimed(services, [woken.taken], woken.history)
+        elif woken.sent:
             self._on_wakeup(base.Wakeup("signal", workflow_id, name))
-        return sent
+        return woken.sent
 
     async def get_event(self, workflow_id: str, key: str, timeout: float | None = None) -> Any:
         """The value the workflow published under ``key``, waiting up to ``timeout`` for it.
@@ -537,12 +571,15 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         definition: workflows.WorkflowDefinition,
         *,
         fresh: bool = False,
+        history: list[journal.Entry] | None = None,
     ) -> None:
-        """Run the workflow in a task; ``fresh`` (just created here) has no journal to read."""
+        """Run the workflow in a task; ``fresh`` (just created here) has no journal to read,
+        and a ``history`` read with the claim need not be read again."""
         wid = info.workflow_id
         previous = self._tasks.get(wid)  # a run of it here that is still letting go
+        known = [] if fresh else history
         task = asyncio.create_task(
-            self._drive(services, info, definition, previous, fresh), name=f"durably:{wid}"
+            self._drive(services, info, definition, previous, known), name=f"durably:{wid}"
         )
         self._tasks[wid] = task
         self._epochs[wid] = info.epoch
@@ -568,15 +605,18 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         info: journal.WorkflowInfo,
         definition: workflows.WorkflowDefinition,
         previous: asyncio.Task[run_types.Outcome | None] | None,
-        fresh: bool,
+        known: list[journal.Entry] | None,
     ) -> run_types.Outcome | None:
-        """Run the workflow here; how it ended it, if this run did (not parked, not lost)."""
+        """Run the workflow here (on ``known``, its journal as read with its claim, if it
+        was); how it ended it, if this run did (not parked, not lost)."""
         wid = info.workflow_id
         if previous is not None:
             await asyncio.wait({previous})
         try:
             history = (
-                [] if fresh else await self._call(self._store.store.load_history, wid, write=False)
+                known
+                if known is not None
+                else await self._call(self._store.store.load_history, wid, write=False)
             )
         except errors.StoreError as exc:  # the heartbeat releases what nothing runs
             log.warning("cannot load the journal of workflow %s: %s", wid, exc)

@@ -58,6 +58,7 @@ class Recovery:
     _other_code: set[str]
     _woken: set[str]  # workflows a wake-up named, for the loop to claim directly
     _pass_due: bool  # a full pass is asked for (not only direct claims)
+    _passed_at: float  # self.clock() when the last full pass began
 
     @property
     def executor_id(self) -> str:
@@ -79,6 +80,7 @@ class Recovery:
         definition: workflows.WorkflowDefinition,
         *,
         fresh: bool = False,
+        history: list[journal.Entry] | None = None,
     ) -> None:
         raise NotImplementedError
 
@@ -91,7 +93,7 @@ class Recovery:
         if services.stopping.is_set():
             return []
         store = self._store.store
-        now = self.clock()
+        now = self._passed_at = self.clock()
         assert self._me is not None
         self._me = self._serving(self._me)  # the heartbeat registers it again with this
         silent = now - max(10 * self.lease_seconds, 60.0)
@@ -136,9 +138,14 @@ class Recovery:
         return runnable, same_code
 
     async def _run_claimed(
-        self, services: workflow_run.Services, claimed: list[journal.WorkflowInfo]
+        self,
+        services: workflow_run.Services,
+        claimed: list[journal.WorkflowInfo],
+        history: list[journal.Entry] | None = None,
     ) -> None:
-        """Launch a run for each workflow just claimed (let go of those it cannot run)."""
+        """Launch a run for each workflow just claimed (let go of those it cannot run);
+        ``history``, the journal of the one workflow claimed, if it was read with it."""
+        assert history is None or len(claimed) == 1
         store = self._store.store
         for info in claimed:
             definition = workflows.registered(info.name)
@@ -160,7 +167,7 @@ class Recovery:
                     info.source_hash,
                     definition.source_hash,
                 )
-            self._launch(services, info, definition)
+            self._launch(services, info, definition, history=history)
 
     async def _note_unclaimed(self, executors: list[journal.ExecutorInfo], now: float) -> None:
         """Log, once per workflow, the claimable ones that no running executor takes."""
@@ -216,27 +223,22 @@ class Recovery:
         services = self._require_open()
         if services.stopping.is_set():
             return True
-        store = self._store.store
         runnable, same_code = self._claim_filters()
+        claimer = operations.Claimer(self.executor_id, runnable, self.lease_seconds, same_code)
         every = True
         for workflow_id in woken:
-            if workflow_id in self._tasks:  # a run of it here is still letting go: a pass waits
-                every = False
-                continue
-            now = self.clock()
-            info = await self._call(
-                store.claim_woken,
-                self.executor_id,
-                workflow_id,
-                runnable,
-                now + self.lease_seconds,
-                now,
-                same_code,
+            if workflow_id in self._tasks:
+                live = self._runs.get(workflow_id)
+                if live is None or not live.listening:  # still letting go: a pass waits
+                    every = False
+                continue  # a run of it here will find what woke it
+            took = await self._call(
+                operations.take_woken, self._store.store, workflow_id, self.clock(), claimer
             )
-            if info is None:
+            if took.taken is None:
                 every = False
             else:
-                await self._run_claimed(services, [info])
+                await self._run_claimed(services, [took.taken], took.history)
         return every
 
     def _claim_soon(self, workflow_id: str) -> None:
@@ -331,13 +333,20 @@ class Recovery:
             kicked = self._kick.is_set()
             self._kick.clear()
             woken, self._woken = self._woken, set()
+            # Direct claims alone only while a pass ran less than a poll interval ago: else
+            # a stream of wake-ups would keep the pass (other executors' work, timers,
+            # deadlines) from ever running. Due work known here ends the wait at once, so
+            # the next wait that no wake-up cuts short runs the pass anyway.
+            recent = self.clock() - self._passed_at < self.poll_interval
+            direct = woken and kicked and recent and not self._pass_due
             try:
-                if woken and kicked and not self._pass_due and await self._claim_woken(woken):
+                if direct and await self._claim_woken(woken):
                     read_wake = False
                     continue
                 self._pass_due = False
                 read_wake = True
                 claimed_last = bool(await self.recover())
             except errors.StoreError as exc:
-                read_wake = True
+                self._woken |= woken  # claimed by the next pass, at once
+                self._pass_due = read_wake = True
                 log.warning("recovery pass failed: %s", exc)

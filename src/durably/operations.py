@@ -303,6 +303,26 @@ class Operations:
         sent: bool = yield Call(self.store.send_signal, args, True)
         return sent
 
+    def send_signal_and_claim(
+        self,
+        workflow_id: str,
+        name: str,
+        payload: Any,
+        idempotency_key: str | None,
+        claim: Claimer,
+    ) -> Plan[Woken]:
+        """``send_signal``, and in the same transaction the claim of the workflow it wakes
+        (``claim_woken``) with its journal: the engine that sends a signal to a parked
+        workflow it can run takes it in one commit, not three."""
+        _workflow_id(workflow_id)
+        validate.name(name, "signal name")
+        if idempotency_key is not None:
+            validate.name(idempotency_key, "idempotency_key")
+        data = codec.encode(payload, where=f"signal {name!r} payload")
+        args = (self.store, workflow_id, name, data, idempotency_key, self.clock(), claim)
+        woken: Woken = yield Call(_send_and_claim, args, True)
+        return woken
+
     def send_signals(self, signals: Any) -> Plan[list[bool]]:
         """Several signals in one transaction: each ``(workflow_id, name[, payload[,
         idempotency_key]])``; all are kept or none (an unknown or finished workflow)."""
@@ -397,6 +417,51 @@ class Operations:
 BULK_PAGE = 500
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claimer:
+    """Who claims a woken workflow, and what it may take (``Store.claim_woken``'s)."""
+
+    owner: str
+    runnable: list[base.Runnable]
+    lease_seconds: float
+    same_code: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Woken:
+    """What ``send_signal_and_claim`` did: whether the signal was kept, and the workflow
+    it took with its journal (None when it took none)."""
+
+    sent: bool
+    taken: journal.WorkflowInfo | None = None
+    history: list[journal.Entry] | None = None
+
+
+def _send_and_claim(
+    store: base.Store,
+    workflow_id: str,
+    name: str,
+    data: str,
+    idempotency_key: str | None,
+    now: float,
+    claim: Claimer,
+) -> Woken:
+    """One op, so one transaction: the signal, the claim of what it woke, its journal."""
+    if not store.send_signal(workflow_id, name, data, idempotency_key, now):
+        return Woken(False)  # a duplicate: it woke nothing
+    return take_woken(store, workflow_id, now, claim)
+
+
+def take_woken(store: base.Store, workflow_id: str, now: float, claim: Claimer) -> Woken:
+    """``claim_woken`` and, if it took the workflow, its journal: one op, one transaction."""
+    taken = store.claim_woken(
+        claim.owner, workflow_id, claim.runnable, now + claim.lease_seconds, now, claim.same_code
+    )
+    if taken is None:
+        return Woken(True)
+    return Woken(True, taken, store.load_history(workflow_id))
+
+
 def _each(verb: Callable[..., T], workflow_ids: list[str], now: float) -> list[T]:
     """Run a store verb on each workflow inside one verb (one savepoint: all or none),
     in id order: two bulk calls lock their rows in the same order, never in a cycle."""
@@ -431,8 +496,14 @@ def run_sync(plan: Plan[T], store: thread.StoreThread) -> T:
                 answer = store.call_sync(op.fn, *op.args, write=op.write)
 
 
-async def run_async(plan: Plan[T], store: thread.StoreThread, changes: ChangeBroadcast) -> T:
-    """Run the plan on an event loop; a pause ends early on a change seen since the last read."""
+async def run_async(
+    plan: Plan[T], store: thread.StoreThread, changes: ChangeBroadcast, *, inline: bool = False
+) -> T:
+    """Run the plan on an event loop; a pause ends early on a change seen since the last read.
+
+    With ``inline``, a call made while nothing else is ready on the loop may run on the
+    loop's thread (``StoreThread.call``), as a run's commits do.
+    """
     with contextlib.closing(plan):
         answer: Any = None
         mark = changes.mark()
@@ -446,7 +517,8 @@ async def run_async(plan: Plan[T], store: thread.StoreThread, changes: ChangeBro
                 answer = None
             else:
                 mark = changes.mark()
-                answer = await store.call(op.fn, *op.args, write=op.write)
+                quiet = inline and thread.loop_is_quiet()
+                answer = await store.call(op.fn, *op.args, write=op.write, inline=quiet)
 
 
 class ChangeBroadcast:

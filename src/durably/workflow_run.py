@@ -30,6 +30,7 @@ from durably.run_types import (
     Services,
     Suspended,
 )
+from durably.storage import thread
 
 if TYPE_CHECKING:
     from durably.steps import StepDefinition
@@ -164,7 +165,7 @@ class Run(parking.Parking):
     def loop_is_quiet(self) -> bool:
         """True when this run may hold the event loop's thread for a moment: inline
         commits are allowed and no other callback waits to run on the loop."""
-        return self._services.inline_commits and _loop_is_quiet()
+        return self._services.inline_commits and thread.loop_is_quiet()
 
     def child_started(self, child_id: str) -> None:
         """Tell the engine a child workflow was committed, so it can run it at once."""
@@ -234,11 +235,11 @@ class Run(parking.Parking):
         services = self._services
         with self.active():
             while True:
-                inline = services.inline_commits and _loop_is_quiet()
+                inline = services.inline_commits and thread.loop_is_quiet()
                 try:
-                    result = await services.store.call(
-                        lambda now: fn(*head, now), services.clock(), inline=inline
-                    )
+                    # the verb itself, not a function around it: PostgreSQL sends a plain
+                    # step's commit without BEGIN and COMMIT only for a verb called as itself
+                    result = await services.store.call(fn, *head, services.clock(), inline=inline)
                     break
                 except errors.FencedError as exc:
                     self.lose(exc)
@@ -621,15 +622,3 @@ def _run_step() -> Callable[..., Coroutine[Any, Any, Any]]:
     from durably import step_call
 
     return step_call.run_step
-
-
-def _loop_is_quiet() -> bool:
-    """True when no other callback waits to run on this event loop.
-
-    Then committing here costs the loop nothing, and saves the two thread
-    wake-ups of the store thread; when others are ready, their commits should
-    share one transaction on the store thread instead (group commit). Reads
-    the ready queue of asyncio's own loop; other loops never commit inline.
-    """
-    ready = getattr(asyncio.get_running_loop(), "_ready", None)
-    return ready is not None and len(ready) == 0

@@ -65,11 +65,13 @@ meanwhile are gone. Executors still poll, rarely, as the fallback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
+import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -97,6 +99,33 @@ DEFAULTS = {
 #: docs/decisions.md).
 DEFAULT_CONNECTIONS = 1
 
+#: How long a statement on the event loop's thread (``run_inline``) waits for a row lock
+#: before the call goes to a store thread instead, which waits as long as it must.
+INLINE_LOCK_TIMEOUT = "2ms"
+
+#: The rest of the limits of that connection: a statement the server runs longer than this
+#: is cancelled (it did nothing: the call goes to a store thread), and a network that goes
+#: silent is found within about eight seconds (TCP keepalives and tcp_user_timeout), unless
+#: the URL sets these itself.
+INLINE_STATEMENT_TIMEOUT = "5s"
+INLINE_NETWORK = {
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "1",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "8000",
+}
+
+#: A call on the event loop's thread that took longer than this (seconds) sends the calls
+#: of the next ``INLINE_PAUSE`` seconds through the store threads: a server or a network
+#: that stalls holds the loop once, not at every step.
+INLINE_SLOW = 0.02
+INLINE_PAUSE = 30.0
+
+#: How long after a failed attempt a store thread tries again to open the connection of
+#: the calls on the event loop's thread (seconds).
+INLINE_RECONNECT = 5.0
+
 #: How many prepared statements a connection keeps (psycopg drops the least recently
 #: used past it): more than durably's queries.
 PREPARED_MAX = 256
@@ -113,6 +142,7 @@ MIGRATION_LOCK = int.from_bytes(b"durably", "big")
 
 # SQLSTATEs: lock_not_available, serialization_failure, deadlock_detected.
 _LOCKED = frozenset({"55P03", "40001", "40P01"})
+_CANCELLED = "57014"  # query_canceled: the inline connection's statement_timeout
 _READ_ONLY = "25006"  # read_only_sql_transaction: a hot standby, or default_transaction_read_only
 # Class 08 (connection exception), 57P01-57P03 (admin/crash shutdown, cannot connect now),
 # 3D000 (the database does not exist, e.g. dropped under us).
@@ -231,6 +261,7 @@ class PostgresStore(pg_statements.OneStatementVerbs):
             params.setdefault(key, value)
         self._params = params
         self._conninfo = psycopg.conninfo.make_conninfo("", **params)
+        self._inline_conninfo = psycopg.conninfo.make_conninfo("", **{**INLINE_NETWORK, **params})
         self._password = str(params.get("password") or "")
         self.url = redact(url)
         self._open = False
@@ -240,6 +271,13 @@ class PostgresStore(pg_statements.OneStatementVerbs):
         self._local = threading.local()
         self._sessions_lock = threading.Lock()
         self._connections: set[psycopg.Connection[Any]] = set()  # every thread's, to close
+        #: The connection of the calls made on the event loop's thread (run_inline), opened
+        #: by a store thread when first wanted; never used by two threads at once.
+        self._inline = _Session()
+        self._inline_lock = threading.Lock()
+        self._inline_wanted = False  # a store thread opens it at its next batch
+        self._inline_tried = float("-inf")  # time.monotonic() of the last attempt to open it
+        self._inline_paused_until = 0.0  # time.monotonic(): no inline call before it
 
     @property
     def where(self) -> str:
@@ -269,8 +307,10 @@ class PostgresStore(pg_statements.OneStatementVerbs):
             raise
 
     def close(self) -> None:
-        """Close every thread's connection (the store threads have stopped)."""
-        self._open = False
+        """Close every thread's connection (the store threads have stopped; an inline call
+        still running on the loop's thread is waited for)."""
+        with self._inline_lock:
+            self._open = False
         self._drop()
         with self._sessions_lock:
             others, self._connections = self._connections, set()
@@ -280,6 +320,101 @@ class PostgresStore(pg_statements.OneStatementVerbs):
     def use_own_connection(self) -> None:
         # The store's other threads (StoreThread, when threads > 1); closed by close().
         self._local.session = _Session()
+
+    # --- calls on the event loop's thread ------------------------------------------------
+
+    def run_inline(self, op: base.Op) -> bool:
+        """Run one op on the caller's thread (the event loop's, while nothing else is ready
+        on it) on a connection of its own, which no store thread uses.
+
+        On a small machine a round trip costs less than the two thread wake-ups of a
+        store thread. The loop's thread never connects (a store thread opens the
+        connection, at its next batch), never waits for a row lock longer than
+        ``INLINE_LOCK_TIMEOUT``, and after a call slower than ``INLINE_SLOW`` leaves the
+        next ``INLINE_PAUSE`` seconds of calls to the store threads. False, having
+        changed nothing, when the op must go to a store thread instead.
+        """
+        if not self._open or time.monotonic() < self._inline_paused_until:
+            return False
+        if not self._inline_lock.acquire(blocking=False):
+            return False
+        try:
+            conn = self._inline.conn
+            if conn is None or conn.closed or conn.broken:
+                self._inline_wanted = True
+                return False
+            return self._run_inline(op)
+        finally:
+            self._inline_lock.release()
+
+    def _run_inline(self, op: base.Op) -> bool:
+        began = time.monotonic()
+        with self._using(self._inline):
+            try:
+                self.run_batch([op])
+            except BaseException:  # an interrupt mid-transaction must not leave it open
+                self._rollback()
+                raise
+        took = time.monotonic() - began
+        if took > INLINE_SLOW:
+            self._inline_paused_until = began + took + INLINE_PAUSE
+            log.info(
+                "%s: a call on the event loop's thread took %.0f ms; the next %.0f s of "
+                "calls go through the store threads",
+                self.url,
+                took * 1000,
+                INLINE_PAUSE,
+            )
+        if isinstance(op.error, _Elsewhere | errors.DatabaseLocked):  # nothing of it was done
+            if isinstance(op.error, _Elsewhere):
+                self._inline_wanted = True
+            op.error = op.result = None
+            return False
+        return True
+
+    @contextlib.contextmanager
+    def _using(self, session: _Session) -> Iterator[None]:
+        """Run this thread's verbs on ``session`` for a while."""
+        local = self._local
+        own: _Session | None = getattr(local, "session", None)
+        local.session = session
+        session.inline = session is self._inline
+        try:
+            yield
+        finally:
+            session.inline = False
+            if own is None:
+                del local.session
+            else:
+                local.session = own
+
+    def run_batch(self, ops: Sequence[base.Op]) -> None:
+        if self._inline_wanted and not self._inline.inline:
+            self._open_inline()
+        super().run_batch(ops)
+
+    def _open_inline(self) -> None:
+        """Open the inline calls' connection, on a store thread (at most once in
+        ``INLINE_RECONNECT`` seconds: a server that refuses is not asked at every batch)."""
+        now = time.monotonic()
+        if now - self._inline_tried < INLINE_RECONNECT:
+            return
+        self._inline_tried = now
+        with self._inline_lock, self._using(self._inline):
+            self._inline_wanted = False
+            conn = self._inline.conn
+            if conn is not None and not conn.closed and not conn.broken:
+                return  # another store thread opened it meanwhile
+            try:
+                conn = self._connect(self._inline_conninfo)
+                conn.execute(  # two commands: one round trip, never a prepared statement
+                    f"SET lock_timeout = '{INLINE_LOCK_TIMEOUT}'; "
+                    f"SET statement_timeout = '{INLINE_STATEMENT_TIMEOUT}'",
+                    prepare=False,
+                )
+            except (psycopg.Error, errors.StoreError) as exc:
+                self._drop()
+                log.debug("%s: no connection for inline calls: %s", self.url, exc)
 
     @property
     def _session(self) -> _Session:
@@ -303,13 +438,13 @@ class PostgresStore(pg_statements.OneStatementVerbs):
     def _begin_pending(self, pending: bool) -> None:
         self._session.begin_pending = pending
 
-    def _connect(self) -> psycopg.Connection[Any]:
+    def _connect(self, conninfo: str | None = None) -> psycopg.Connection[Any]:
         self._drop()
         try:
-            # Every statement prepared at its first use, so each is planned once per
-            # connection, not at every execution until it has run five times (psycopg's
-            # default): planning some of ours costs more than running them.
-            conn = psycopg.connect(self._conninfo, autocommit=True, prepare_threshold=0)
+            # Every statement prepared at its first use (psycopg's default waits for five
+            # executions); the server still plans a prepared statement afresh at each of
+            # its first five runs on a connection, then keeps its generic plan.
+            conn = psycopg.connect(conninfo or self._conninfo, autocommit=True, prepare_threshold=0)
             conn.prepared_max = PREPARED_MAX
         except psycopg.Error as exc:
             raise errors.DatabaseUnavailable(
@@ -381,6 +516,8 @@ class PostgresStore(pg_statements.OneStatementVerbs):
         except psycopg.OperationalError:
             if not conn.broken:
                 raise
+            if session.inline:  # connecting is a store thread's work, not the loop's
+                raise _Elsewhere(self.where) from None
             # The connection died while idle; nothing of this batch reached the server, or
             # only inside a transaction that dies with the connection: send it all again.
             # (A statement sent alone may have committed before the connection went: each
@@ -396,6 +533,8 @@ class PostgresStore(pg_statements.OneStatementVerbs):
             raise errors.DatabaseUnavailable(f"{self.url} is closed")
         conn = self._conn
         if conn is None or conn.closed:  # lost during an earlier batch
+            if self._session.inline:
+                raise _Elsewhere(self.where)
             self._connect()
         # Sent with the batch's first statement (_execute), in one round trip.
         self._begin_pending = True
@@ -511,6 +650,8 @@ class PostgresStore(pg_statements.OneStatementVerbs):
             return exc
         state = getattr(exc, "sqlstate", None) or ""
         text = self._scrub(exc)
+        if state == _CANCELLED and self._session.inline:  # its statement_timeout: undone
+            return _Elsewhere(self.where)
         if state in _LOCKED:
             return errors.DatabaseLocked(
                 f"{self.where}: another transaction held the rows too long or conflicted "
@@ -556,10 +697,10 @@ class PostgresStore(pg_statements.OneStatementVerbs):
 
 class _Session:
     """A connection to the database, what its temporary tables hold, whether its batch's
-    BEGIN is still to send, and whether the batch is one op (``solo``: a one-statement
-    verb may skip BEGIN)."""
+    BEGIN is still to send, whether the batch is one op (``solo``: a one-statement
+    verb may skip BEGIN), and whether it is the event loop's thread's (``inline``)."""
 
-    __slots__ = ("begin_pending", "conn", "skip_begin", "solo", "temp")
+    __slots__ = ("begin_pending", "conn", "inline", "skip_begin", "solo", "temp")
 
     def __init__(self) -> None:
         self.conn: psycopg.Connection[Any] | None = None
@@ -567,6 +708,12 @@ class _Session:
         self.begin_pending = False
         self.solo = False
         self.skip_begin = False  # the pending statement is the whole batch: no BEGIN
+        self.inline = False  # in use by the event loop's thread (run_inline)
+
+
+class _Elsewhere(Exception):
+    """An inline call found its connection lost before anything of it was done: a store
+    thread connects again and runs it (never escapes ``run_inline``)."""
 
 
 def _connections(given: list[str], url: str) -> int:

@@ -48,6 +48,18 @@ def done_within(future: concurrent.futures.Future[Any], seconds: float) -> bool:
     return True
 
 
+def loop_is_quiet() -> bool:
+    """True when no other callback waits to run on this event loop.
+
+    Then committing here costs the loop nothing, and saves the two thread
+    wake-ups of the store thread; when others are ready, their commits should
+    share one transaction on the store thread instead (group commit). Reads
+    the ready queue of asyncio's own loop; other loops never commit inline.
+    """
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)
+    return ready is not None and len(ready) == 0
+
+
 class StoreThread:
     """Runs a Store's verbs on dedicated threads (``store.threads``), batching concurrent
     calls. With one thread calls commit in the order they were queued; with several, a
@@ -63,6 +75,9 @@ class StoreThread:
         self._alone = store.threads <= 1
         self._gate = _Gate()
         self._breathed = 0.0  # time.monotonic() when an inline commit last yielded the loop
+        # Calls queued and not yet answered (under _lock): an inline call runs only when
+        # there are none, so it never commits ahead of a call made before it.
+        self._pending = 0
 
     def start(self) -> None:
         """Open the store on a thread and begin serving. Raises what open raised."""
@@ -123,16 +138,11 @@ class StoreThread:
         """
         if inline:
             op = base.Op(fn, args, write)
-            if self._alone and self._queue.empty() and self._exec.acquire(blocking=False):
-                try:
-                    done = self.store.run_inline(op)
-                finally:
-                    self._exec.release()
-                if done:
-                    await self._breathe()
-                    if op.error is not None:
-                        raise op.error
-                    return op.result  # type: ignore[no-any-return]
+            if not self._pending and not base.runs_alone(fn) and self._run_inline(op):
+                await self._breathe()
+                if op.error is not None:
+                    raise op.error
+                return op.result  # type: ignore[no-any-return]
             # Not here (a server's round trip, a lock held): the loop is quiet, so its thread
             # waits for the store thread itself a while, woken by it directly instead of
             # through the loop (a self-pipe, a poll and a loop iteration).
@@ -146,6 +156,26 @@ class StoreThread:
         future: asyncio.Future[T] = loop.create_future()
         self._put(base.Op(fn, args, write), (loop, future), False)
         return await future
+
+    def _run_inline(self, op: base.Op) -> bool:
+        """Run ``op`` on this thread if the store can (``Store.run_inline``) while no store
+        thread could be running on the same connection; False, having changed nothing,
+        if not. With one thread, this thread takes the thread's turn (``_exec``); with
+        several, the store lends a connection no thread is using, and a verb running
+        alone (``base.alone``) keeps this one out as it keeps out other batches."""
+        if self._alone:
+            if not self._exec.acquire(blocking=False):
+                return False
+            try:
+                return self.store.run_inline(op)
+            finally:
+                self._exec.release()
+        if not self._gate.try_shared():
+            return False
+        try:
+            return self.store.run_inline(op)
+        finally:
+            self._gate.release_shared()
 
     async def _breathe(self) -> None:
         """After a call answered without the loop: yield to it once a millisecond, so a long
@@ -165,7 +195,12 @@ class StoreThread:
         with self._lock:
             if not self._threads:
                 raise errors.DatabaseUnavailable(f"{self.store.url} is closed")
+            self._pending += 1
             self._queue.put((op, waiter, raw))
+
+    def _answered(self, calls: int) -> None:
+        with self._lock:
+            self._pending -= calls
 
     def _serve(self, own_connection: bool = False) -> None:
         if own_connection:  # the first thread uses the store's connection, opened by start()
@@ -197,8 +232,9 @@ class StoreThread:
             with self._exec:
                 self._run_locked(batch)
             return
-        # A connection per thread; nothing runs inline. A verb marked base.alone runs in a
-        # transaction of its own while no other batch is in flight (see _Gate).
+        # A connection per thread (an inline call has one of its own and counts as a batch
+        # in flight). A verb marked base.alone runs in a transaction of its own while no
+        # other batch is in flight (see _Gate).
         shared = [item for item in batch if not base.runs_alone(item[0].fn)]
         if shared:
             with self._gate.shared():
@@ -211,6 +247,7 @@ class StoreThread:
     def _run_locked(self, batch: list[Any]) -> None:
         # A caller cancelled while queued (Engine.close cancelling a recovery pass) gets
         # nothing run, and a result is never set on a cancelled future.
+        calls = len(batch)
         batch = [item for item in batch if _wanted(item[1])]
         raw = [(op, waiter) for op, waiter, is_raw in batch if is_raw]
         txn = [(op, waiter) for op, waiter, is_raw in batch if not is_raw]
@@ -225,6 +262,7 @@ class StoreThread:
             except Exception as exc:  # a bug below run_batch: fail the calls, keep serving
                 for op, _ in txn:
                     op.error = exc
+        self._answered(calls)  # before the callers hear: their next call may run inline
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], base.Op]]] = {}
         for op, waiter in raw + txn:
             if isinstance(waiter, concurrent.futures.Future):
@@ -259,9 +297,20 @@ class _Gate:
         try:
             yield
         finally:
-            with self._cond:
-                self._running -= 1
-                self._cond.notify_all()
+            self.release_shared()
+
+    def try_shared(self) -> bool:
+        """Enter as ``shared`` does if that needs no wait (an inline call); else False."""
+        with self._cond:
+            if self._alone or self._waiting:
+                return False
+            self._running += 1
+            return True
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._running -= 1
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def alone(self) -> Iterator[None]:

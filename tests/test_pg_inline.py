@@ -1,0 +1,180 @@
+"""PostgreSQL: while the event loop is quiet, a run's commit is sent from the loop's own
+thread on a connection of its own (``PostgresStore.run_inline``), which saves the two
+thread wake-ups of the store thread. The loop's thread never connects, never waits for
+a row lock longer than ``INLINE_LOCK_TIMEOUT``, and after a slow call leaves the calls
+of the next ``INLINE_PAUSE`` seconds to the store threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+import durably
+from durably.storage import postgres
+
+
+@durably.step
+async def plain(i: int) -> int:
+    return i
+
+
+@durably.workflow(name="pg-inline.steps")
+async def plain_steps(n: int) -> int:
+    return sum([await plain(i) for i in range(n)])
+
+
+def commit_threads(engine: durably.Engine) -> list[str]:
+    """The thread each step's commit ran on (the store's verb runs as is)."""
+    store: Any = engine._store.store
+    seen: list[str] = []
+    real = store.append_entries
+
+    def append_entries(*args: Any) -> Any:
+        seen.append(threading.current_thread().name)
+        return real(*args)
+
+    store.append_entries = append_entries
+    return seen
+
+
+async def run_steps(engine: durably.Engine, n: int) -> None:
+    assert await (await engine.start(plain_steps, n)).result(timeout=30) == sum(range(n))
+
+
+def inline_pid(engine: durably.Engine) -> int:
+    conn = engine._store.store._inline.conn
+    assert conn is not None and not conn.closed
+    return int(conn.info.backend_pid)
+
+
+async def test_a_quiet_loop_commits_steps_on_its_own_thread(postgres_url: str) -> None:
+    async with durably.Engine(postgres_url) as engine:
+        await run_steps(engine, 3)  # the first asks a store thread to open the connection
+        seen = commit_threads(engine)
+        await run_steps(engine, 20)
+        loop_thread = threading.current_thread().name
+        assert seen.count(loop_thread) >= 18, seen  # a stray one may meet a busy loop
+
+
+async def test_without_inline_commits_no_connection_of_its_own_is_opened(
+    postgres_url: str,
+) -> None:
+    async with durably.Engine(postgres_url, inline_commits=False) as engine:
+        seen = commit_threads(engine)
+        await run_steps(engine, 10)
+        assert engine._store.store._inline.conn is None
+        assert threading.current_thread().name not in seen
+
+
+async def test_the_loops_thread_never_connects_a_lost_connection_again(postgres_url: str) -> None:
+    async with durably.Engine(postgres_url) as engine:
+        await run_steps(engine, 3)
+        lost = inline_pid(engine)
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (lost,))
+        seen = commit_threads(engine)
+        loop_thread = threading.current_thread().name
+        handle = await engine.start(plain_steps, 5, workflow_id="pg-inline-lost")
+        assert await handle.result(timeout=30) == 10
+        # the first call (the start or a step) found the connection lost and went to a
+        # store thread, which sent it again; then, with the connection not opened again
+        # yet, every commit went to a store thread; every step is in the journal once
+        assert loop_thread not in seen[1:], seen
+        history = await engine.history("pg-inline-lost")
+        assert [e.seq for e in history] == [1, 2, 3, 4, 5]
+        # the store thread opened a new connection meanwhile (at most once in
+        # INLINE_RECONNECT seconds): later steps are inline again
+        store: Any = engine._store.store
+        store._inline_tried = float("-inf")
+        await run_steps(engine, 5)
+        await run_steps(engine, 10)
+        assert inline_pid(engine) != lost
+        assert loop_thread in seen[-10:], seen
+        assert len(seen) in (20, 21)  # twenty commits, and a step's lost attempt if any
+
+
+async def test_a_slow_call_sends_the_next_ones_through_the_store_threads(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with durably.Engine(postgres_url) as engine:
+        await run_steps(engine, 3)
+        monkeypatch.setattr(postgres, "INLINE_SLOW", 0.0)  # every call counts as slow
+        seen = commit_threads(engine)
+        store: Any = engine._store.store
+        await run_steps(engine, 10)  # its start, inline, is the slow one
+        loop_thread = threading.current_thread().name
+        assert loop_thread not in seen, seen  # then every commit went to a store thread
+        assert store._inline_paused_until > time.monotonic() + postgres.INLINE_PAUSE - 5
+        monkeypatch.setattr(postgres, "INLINE_SLOW", 10.0)
+        store._inline_paused_until = 0.0  # the pause is over
+        await run_steps(engine, 10)
+        assert seen[-5:].count(loop_thread) >= 4, seen
+
+
+async def test_a_locked_row_sends_the_commit_to_a_store_thread(postgres_url: str) -> None:
+    """The loop's connection waits INLINE_LOCK_TIMEOUT for a row lock, then the store
+    thread waits as long as the lock is held; the step commits once."""
+    gate = asyncio.Event()
+
+    @durably.step(name="pg-inline.gated")
+    async def gated() -> str:
+        await gate.wait()
+        return "done"
+
+    @durably.workflow(name="pg-inline.locked")
+    async def locked() -> str:
+        return await gated()
+
+    async with durably.Engine(postgres_url) as engine:
+        await run_steps(engine, 3)
+        seen = commit_threads(engine)
+        handle = await engine.start(locked, workflow_id="pg-inline-locked")
+        held, release = threading.Event(), threading.Event()
+
+        def hold_the_row() -> None:
+            with psycopg.connect(postgres_url) as conn, conn.transaction():
+                conn.execute(
+                    "SELECT 1 FROM durably.workflows WHERE workflow_id = 'pg-inline-locked' "
+                    "FOR UPDATE"
+                )
+                held.set()
+                release.wait(5)
+
+        holder = threading.Thread(target=hold_the_row)
+        holder.start()
+        assert await asyncio.to_thread(held.wait, 5)
+        gate.set()
+        await asyncio.sleep(0.3)
+        assert await handle.status() == "running"  # its receipt waits for the row
+        release.set()
+        assert await handle.result(timeout=30) == "done"
+        holder.join(5)
+        loop_thread = threading.current_thread().name
+        # tried on the loop's thread, given up at the lock, then sent by a store thread
+        assert seen[0] == loop_thread and seen[-1] != loop_thread, seen
+        history = await engine.history("pg-inline-locked")
+        assert [e.status for e in history] == ["completed"]
+
+
+async def test_the_loops_connection_has_short_limits_and_the_others_keep_theirs(
+    postgres_url: str,
+) -> None:
+    async with durably.Engine(postgres_url) as engine:
+        await run_steps(engine, 3)
+        store: Any = engine._store.store
+        inline = store._inline.conn
+        assert inline.execute("SHOW lock_timeout").fetchone() == (postgres.INLINE_LOCK_TIMEOUT,)
+        assert inline.execute("SHOW statement_timeout").fetchone() == (
+            postgres.INLINE_STATEMENT_TIMEOUT,
+        )
+        assert inline.info.get_parameters()["keepalives_idle"] == "5"
+        others = [c for c in store._connections if c is not inline]
+        assert others
+        for conn in others:  # the store threads wait for locks as long as they must
+            assert conn.execute("SHOW lock_timeout").fetchone() == ("5s",)
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)
