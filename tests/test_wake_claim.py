@@ -263,3 +263,21 @@ async def test_a_stream_of_wake_ups_does_not_keep_due_work_waiting(postgres_url:
                 assert await napping.result(timeout=4) == "rested"
             finally:
                 sending.cancel()
+
+
+async def test_a_signal_sent_as_the_run_parks_still_takes_it_in_one_commit(
+    store_url: str,
+) -> None:
+    """Sent the moment the row says waiting, while the run here may still be letting go:
+    the engine waits for it to go (moments), then takes the workflow with the signal."""
+    SENT.clear()
+    async with durably.Engine(store_url, hold_seconds=0.1) as engine:  # parks after a hold
+        for label in ("e1", "e2", "e3"):
+            handle = await engine.start(waiter, label, workflow_id=f"wake-claim-{label}")
+            await until(handle, "waiting")  # not waiting for the run to be gone
+            seen = ops_of(engine, ("send_signal", "claim_woken"))
+            assert await engine.send_signal(handle.workflow_id, "go", "x")
+            assert await handle.result(timeout=15) == f"{label}:x"
+            assert [verb for verb, _ in seen[:2]] == ["send_signal", "claim_woken"], seen
+            assert seen[0][1] == seen[1][1], seen  # in one op
+    assert SENT == ["e1:x", "e2:x", "e3:x"]

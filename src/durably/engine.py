@@ -489,7 +489,12 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         ended (nothing could ever receive the signal, so it is not kept).
         """
         services = self._services
-        if services is None or services.stopping.is_set() or workflow_id in self._tasks:
+        running = self._tasks.get(workflow_id)  # a run of it here (done: only forgotten late)
+        live = self._runs.get(workflow_id)
+        if running is not None and not running.done() and live is not None and not live.listening:
+            # it has just parked and is letting go: moments from now it is not here
+            await asyncio.wait({running}, timeout=LETTING_GO)
+        if services is None or services.stopping.is_set() or (running and not running.done()):
             plan = self._ops.send_signal(workflow_id, name, payload, idempotency_key)
             sent = await self._run(plan, inline=True)
             if sent:  # a duplicate changed nothing: nothing to wake
@@ -682,6 +687,11 @@ async def _within(future: asyncio.Future[None], what: str) -> None:
         log.error("close: gave up waiting for %s after %.1f s", what, STOP_GRACE)
         return
     future.result()
+
+
+#: How long ``send_signal`` waits for a run of the workflow here that has just parked to
+#: let go (seconds), so that it can take the workflow with the signal in one commit.
+LETTING_GO = 0.05
 
 
 def run(

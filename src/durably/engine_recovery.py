@@ -227,7 +227,8 @@ class Recovery:
         claimer = operations.Claimer(self.executor_id, runnable, self.lease_seconds, same_code)
         every = True
         for workflow_id in woken:
-            if workflow_id in self._tasks:
+            running = self._tasks.get(workflow_id)
+            if running is not None and not running.done():
                 live = self._runs.get(workflow_id)
                 if live is None or not live.listening:  # still letting go: a pass waits
                     every = False
