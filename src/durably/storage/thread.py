@@ -158,11 +158,11 @@ class StoreThread:
         return await future
 
     def _run_inline(self, op: base.Op) -> bool:
-        """Run ``op`` on this thread if the store can (``Store.run_inline``) while no store
-        thread could be running on the same connection; False, having changed nothing,
-        if not. With one thread, this thread takes the thread's turn (``_exec``); with
-        several, the store lends a connection no thread is using, and a verb running
-        alone (``base.alone``) keeps this one out as it keeps out other batches."""
+        """Run ``op`` on this thread if the store can (``Store.run_inline``); False, having
+        changed nothing, if not. With one store thread this thread takes that thread's
+        turn (``_exec``), so nothing else runs meanwhile; with several it counts as one
+        more batch in flight (PostgreSQL runs it on a connection of its own), which a
+        verb running alone (``base.alone``) keeps out as it keeps out other batches."""
         if self._alone:
             if not self._exec.acquire(blocking=False):
                 return False
