@@ -16,16 +16,7 @@ import pytest
 
 import durably
 from durably.storage import postgres
-
-
-@durably.step
-async def plain(i: int) -> int:
-    return i
-
-
-@durably.workflow(name="pg-inline.steps")
-async def plain_steps(n: int) -> int:
-    return sum([await plain(i) for i in range(n)])
+from tests.test_pg_round_trips import plain_steps
 
 
 def commit_threads(engine: durably.Engine) -> list[str]:
