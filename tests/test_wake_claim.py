@@ -281,24 +281,3 @@ async def test_a_signal_sent_as_the_run_parks_still_takes_it_in_one_commit(
             assert [verb for verb, _ in seen[:2]] == ["send_signal", "claim_woken"], seen
             assert seen[0][1] == seen[1][1], seen  # in one op
     assert SENT == ["e1:x", "e2:x", "e3:x"]
-
-
-async def test_a_cancelled_start_still_runs_what_it_committed(store_url: str) -> None:
-    """A start committed as its caller is cancelled is run here at once, not left owned
-    and idle until the heartbeat lets it go as a crash."""
-    SENT.clear()
-    async with durably.Engine(store_url, inline_commits=False) as engine:
-        starting = asyncio.create_task(engine.start(note_flow, workflow_id="wake-claim-start"))
-        await asyncio.sleep(0)  # the commit is on the store thread now
-        starting.cancel()
-        handle = engine.handle("wake-claim-start")
-        await until(handle, "completed")  # committed and run, both, however cancelled
-        assert await handle.result(timeout=5) == "started"
-        info = await handle.info()
-        assert info.crash_count == 0
-    assert SENT == ["started"]
-
-
-@durably.workflow(name="wake-claim.note")
-async def note_flow() -> str:
-    return await note("started")

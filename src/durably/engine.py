@@ -408,19 +408,6 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         )
         new = dataclasses.replace(new, delay=seconds)
         owner = None if definition is None or seconds > 0 else self.executor_id
-        # Shielded: a caller cancelled once the commit is on its way must not leave the
-        # workflow owned here and not running (the heartbeat would count it a crash).
-        await asyncio.shield(self._start_here(services, new, owner, definition))
-        return WorkflowHandle(self, new.workflow_id)
-
-    async def _start_here(
-        self,
-        services: workflow_run.Services,
-        new: base.NewWorkflow,
-        owner: str | None,
-        definition: workflows.WorkflowDefinition | None,
-    ) -> None:
-        """Commit the start, then run it here (owned) or let a pass take it."""
         info, created = await self._run(
             self._ops.start(new, owner, self.lease_seconds), inline=True
         )
@@ -428,6 +415,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             self._launch(services, info, definition, fresh=True)
         elif not info.finished:
             self._kick_recovery()
+        return WorkflowHandle(self, new.workflow_id)
 
     async def submit(self, new: base.NewWorkflow) -> journal.WorkflowInfo:
         """Commit a pending workflow for any engine to claim (a queue's ``enqueue``).
