@@ -245,14 +245,16 @@ class Recovery:
     def _claim_soon(self, workflow_id: str) -> None:
         """A wake-up for a workflow that no run here holds: the recovery loop claims it
         directly, without a pass over every claimable row."""
-        self._changes.signal()
         self._woken.add(workflow_id)
-        if self._kick is not None:
-            self._kick.set()
+        self._wake_loop()
 
     def _kick_recovery(self) -> None:
-        self._changes.signal()
         self._pass_due = True
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        """Wake the handles waiting here and the recovery loop."""
+        self._changes.signal()
         if self._kick is not None:
             self._kick.set()
 

@@ -294,11 +294,7 @@ class Operations:
     def send_signal(
         self, workflow_id: str, name: str, payload: Any, idempotency_key: str | None
     ) -> Plan[bool]:
-        _workflow_id(workflow_id)
-        validate.name(name, "signal name")
-        if idempotency_key is not None:
-            validate.name(idempotency_key, "idempotency_key")
-        data = codec.encode(payload, where=f"signal {name!r} payload")
+        data = _signal_payload(workflow_id, name, payload, idempotency_key)
         args = (workflow_id, name, data, idempotency_key, self.clock())
         sent: bool = yield Call(self.store.send_signal, args, True)
         return sent
@@ -314,11 +310,7 @@ class Operations:
         """``send_signal``, and in the same transaction the claim of the workflow it wakes
         (``claim_woken``) with its journal: the engine that sends a signal to a parked
         workflow it can run takes it in one commit, not three."""
-        _workflow_id(workflow_id)
-        validate.name(name, "signal name")
-        if idempotency_key is not None:
-            validate.name(idempotency_key, "idempotency_key")
-        data = codec.encode(payload, where=f"signal {name!r} payload")
+        data = _signal_payload(workflow_id, name, payload, idempotency_key)
         args = (self.store, workflow_id, name, data, idempotency_key, self.clock(), claim)
         woken: Woken = yield Call(_send_and_claim, args, True)
         return woken
@@ -415,6 +407,15 @@ class Operations:
 
 #: How many rows a bulk call's selection reads at a time.
 BULK_PAGE = 500
+
+
+def _signal_payload(workflow_id: str, name: str, payload: Any, idempotency_key: str | None) -> str:
+    """A signal's names checked and its payload encoded, as every way of sending one does."""
+    _workflow_id(workflow_id)
+    validate.name(name, "signal name")
+    if idempotency_key is not None:
+        validate.name(idempotency_key, "idempotency_key")
+    return codec.encode(payload, where=f"signal {name!r} payload")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
