@@ -134,6 +134,63 @@ async def test_close_gives_up_on_a_run_that_ignores_cancellation_and_names_it(
     assert task.done()
 
 
+# --- a start whose caller is cancelled ---------------------------------------------------
+
+STARTED: list[str] = []
+
+
+@durably.step
+async def note_start(what: str) -> str:
+    STARTED.append(what)
+    return what
+
+
+@durably.workflow(name="test_lifecycle.noted")
+async def noted(what: str) -> str:
+    return await note_start(what)
+
+
+def _exists(client: durably.Client, workflow_id: str) -> bool:
+    try:
+        client.get_workflow(workflow_id)
+    except durably.WorkflowNotFound:
+        return False
+    return True
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("when", ["queued", "committed"])
+async def test_a_start_cancelled_after_it_was_sent_still_runs_here_at_once(
+    store_url: str, when: str
+) -> None:
+    """A start whose caller is cancelled once the commit is on its way runs here at once,
+    not left owned by this engine and idle until its lease runs out (a crash).
+
+    ``queued``: cancelled while the commit waits on the store thread. ``committed``: the
+    loop is held until the row is in the database, then the caller is cancelled before
+    it has seen the answer.
+    """
+    STARTED.clear()
+    wid = f"cancelled-start-{when}"
+    async with durably.Engine(store_url, inline_commits=False, lease_seconds=60) as engine:
+        starting = asyncio.create_task(engine.start(noted, when, workflow_id=wid))
+        await asyncio.sleep(0)  # the commit is on the store thread now
+        if when == "committed":
+            with durably.Client(store_url) as client:  # the loop stays held meanwhile
+                deadline = time.monotonic() + 10
+                while not _exists(client, wid):
+                    assert time.monotonic() < deadline, "the start never committed"
+                    time.sleep(0.005)
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        handle = engine.handle(wid)
+        assert await handle.result(timeout=10) == when  # well inside the 60 s lease
+        info = await handle.info()
+    assert info.crash_count == 0
+    assert len(STARTED) == 1 and STARTED[0] == when
+
+
 # --- a blocked event loop, in one process --------------------------------------------------
 
 

@@ -408,13 +408,17 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         )
         new = dataclasses.replace(new, delay=seconds)
         owner = None if definition is None or seconds > 0 else self.executor_id
-        info, created = await self._run(
-            self._ops.start(new, owner, self.lease_seconds), inline=True
-        )
-        if created and definition is not None and owner is not None:
-            self._launch(services, info, definition, fresh=True)
-        elif not info.finished:
-            self._kick_recovery()
+
+        def committed(found: tuple[journal.WorkflowInfo, bool]) -> None:
+            # Called once committed even if our caller is cancelled meanwhile: a workflow
+            # owned here and not run would wait for the heartbeat to count it a crash.
+            info, created = found
+            if created and definition is not None and owner is not None:
+                self._launch(services, info, definition, fresh=True)
+            elif not info.finished:
+                self._kick_recovery()
+
+        await self._run(self._ops.start(new, owner, self.lease_seconds, committed), inline=True)
         return WorkflowHandle(self, new.workflow_id)
 
     async def submit(self, new: base.NewWorkflow) -> journal.WorkflowInfo:

@@ -35,6 +35,9 @@ class Call:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     write: bool = False
+    #: Called with the result once the verb has run, even if an async caller is cancelled
+    #: meanwhile (``StoreThread.call``): what must follow the commit, whoever waits for it.
+    then: Callable[[Any], None] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -280,13 +283,18 @@ class Operations:
     # --- changing -----------------------------------------------------------------------
 
     def start(
-        self, new: base.NewWorkflow, owner: str | None = None, lease_seconds: float = 0.0
+        self,
+        new: base.NewWorkflow,
+        owner: str | None = None,
+        lease_seconds: float = 0.0,
+        then: Callable[[tuple[journal.WorkflowInfo, bool]], None] | None = None,
     ) -> Plan[tuple[journal.WorkflowInfo, bool]]:
-        """Commit the workflow (owned by ``owner``, else pending); its row and whether new."""
+        """Commit the workflow (owned by ``owner``, else pending); its row and whether new.
+        ``then`` is called with both once committed, even if the caller is cancelled."""
         now = self.clock()
         lease_expires_at = now + lease_seconds if owner is not None else None
         found: tuple[journal.WorkflowInfo, bool] = yield Call(
-            self.store.create_workflow, (new, owner, lease_expires_at, now), True
+            self.store.create_workflow, (new, owner, lease_expires_at, now), True, then
         )
         check_name(found[0], new.name)
         return found
@@ -495,6 +503,8 @@ def run_sync(plan: Plan[T], store: thread.StoreThread) -> T:
                 answer = None
             else:
                 answer = store.call_sync(op.fn, *op.args, write=op.write)
+                if op.then is not None:
+                    op.then(answer)
 
 
 async def run_async(
@@ -519,7 +529,9 @@ async def run_async(
             else:
                 mark = changes.mark()
                 quiet = inline and thread.loop_is_quiet()
-                answer = await store.call(op.fn, *op.args, write=op.write, inline=quiet)
+                answer = await store.call(
+                    op.fn, *op.args, write=op.write, inline=quiet, then=op.then
+                )
 
 
 class ChangeBroadcast:

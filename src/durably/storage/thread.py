@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import queue
 import threading
 import time
@@ -123,7 +124,12 @@ class StoreThread:
         return future
 
     async def call(
-        self, fn: Callable[..., T], *args: Any, write: bool = True, inline: bool = False
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        write: bool = True,
+        inline: bool = False,
+        then: Callable[[T], None] | None = None,
     ) -> T:
         """Await a verb run on the store thread.
 
@@ -135,11 +141,16 @@ class StoreThread:
         of inline commits yields to the loop once a millisecond (``_BREATHE_EVERY``),
         not after each: a loop iteration costs as much as the rest of a step's
         Python on SQLite NORMAL, and the loop was quiet when each commit began.
+
+        ``then``, given, is called on the loop's thread with the result once the verb
+        has run, even if the caller is cancelled meanwhile (the call is then not taken
+        back): what must follow a commit (a start's launch) cannot be lost with the
+        caller. It runs before the caller resumes, and what it schedules runs after.
         """
         if inline:
             op = base.Op(fn, args, write)
             if not self._pending and not base.runs_alone(fn) and self._run_inline(op):
-                await self._breathe()
+                await self._breathe(None if op.error else then, op.result)
                 if op.error is not None:
                     raise op.error
                 return op.result  # type: ignore[no-any-return]
@@ -149,13 +160,14 @@ class StoreThread:
             held: concurrent.futures.Future[T] = concurrent.futures.Future()
             self._put(op, held, False)
             if done_within(held, HOLD_LOOP):
-                await self._breathe()
-                return held.result()
-            return await asyncio.wrap_future(held)
+                result = held.result()
+                await self._breathe(then, result)
+                return result
+            return await _answer(asyncio.wrap_future(held), then)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._put(base.Op(fn, args, write), (loop, future), False)
-        return await future
+        return await _answer(future, then)
 
     def _run_inline(self, op: base.Op) -> bool:
         """Run ``op`` on this thread if the store can (``Store.run_inline``); False, having
@@ -177,13 +189,18 @@ class StoreThread:
         finally:
             self._gate.release_shared()
 
-    async def _breathe(self) -> None:
+    async def _breathe(self, then: Callable[[T], None] | None, result: T) -> None:
         """After a call answered without the loop: yield to it once a millisecond, so a long
-        run of such calls does not starve everything else on it."""
-        now = time.monotonic()
-        if now - self._breathed >= _BREATHE_EVERY:
-            self._breathed = now
-            await asyncio.sleep(0)
+        run of such calls does not starve everything else on it; then ``then``, however
+        the yield ended."""
+        try:
+            now = time.monotonic()
+            if now - self._breathed >= _BREATHE_EVERY:
+                self._breathed = now
+                await asyncio.sleep(0)
+        finally:
+            if then is not None:
+                then(result)
 
     def call_sync(
         self, fn: Callable[..., T], *args: Any, write: bool = True, _raw: bool = False
@@ -332,6 +349,22 @@ def _wanted(waiter: Any) -> bool:
     if isinstance(waiter, concurrent.futures.Future):
         return waiter.set_running_or_notify_cancel()
     return not waiter[1].cancelled()
+
+
+async def _answer(future: asyncio.Future[T], then: Callable[[T], None] | None) -> T:
+    """Await ``future``; with ``then``, shielded, and ``then`` called with its result."""
+    if then is None:
+        return await future
+    # The shield's callback is added first, so the caller's wake-up is scheduled before
+    # anything ``then`` schedules: a start returns before the run it launched begins.
+    shielded = asyncio.shield(future)
+    future.add_done_callback(functools.partial(_then, then))
+    return await shielded
+
+
+def _then(then: Callable[[T], None], future: asyncio.Future[T]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        then(future.result())
 
 
 def _resolve(pairs: list[tuple[asyncio.Future[Any], base.Op]]) -> None:
