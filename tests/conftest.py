@@ -11,6 +11,11 @@ import pytest
 
 from durably.storage import create_store
 
+# pytest-xdist's workers run with COLUMNS=80 (the controller's width): rich would fix the
+# command line's console at that width when durably.cli is imported, and every
+# CliRunner(env={"COLUMNS": ...}) after would be ignored. Each test sets its own.
+os.environ.pop("COLUMNS", None)
+
 
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
