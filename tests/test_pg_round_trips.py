@@ -243,6 +243,106 @@ def test_a_plain_start_and_finish_are_one_statement_each(pg_store: Any) -> None:
     assert db.get_workflow("a").owner is None
 
 
+def test_a_plain_finishs_whole_commit_is_one_round_trip(pg_store: Any) -> None:
+    """A finish with nothing staged, alone in its batch, is one statement sent as its own
+    transaction (finish_and_wake): no BEGIN, no COMMIT (it was BEGIN with it, COMMIT)."""
+    db = Verbs(pg_store)
+    info = owned(db, "a")
+    op = base.Op(pg_store.finish_workflow, ("a", info.epoch, "completed", "1", None, [], NOW), True)
+    sent = traced(pg_store, [op])
+    assert op.error is None and op.result == ("completed", None)
+    assert len(sent) == 1, sent
+    assert "UPDATE workflows" in sent[0], sent
+    assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    row = db.get_workflow("a")
+    assert (row.status, row.output, row.owner, row.lease_expires_at) == (
+        "completed",
+        "1",
+        None,
+        None,
+    )
+
+
+def _notifications(listener: psycopg.Connection[Any], count: int) -> list[base.Wakeup]:
+    from durably.storage import sqlbase
+
+    got = [n.payload for n in listener.notifies(timeout=5, stop_after=count)]
+    return [sqlbase.decode_wakeup(p) for p in got]
+
+
+def test_a_finish_in_one_statement_wakes_its_parent_and_tells_listeners(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """The one statement of a child's finish wakes its waiting parent and notifies the
+    parent's join; a queued workflow's finish notifies a free place in its queue."""
+    db = Verbs(pg_store)
+    owned(db, "parent")
+    with pg_store.conn.transaction():  # parked, waiting for its child
+        pg_store.conn.execute(
+            "UPDATE workflows SET status = 'waiting', owner = NULL, wake_at = NULL "
+            "WHERE workflow_id = 'parent'"
+        )
+    child = base.NewWorkflow("child", "refund", "{}", None, None, parent_id="parent")
+    info, _ = db.create_workflow(child, "ex-a", NOW + LEASE, NOW)
+    in_queue = base.NewWorkflow("in-queue", "refund", "{}", None, None, queue="llm")
+    queued_info, _ = db.create_workflow(in_queue, "ex-a", NOW + LEASE, NOW)
+    with psycopg.connect(postgres_url, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{pg_store.channel}"')
+        op = base.Op(
+            pg_store.finish_workflow, ("child", info.epoch, "completed", "2", None, [], NOW), True
+        )
+        assert len(traced(pg_store, [op])) == 1 and op.error is None
+        assert _notifications(listener, 1) == [base.Wakeup("join", "parent", "child")]
+        done = base.Op(
+            pg_store.finish_workflow,
+            ("in-queue", queued_info.epoch, "completed", "3", None, [], NOW),
+            True,
+        )
+        assert len(traced(pg_store, [done])) == 1 and done.error is None
+        assert _notifications(listener, 1) == [base.Wakeup("work")]
+    assert db.get_workflow("parent").wake_at == NOW  # due now: a claimer takes it
+    assert db.get_workflow("child").status == "completed"
+
+
+def test_a_finish_whose_fence_does_not_hold_ends_in_a_transaction(pg_store: Any) -> None:
+    """A finish asked to stop is not ended by the one statement (its fence does not hold):
+    the fence and the final row follow in a transaction of their own, BEGIN to COMMIT,
+    and the workflow ends ``cancelled`` with its output kept."""
+    db = Verbs(pg_store)
+    info = owned(db, "a")
+    with pg_store.conn.transaction():
+        pg_store.conn.execute("UPDATE workflows SET cancel_requested = 1 WHERE workflow_id = 'a'")
+    op = base.Op(pg_store.finish_workflow, ("a", info.epoch, "completed", "1", None, [], NOW), True)
+    sent = traced(pg_store, [op])
+    assert op.error is None and op.result[0] == "cancelled", op.result
+    verbs = [s for s in sent if s.strip('" ') not in ("BEGIN", "COMMIT")]
+    assert len(verbs) == 3, sent  # the one statement, then the fence and the final row
+    bare = [s.strip('" ') for s in sent]
+    # BEGIN goes in one pipeline with the fence (no wait of its own); the COMMIT at the end
+    # shows the two were one transaction (after a statement alone, none is open).
+    assert bare[-1] == "COMMIT" and len(bare) == 4, sent
+    row = db.get_workflow("a")
+    assert (row.status, row.output, row.owner) == ("cancelled", "1", None)
+
+
+def test_a_finish_sent_again_finds_its_own_write(pg_store: Any) -> None:
+    """A finish sent again (its connection lost before the answer came) finds the row it
+    ended and answers as the first did; a different finish of that epoch is fenced off."""
+    db = Verbs(pg_store)
+    info = owned(db, "a")
+    first = db.finish_workflow("a", info.epoch, "completed", "1", None, [], NOW)
+    again = base.Op(
+        pg_store.finish_workflow, ("a", info.epoch, "completed", "1", None, [], NOW), True
+    )
+    assert len(traced(pg_store, [again])) == 1
+    assert again.error is None and again.result == first == ("completed", None)
+    later = base.Op(
+        pg_store.finish_workflow, ("a", info.epoch, "completed", "1", None, [], NOW + 1), True
+    )
+    traced(pg_store, [later])
+    assert isinstance(later.error, errors.FencedError), later.error
+
+
 def test_the_one_statement_write_refuses_a_stale_epoch_and_writes_nothing(pg_store: Any) -> None:
     db = Verbs(pg_store)
     info = owned(db)
@@ -649,6 +749,18 @@ async def _begins_sent(engine: durably.Engine, steps: int) -> int:
         os.close(fd)
         os.unlink(path)
     return begins
+
+
+@pytest.mark.parametrize("inline", [True, False])
+async def test_an_engines_one_step_workflow_sends_no_begin(postgres_url: str, inline: bool) -> None:
+    """Through a running engine, a 1-step workflow's start, step and finish are each
+    one statement sent alone: ten of them, no BEGIN (a finish was BEGIN with its UPDATE,
+    then COMMIT)."""
+    async with durably.Engine(postgres_url, inline_commits=inline) as engine:
+        for _ in range(6):  # every statement prepared, the connections open
+            await _begins_sent(engine, 1)
+        begins = [await _begins_sent(engine, 1) for _ in range(10)]
+    assert sum(begins) <= 2, begins  # a recovery pass may run meanwhile; not one each
 
 
 @pytest.mark.parametrize("inline", [True, False])

@@ -218,7 +218,7 @@ class EntryVerbs(claims.ClaimVerbs):
         outcome = {"output": output, "now": now, "workflow_id": workflow_id, "epoch": epoch}
         found = None
         if not entries:  # the usual end: fenced and finished in one statement
-            found = self._finish_row(status, error, fenced=1, **outcome)
+            found = self._finish_at_once(status, error, **outcome)
         if found is None:  # entries to write first, or fenced off, or asked to stop
             status, error = self._fenced_end(workflow_id, epoch, status, error, entries, now)
             found = self._finish_row(status, error, fenced=0, **outcome)
@@ -229,6 +229,12 @@ class EntryVerbs(claims.ClaimVerbs):
         if queue is not None:
             self._wake("work")  # a place in its queue is free
         return status, error
+
+    def _finish_at_once(self, status: str, error: str | None, **params: Any) -> Any:
+        """The usual end, fenced and finished in one statement (``_finish_row`` with
+        ``fenced``): the (parent_id, queue) left to wake, or None if the fence did not hold.
+        A dialect may wake them in the same statement (and return none left)."""
+        return self._finish_row(status, error, fenced=1, **params)
 
     def _finish_row(self, status: str, error: str | None, **params: Any) -> Any:
         """``finish_workflow``: its (parent_id, queue), or None if ``fenced`` found the

@@ -101,6 +101,31 @@ class OneStatementVerbs(sql.SqlStore):
         )
         return fence, int(written)
 
+    def _finish_at_once(self, status: str, error: str | None, **params: Any) -> Any:
+        # One statement (finish_and_wake): the fenced finish, its parent's wake-up and the
+        # notifications. When it is all of a batch it is sent without BEGIN and COMMIT, so
+        # a plain finish is one round trip, not two; if its fence did not hold, it wrote
+        # nothing, and what the verb writes next begins a transaction again.
+        work = sqlbase.encode_wakeup(base.Wakeup("work"))
+        with self._alone(True):
+            found = self._q(
+                "finish_and_wake",
+                status=status,
+                error=error,
+                fenced=1,
+                channel=self.channel,
+                work=work,
+                **params,
+            ).fetchone()
+        if found is not None:
+            return None, None  # nothing left to wake
+        self._begin_again()
+        return None
+
+    def _begin_again(self) -> None:
+        """After a statement sent alone (a transaction of its own), send BEGIN with the next."""
+        raise NotImplementedError
+
     def _fence_and_look(
         self, workflow_id: str, epoch: int, wait: journal.Entry, now: float
     ) -> tuple[entries.Fence, journal.Entry | None, tuple[int, str] | None]:

@@ -539,6 +539,10 @@ class PostgresStore(pg_statements.OneStatementVerbs):
         # Sent with the batch's first statement (_execute), in one round trip.
         self._begin_pending = True
 
+    def _begin_again(self) -> None:
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            self._begin_pending = True  # the statement before was a transaction of its own
+
     def _commit(self) -> None:
         if self._begin_pending:  # nothing was sent: nothing to commit
             self._begin_pending = False

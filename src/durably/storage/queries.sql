@@ -386,18 +386,46 @@ SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_
        args_digest
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
+-- name: wake_if_waiting
+-- (A part of wake_parent and finish_and_wake.) Wake the rows it picks that wait.
+UPDATE workflows
+SET wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END, updated_at = :now
+
 -- name: finish_workflow
 -- Record the final status and outcome, and let go; returns the parent and queue. With
 -- :fenced = 1 it is the fence too, for a workflow nothing can stop now: only the row this
 -- epoch owns, no cancel asked, its deadline (if any) not passed; no row otherwise (then the
--- caller fences, to find out why, and finishes with :fenced = 0).
+-- caller fences, to find out why, and finishes with :fenced = 0). A second sending of the
+-- same finish (after a lost connection) finds its own write: ended at :now with :status.
 UPDATE workflows
 SET status = :status, output = :output, error = :error, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, updated_at = :now
 WHERE workflow_id = :workflow_id AND epoch = :epoch
   AND (:fenced = 0 OR (owner IS NOT NULL AND cancel_requested = 0
-                       AND (deadline_at IS NULL OR deadline_at > :now)))
+                       AND (deadline_at IS NULL OR deadline_at > :now))
+       OR (owner IS NULL AND status = :status AND updated_at = :now))
 RETURNING parent_id, queue
+
+-- name: finish_and_wake
+-- PostgreSQL only: finish_workflow (:fenced = 1) and what a finish wakes, in one statement:
+-- its parent (wake_if_waiting) and, as notifications, the parent's join and a free place in
+-- its queue (:work). Sent alone it is the whole commit, one round trip. No row when the
+-- fence did not hold.
+WITH done AS (
+{{finish_workflow}}
+), woken AS (
+    {{wake_if_waiting}}
+    WHERE workflow_id = (SELECT parent_id FROM done)
+), joined AS (
+    SELECT json_build_object('k', 'join', 'w', parent_id, 'n', :workflow_id)::text AS wakeup
+    FROM done WHERE parent_id IS NOT NULL
+), told AS (
+    SELECT pg_notify(:channel, CASE WHEN octet_length(wakeup) < 4000 THEN wakeup ELSE :work END)
+    FROM joined
+    UNION ALL
+    SELECT pg_notify(:channel, :work) FROM done WHERE queue IS NOT NULL
+)
+SELECT (SELECT COUNT(*) FROM told) FROM done
 
 -- name: release_owned
 -- Let go of every workflow an executor owns (it is closing).
@@ -598,8 +626,7 @@ SELECT value FROM events WHERE workflow_id = :workflow_id AND key = :key
 
 -- name: wake_parent
 -- A child ended: wake its parent if it waits.
-UPDATE workflows
-SET wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END, updated_at = :now
+{{wake_if_waiting}}
 WHERE workflow_id = :parent_id
 
 -- name: request_cancel
