@@ -2,7 +2,7 @@
 thread on a connection of its own (``PostgresStore.run_inline``), which saves the two
 thread wake-ups of the store thread. The loop's thread never connects, never waits for
 a row lock longer than ``INLINE_LOCK_TIMEOUT``, and after a slow call leaves the calls
-of the next ``INLINE_PAUSE`` seconds to the store threads."""
+of a while (``postgres.inline_pause``) to the store threads."""
 
 from __future__ import annotations
 
@@ -100,11 +100,21 @@ async def test_a_slow_call_sends_the_next_ones_through_the_store_threads(
         await run_steps(engine, 10)  # its start, inline, is the slow one
         loop_thread = threading.current_thread().name
         assert loop_thread not in seen, seen  # then every commit went to a store thread
-        assert store._inline_paused_until > time.monotonic() + postgres.INLINE_PAUSE - 5
+        left = store._inline_paused_until - time.monotonic()
+        assert 0 < left <= postgres.INLINE_PAUSE_MIN, left  # a fast call: the shortest pause
         monkeypatch.setattr(postgres, "INLINE_SLOW", 10.0)
         store._inline_paused_until = 0.0  # the pause is over
         await run_steps(engine, 10)
         assert seen[-5:].count(loop_thread) >= 4, seen
+
+
+def test_the_pause_after_a_slow_call_grows_with_it() -> None:
+    """A hiccup pauses inline calls for a second, a stall for thirty times its length,
+    a stalled network (a statement cut off at its timeout) for minutes, never longer."""
+    assert postgres.inline_pause(0.021) == postgres.INLINE_PAUSE_MIN == 1.0
+    assert postgres.inline_pause(0.5) == 15.0
+    assert postgres.inline_pause(5.0) == 150.0
+    assert postgres.inline_pause(3600.0) == postgres.INLINE_PAUSE == 300.0
 
 
 async def test_a_locked_row_sends_the_commit_to_a_store_thread(postgres_url: str) -> None:

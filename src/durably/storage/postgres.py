@@ -117,10 +117,21 @@ INLINE_NETWORK = {
 }
 
 #: A call on the event loop's thread that took longer than this (seconds) sends the calls
-#: of the next ``INLINE_PAUSE`` seconds through the store threads: a server or a network
-#: that stalls holds the loop once, not at every step.
+#: of a while after it through the store threads (``inline_pause``): a server or a
+#: network that stalls holds the loop once, not at every step.
 INLINE_SLOW = 0.02
-INLINE_PAUSE = 30.0
+#: The pause after a slow call is this many times as long as the call took, from
+#: ``INLINE_PAUSE_MIN`` to ``INLINE_PAUSE`` seconds: the loop's thread spends at most about
+#: a thirtieth of its time in stalled calls, and one hiccup (a checkpoint's fsync) does
+#: not cost half a minute of commits through the threads.
+INLINE_PAUSE_FACTOR = 30.0
+INLINE_PAUSE_MIN = 1.0
+INLINE_PAUSE = 300.0
+
+
+def inline_pause(took: float) -> float:
+    """Seconds of calls through the store threads after an inline call of ``took``."""
+    return min(INLINE_PAUSE, max(INLINE_PAUSE_MIN, took * INLINE_PAUSE_FACTOR))
 
 #: How long after a failed attempt a store thread tries again to open the connection of
 #: the calls on the event loop's thread (seconds).
@@ -331,7 +342,7 @@ class PostgresStore(pg_statements.OneStatementVerbs):
         store thread. The loop's thread never connects (a store thread opens the
         connection, at its next batch), never waits for a row lock longer than
         ``INLINE_LOCK_TIMEOUT``, and after a call slower than ``INLINE_SLOW`` leaves the
-        next ``INLINE_PAUSE`` seconds of calls to the store threads. False, having
+        calls of a while (``inline_pause``) to the store threads. False, having
         changed nothing, when the op must go to a store thread instead.
         """
         if not self._open or time.monotonic() < self._inline_paused_until:
@@ -357,13 +368,14 @@ class PostgresStore(pg_statements.OneStatementVerbs):
                 raise
         took = time.monotonic() - began
         if took > INLINE_SLOW:
-            self._inline_paused_until = began + took + INLINE_PAUSE
+            pause = inline_pause(took)
+            self._inline_paused_until = began + took + pause
             log.info(
                 "%s: a call on the event loop's thread took %.0f ms; the next %.0f s of "
                 "calls go through the store threads",
                 self.url,
                 took * 1000,
-                INLINE_PAUSE,
+                pause,
             )
         if isinstance(op.error, _Elsewhere | errors.DatabaseLocked):  # nothing of it was done
             if isinstance(op.error, _Elsewhere):
