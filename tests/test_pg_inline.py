@@ -95,13 +95,14 @@ async def test_a_slow_call_sends_the_next_ones_through_the_store_threads(
     async with durably.Engine(postgres_url) as engine:
         await run_steps(engine, 3)
         monkeypatch.setattr(postgres, "INLINE_SLOW", 0.0)  # every call counts as slow
+        monkeypatch.setattr(postgres, "INLINE_PAUSE_MIN", 30.0)  # room for a loaded machine
         seen = commit_threads(engine)
         store: Any = engine._store.store
         await run_steps(engine, 10)  # its start, inline, is the slow one
         loop_thread = threading.current_thread().name
         assert loop_thread not in seen, seen  # then every commit went to a store thread
         left = store._inline_paused_until - time.monotonic()
-        assert 0 < left <= postgres.INLINE_PAUSE_MIN, left  # a fast call: the shortest pause
+        assert 25 < left <= 30, left  # a fast call: the shortest pause
         monkeypatch.setattr(postgres, "INLINE_SLOW", 10.0)
         store._inline_paused_until = 0.0  # the pause is over
         await run_steps(engine, 10)
@@ -111,10 +112,10 @@ async def test_a_slow_call_sends_the_next_ones_through_the_store_threads(
 def test_the_pause_after_a_slow_call_grows_with_it() -> None:
     """A hiccup pauses inline calls for a second, a stall for thirty times its length,
     a stalled network (a statement cut off at its timeout) for minutes, never longer."""
-    assert postgres.inline_pause(0.021) == postgres.INLINE_PAUSE_MIN == 1.0
+    assert postgres.inline_pause(0.021) == 1.0
     assert postgres.inline_pause(0.5) == 15.0
     assert postgres.inline_pause(5.0) == 150.0
-    assert postgres.inline_pause(3600.0) == postgres.INLINE_PAUSE == 300.0
+    assert postgres.inline_pause(3600.0) == 300.0
 
 
 async def test_a_locked_row_sends_the_commit_to_a_store_thread(postgres_url: str) -> None:

@@ -304,6 +304,48 @@ def test_a_finish_in_one_statement_wakes_its_parent_and_tells_listeners(
     assert db.get_workflow("child").status == "completed"
 
 
+@pytest.mark.parametrize("encoding", ["UTF8", "LATIN1"])
+def test_a_join_wake_up_of_a_non_ascii_id_reaches_the_listener(
+    pg_cluster: Any, encoding: str
+) -> None:
+    """The join notification built by the server holds the child's id as text: on a
+    LATIN1 database too the engine's listener decodes it (it listens in UTF-8), and
+    keeps listening (before: UnicodeDecodeError ended its thread)."""
+    name = f"notify_{encoding.lower()}"
+    pg_cluster.execute(
+        f"CREATE DATABASE {name} TEMPLATE template0 ENCODING '{encoding}' "
+        "LC_COLLATE 'C' LC_CTYPE 'C'"
+    )
+    store = create_store(pg_cluster.url(name))
+    store.open()
+    got: list[base.Wakeup] = []
+    stop = store.listen(got.append)
+    try:
+        db = Verbs(store)
+        owned(db, "parent")
+        child = base.NewWorkflow("caf\u00e9", "refund", "{}", None, None, parent_id="parent")
+        info, _ = db.create_workflow(child, "ex-a", NOW + LEASE, NOW)
+        deadline = time.monotonic() + 10
+        while not got:  # the listener is connected once a wake-up reaches it
+            assert time.monotonic() < deadline, "the listener never heard a wake-up"
+            op = base.Op(store._wake, ("work",), True)
+            store.run_batch([op])
+            time.sleep(0.05)
+        db.finish_workflow("caf\u00e9", info.epoch, "completed", "2", None, [], NOW)
+        joined = base.Wakeup("join", "parent", "caf\u00e9")
+        while joined not in got:
+            assert time.monotonic() < deadline, got
+            time.sleep(0.02)
+        got.clear()
+        store.run_batch([base.Op(store._wake, ("work",), True)])
+        while base.Wakeup("work") not in got:  # still listening
+            assert time.monotonic() < deadline, got
+            time.sleep(0.02)
+    finally:
+        stop()
+        store.close()
+
+
 def test_a_finish_whose_fence_does_not_hold_ends_in_a_transaction(pg_store: Any) -> None:
     """A finish asked to stop is not ended by the one statement (its fence does not hold):
     the fence and the final row follow in a transaction of their own, BEGIN to COMMIT,

@@ -71,7 +71,9 @@ class Listener:
         delay, lost = 0.1, False
         while not self._stopped.is_set():
             try:
-                conn = psycopg.connect(self._conninfo, autocommit=True)
+                # UTF-8 whatever the database's encoding: a payload holding an id of
+                # non-ASCII text (a join's, built by the server) decodes as sent.
+                conn = psycopg.connect(self._conninfo, autocommit=True, client_encoding="utf8")
             except psycopg.Error as exc:
                 log.info("cannot listen on %s yet: %s", self._where, " ".join(str(exc).split()))
                 self._pause(delay)
@@ -103,7 +105,7 @@ class Listener:
                 continue
             conn.pgconn.consume_input()  # raises if the connection was closed
             while (notify := conn.pgconn.notifies()) is not None:
-                self._deliver(sqlbase.decode_wakeup(notify.extra.decode()))
+                self._deliver(sqlbase.decode_wakeup(notify.extra.decode("utf-8", "replace")))
 
     def _deliver(self, wakeup: base.Wakeup) -> None:
         try:

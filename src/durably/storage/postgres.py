@@ -133,6 +133,7 @@ def inline_pause(took: float) -> float:
     """Seconds of calls through the store threads after an inline call of ``took``."""
     return min(INLINE_PAUSE, max(INLINE_PAUSE_MIN, took * INLINE_PAUSE_FACTOR))
 
+
 #: How long after a failed attempt a store thread tries again to open the connection of
 #: the calls on the event loop's thread (seconds).
 INLINE_RECONNECT = 5.0
