@@ -106,6 +106,8 @@ class OneStatementVerbs(sql.SqlStore):
         # notifications. When it is all of a batch it is sent without BEGIN and COMMIT, so
         # a plain finish is one round trip, not two; if its fence did not hold, it wrote
         # nothing, and what the verb writes next begins a transaction again.
+        if not self._session.solo:  # in a batch's transaction: no round trip to save
+            return super()._finish_at_once(status, error, **params)
         work = sqlbase.encode_wakeup(base.Wakeup("work"))
         with self._alone(True):
             found = self._q(
