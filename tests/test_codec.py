@@ -240,7 +240,17 @@ SIMPLE_VALUES = [
 # --- round-trips -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", SIMPLE_VALUES, ids=repr)
+def _stable_id(value: object) -> str:
+    """A value's repr as its test id, a set's members sorted: the id must not depend on
+    the process's hash seed (each pytest-xdist worker has its own, and the workers must
+    collect the same ids)."""
+    if isinstance(value, set | frozenset):
+        members = ", ".join(sorted(repr(v) for v in value))
+        return f"{type(value).__name__}({{{members}}})"
+    return repr(value)
+
+
+@pytest.mark.parametrize("value", SIMPLE_VALUES, ids=_stable_id)
 def test_roundtrip(value: object) -> None:
     roundtrip(value)
 
