@@ -110,6 +110,16 @@ def statements(store: Any, fn: Callable[..., Any], *args: Any) -> tuple[Any, lis
     return op.result, [s for s in sent if s.strip('" ') not in ("BEGIN", "COMMIT")]
 
 
+def parked_waiting(store: Any, workflow_id: str) -> None:
+    """Park an owned workflow as waiting (for a signal or a child), with no timer."""
+    with store.conn.transaction():
+        store.conn.execute(
+            "UPDATE workflows SET status = 'waiting', owner = NULL, wake_at = NULL "
+            "WHERE workflow_id = %s",
+            (workflow_id,),
+        )
+
+
 def test_a_plain_steps_fence_and_write_are_one_statement(pg_store: Any) -> None:
     db = Verbs(pg_store)
     info = owned(db)
@@ -277,11 +287,7 @@ def test_a_finish_in_one_statement_wakes_its_parent_and_tells_listeners(
     parent's join; a queued workflow's finish notifies a free place in its queue."""
     db = Verbs(pg_store)
     owned(db, "parent")
-    with pg_store.conn.transaction():  # parked, waiting for its child
-        pg_store.conn.execute(
-            "UPDATE workflows SET status = 'waiting', owner = NULL, wake_at = NULL "
-            "WHERE workflow_id = 'parent'"
-        )
+    parked_waiting(pg_store, "parent")  # waiting for its child
     child = base.NewWorkflow("child", "refund", "{}", None, None, parent_id="parent")
     info, _ = db.create_workflow(child, "ex-a", NOW + LEASE, NOW)
     in_queue = base.NewWorkflow("in-queue", "refund", "{}", None, None, queue="llm")
@@ -522,11 +528,7 @@ def test_a_signal_sent_alone_is_one_round_trip(pg_store: Any) -> None:
     what it refuses it still refuses, and several signals at once stay all or none."""
     db = Verbs(pg_store)
     owned(db, "a")
-    with pg_store.conn.transaction():  # parked, waiting for a signal
-        pg_store.conn.execute(
-            "UPDATE workflows SET status = 'waiting', owner = NULL, wake_at = NULL "
-            "WHERE workflow_id = 'a'"
-        )
+    parked_waiting(pg_store, "a")  # waiting for a signal
     op = base.Op(pg_store.send_signal, ("a", "go", '"1"', "k1", NOW), True)
     sent = traced(pg_store, [op])
     assert op.error is None and op.result is True

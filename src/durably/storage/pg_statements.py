@@ -17,6 +17,9 @@ from typing import Any, Protocol
 from durably import journal
 from durably.storage import base, claims, entries, rows, signals, sql, sqlbase
 
+#: The payload of a ``work`` wake-up (a free place in a queue), encoded once.
+_WORK = sqlbase.encode_wakeup(base.Wakeup("work"))
+
 
 class Session(Protocol):
     """What ``_alone`` reads and sets on the calling thread's session."""
@@ -108,7 +111,6 @@ class OneStatementVerbs(sql.SqlStore):
         # nothing, and what the verb writes next begins a transaction again.
         if not self._session.solo:  # in a batch's transaction: no round trip to save
             return super()._finish_at_once(status, error, **params)
-        work = sqlbase.encode_wakeup(base.Wakeup("work"))
         with self._alone(True):
             found = self._q(
                 "finish_and_wake",
@@ -116,7 +118,7 @@ class OneStatementVerbs(sql.SqlStore):
                 error=error,
                 fenced=1,
                 channel=self.channel,
-                work=work,
+                work=_WORK,
                 **params,
             ).fetchone()
         if found is not None:
