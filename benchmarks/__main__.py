@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 #: durably's PostgreSQL engines here use four store connections (the default is one:
 #: see docs/decisions.md); the raw baseline uses one connection.
 PG_OPTIONS = "?connections=4"
+SIGNALS = 5  # wake-ups a signal row times each round; its figure is their median
 
 # --- what is measured ---------------------------------------------------------------------
 
@@ -135,8 +136,8 @@ def make_rows(sizes: Sizes) -> list[Row]:
         )  # fmt: skip
     for b in ("full", "pg"):
         rows.append(
-            Row(f"signal-{b}", f"signal wake-up, {names[b]}", "us", b, "signal", (),
-                "raw commit us", dbos=True)
+            Row(f"signal-{b}", f"signal wake-up, {names[b]}", "us", b, "signal",
+                (SIGNALS,), "raw commit us", dbos=True)
         )  # fmt: skip
     for b in ("full", "pg"):
         rows.append(
@@ -215,7 +216,7 @@ async def measure(row: Row, be: Backends) -> tuple[float, float]:
         return base, await workloads.replay_us(engine, row.params[0])
     if row.kind == "signal":
         base = await asyncio.to_thread(raw.commit_us, 50)
-        return base, await workloads.signal_us(engine)
+        return base, await workloads.signal_us(engine, row.params[0])
     if row.kind == "bytes":
         base = float(len(json.dumps({**workloads.PAYLOAD, "n": 1}, separators=(",", ":"))))
         return base, await workloads.journal_bytes_per_step(

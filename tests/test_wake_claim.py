@@ -281,3 +281,90 @@ async def test_a_signal_sent_as_the_run_parks_still_takes_it_in_one_commit(
             assert [verb for verb, _ in seen[:2]] == ["send_signal", "claim_woken"], seen
             assert seen[0][1] == seen[1][1], seen  # in one op
     assert SENT == ["e1:x", "e2:x", "e3:x"]
+
+
+HELD: list[asyncio.Event] = []
+
+
+@durably.workflow(name="wake-claim.held")
+async def held_waiter() -> list[Any]:
+    await HELD[0].wait()  # workflow code: a re-run is held here, before its first wait
+    first = await durably.wait_for_signal("go")
+    return [first, await durably.wait_for_signal("go", timeout=0.3)]
+
+
+def signal_waits(history: list[Any]) -> list[tuple[str, Any]]:
+    return [(e.status, e.payload) for e in history if e.kind == "signal"]
+
+
+async def test_the_claim_that_takes_the_workflow_receives_the_signal_too(store_url: str) -> None:
+    """A workflow parked on a signal wait alone receives the signal in the sender's
+    commit: the journal holds the wait completed while the re-run has not reached it,
+    and the run replays it (no commit of its own). The signal is received once."""
+    HELD[:] = [asyncio.Event()]
+    HELD[0].set()
+    async with durably.Engine(store_url, hold_seconds=0.0) as engine:
+        handle = await engine.start(held_waiter, workflow_id="wake-claim-held")
+        await parked(engine, handle)
+        HELD[0].clear()
+        seen = ops_of(engine, ("send_signal", "claim_woken", "receive_signal"))
+        assert await engine.send_signal("wake-claim-held", "go", "paid") is True
+        assert [verb for verb, _ in seen] == ["send_signal", "claim_woken", "receive_signal"]
+        assert len({n for _, n in seen}) == 1, seen  # one op: one transaction
+        assert signal_waits(await engine.history("wake-claim-held")) == [
+            ("completed", '"paid"')
+        ]
+        assert await handle.status() == "running"  # held before the wait it received
+        HELD[0].set()
+        assert await handle.result(timeout=15) == ["paid", None]  # not received twice
+        # the run's own receive_signal calls were for the second wait only
+        assert [verb for verb, _ in seen].count("receive_signal") >= 2
+        assert signal_waits(await engine.history("wake-claim-held")) == [
+            ("completed", '"paid"'),
+            ("timed_out", None),
+        ]
+
+
+async def test_a_signal_from_another_process_is_received_with_the_claim(
+    postgres_url: str,
+) -> None:
+    """Sent by a Client (a NOTIFY wakes the engine), the engine's claim by id receives it."""
+    HELD[:] = [asyncio.Event()]
+    HELD[0].set()
+    async with durably.Engine(postgres_url, hold_seconds=0.0) as engine:
+        handle = await engine.start(held_waiter, workflow_id="wake-claim-held-pg")
+        await parked(engine, handle)
+        HELD[0].clear()
+        seen = ops_of(engine, ("claim_woken", "receive_signal"))
+        with durably.Client(postgres_url) as client:
+            assert await asyncio.to_thread(client.send_signal, handle.workflow_id, "go", 7)
+        await until(handle, "running")
+        deadline = asyncio.get_running_loop().time() + 15
+        while not signal_waits(await engine.history(handle.workflow_id))[0][0] == "completed":
+            assert asyncio.get_running_loop().time() < deadline, seen
+            await asyncio.sleep(0.01)
+        assert [verb for verb, _ in seen][:2] == ["claim_woken", "receive_signal"], seen
+        assert seen[0][1] == seen[1][1], seen
+        HELD[0].set()
+        assert await handle.result(timeout=15) == [7, None]
+
+
+@durably.workflow(name="wake-claim.either")
+async def either() -> str:
+    index, got = await durably.wait_first(durably.wait_for_signal("go"), durably.sleep(60))
+    return f"{index}:{got}"
+
+
+async def test_a_workflow_parked_on_more_than_a_signal_receives_it_in_its_run(
+    store_url: str,
+) -> None:
+    """Parked on a signal and a sleep at once, the claim leaves the signal to the run."""
+    async with durably.Engine(store_url, hold_seconds=0.0) as engine:
+        handle = await engine.start(either, workflow_id="wake-claim-either")
+        await parked(engine, handle)
+        seen = ops_of(engine, ("send_signal", "claim_woken", "receive_signal"))
+        assert await engine.send_signal("wake-claim-either", "go", 1)
+        assert await handle.result(timeout=15) == "0:1"
+        assert [verb for verb, _ in seen][:2] == ["send_signal", "claim_woken"], seen
+        assert "receive_signal" in [verb for verb, _ in seen[2:]]
+        assert all(n != seen[0][1] for verb, n in seen if verb == "receive_signal"), seen

@@ -525,7 +525,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         woken = await self._run(plan, inline=True)
         if woken.taken is not None:
             self._changes.signal()
-            await self._run_claimed(services, [woken.taken], woken.history)
+            await self._run_woken(services, woken)
         elif woken.sent:
             self._on_wakeup(base.Wakeup("signal", workflow_id, name))
         return woken.sent
@@ -581,14 +581,17 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         *,
         fresh: bool = False,
         history: list[journal.Entry] | None = None,
+        received: int | None = None,
     ) -> None:
         """Run the workflow in a task; ``fresh`` (just created here) has no journal to read,
-        and a ``history`` read with the claim need not be read again."""
+        a ``history`` read with the claim need not be read again, and ``received`` is the
+        seq of a signal wait the claim received (the run ends its span)."""
         wid = info.workflow_id
         previous = self._tasks.get(wid)  # a run of it here that is still letting go
         known = [] if fresh else history
         task = asyncio.create_task(
-            self._drive(services, info, definition, previous, known), name=f"durably:{wid}"
+            self._drive(services, info, definition, previous, known, received),
+            name=f"durably:{wid}",
         )
         self._tasks[wid] = task
         self._epochs[wid] = info.epoch
@@ -615,6 +618,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         definition: workflows.WorkflowDefinition,
         previous: asyncio.Task[run_types.Outcome | None] | None,
         known: list[journal.Entry] | None,
+        received: int | None = None,
     ) -> run_types.Outcome | None:
         """Run the workflow here (on ``known``, its journal as read with its claim, if it
         was); how it ended it, if this run did (not parked, not lost)."""
@@ -631,6 +635,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             log.warning("cannot load the journal of workflow %s: %s", wid, exc)
             return None
         live = workflow_run.Run(services, info, history, definition.version, definition.source_hash)
+        live.received_at_claim = received
         self._runs[wid] = live
         self._leases.track(live)
         try:

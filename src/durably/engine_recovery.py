@@ -81,6 +81,7 @@ class Recovery:
         *,
         fresh: bool = False,
         history: list[journal.Entry] | None = None,
+        received: int | None = None,
     ) -> None:
         raise NotImplementedError
 
@@ -142,9 +143,12 @@ class Recovery:
         services: workflow_run.Services,
         claimed: list[journal.WorkflowInfo],
         history: list[journal.Entry] | None = None,
+        *,
+        received: int | None = None,
     ) -> None:
         """Launch a run for each workflow just claimed (let go of those it cannot run);
-        ``history``, the journal of the one workflow claimed, if it was read with it."""
+        ``history``, the journal of the one workflow claimed, if it was read with it, and
+        ``received``, the seq of a signal wait the claim's commit received."""
         assert history is None or len(claimed) == 1
         store = self._store.store
         for info in claimed:
@@ -167,7 +171,7 @@ class Recovery:
                     info.source_hash,
                     definition.source_hash,
                 )
-            self._launch(services, info, definition, history=history)
+            self._launch(services, info, definition, history=history, received=received)
 
     async def _note_unclaimed(self, executors: list[journal.ExecutorInfo], now: float) -> None:
         """Log, once per workflow, the claimable ones that no running executor takes."""
@@ -239,8 +243,15 @@ class Recovery:
             if took.taken is None:
                 every = False
             else:
-                await self._run_claimed(services, [took.taken], took.history)
+                await self._run_woken(services, took)
         return every
+
+    async def _run_woken(self, services: workflow_run.Services, woken: operations.Woken) -> None:
+        """Launch the run of the workflow ``take_woken`` claimed, on the journal read with
+        it; a signal wait received in that commit ends (its span) in the run."""
+        assert woken.taken is not None
+        got = None if woken.received is None else woken.received.seq
+        await self._run_claimed(services, [woken.taken], woken.history, received=got)
 
     def _claim_soon(self, workflow_id: str) -> None:
         """A wake-up for a workflow that no run here holds: the recovery loop claims it

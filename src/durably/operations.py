@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
-from durably import codec, errors, journal, step_call, validate, workflows
+from durably import cancellation, codec, errors, journal, replay, step_call, validate, workflows
 from durably.storage import base, thread
 
 T = TypeVar("T")
@@ -444,6 +444,8 @@ class Woken:
     sent: bool
     taken: journal.WorkflowInfo | None = None
     history: list[journal.Entry] | None = None
+    #: The parked signal wait completed in the claim's transaction (``take_woken``).
+    received: journal.Entry | None = None
 
 
 def _send_and_claim(
@@ -462,13 +464,26 @@ def _send_and_claim(
 
 
 def take_woken(store: base.Store, workflow_id: str, now: float, claim: Claimer) -> Woken:
-    """``claim_woken`` and, if it took the workflow, its journal: one op, one transaction."""
+    """``claim_woken`` and, if it took the workflow, its journal: one op, one transaction.
+
+    A workflow parked on nothing but a signal wait receives the signal here too
+    (``receive_signal`` at the new epoch), so its re-run replays the wait from the
+    journal instead of committing it: one commit less on a signal's wake-up. It is
+    the state a re-run that received the signal and then crashed would have left.
+    """
     taken = store.claim_woken(
         claim.owner, workflow_id, claim.runnable, now + claim.lease_seconds, now, claim.same_code
     )
     if taken is None:
         return Woken(True)
-    return Woken(True, taken, store.load_history(workflow_id))
+    history = store.load_history(workflow_id)
+    wait = replay.parked_signal_wait(history)
+    if wait is None or cancellation.asked(taken.cancel_requested, taken.deadline_at, now):
+        return Woken(True, taken, history)
+    final = store.receive_signal(workflow_id, taken.epoch, wait, (), now)
+    if final.status == journal.EntryStatus.STARTED:  # nothing to receive yet
+        return Woken(True, taken, history)
+    return Woken(True, taken, [*history[:-1], final], final)
 
 
 def _each(verb: Callable[..., T], workflow_ids: list[str], now: float) -> list[T]:

@@ -281,6 +281,23 @@ def judge_reconcile(verdict: object, raised: BaseException | None = None) -> tup
 # --- how a wait ends --------------------------------------------------------------------
 
 
+def parked_signal_wait(history: Sequence[journal.Entry]) -> journal.Entry | None:
+    """The signal wait a parked workflow is held at, when it is all it waits for.
+
+    That is the journal's last entry, a signal wait still started, with every other
+    entry final: a re-run of the workflow reaches that wait and nothing else open.
+    None otherwise (a sleep, a child, several waits at once, a step's open intent).
+    """
+    if not history:
+        return None
+    last = history[-1]
+    if last.kind != journal.Kind.SIGNAL or last.status != _S.STARTED:
+        return None
+    if any(e.status not in journal.FINAL_ENTRY_STATUSES for e in history[:-1]):
+        return None
+    return last
+
+
 def signal_outcome(wait: journal.Entry, signal: str | None, now: float) -> journal.Entry:
     """The signal wait's entry after a look at the mailbox.
 

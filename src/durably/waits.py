@@ -282,7 +282,7 @@ async def _until_final(
     Between asks the branch blocks until a poke, its deadline, or the run parks.
     A wait that turns final here emits its span (one already final emits none).
     """
-    waited = entry.status == _STARTED
+    waited = entry.status == _STARTED or entry.seq == run.received_at_claim
     while entry.status == _STARTED:
         entry = await run.write(receive, entry)
         if entry.status == _STARTED:

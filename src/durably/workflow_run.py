@@ -125,6 +125,9 @@ class Run(parking.Parking):
         self._patches: dict[str, bool] = {}  # durably.patched() answers, once per change id
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
+        #: The seq of a signal wait the claim's commit received (``take_woken``): final in
+        #: ``history``, but it ends in this run, which emits its span.
+        self.received_at_claim: int | None = None
         self.ended: Outcome | None = None  # the workflow's end, once this run committed it
         self._locals: dict[object, Any] = {}
         self._state = State.RUNNING
