@@ -160,9 +160,9 @@ def ops_of(engine: durably.Engine, verbs: tuple[str, ...]) -> list[tuple[str, in
     for verb in verbs:
         real_verb = getattr(store, verb)
 
-        def call(*args: Any, _real: Any = real_verb, _verb: str = verb) -> Any:
+        def call(*args: Any, _real: Any = real_verb, _verb: str = verb, **kw: Any) -> Any:
             seen.append((_verb, current[0]))
-            return _real(*args)
+            return _real(*args, **kw)
 
         setattr(store, verb, call)
     return seen
@@ -311,9 +311,7 @@ async def test_the_claim_that_takes_the_workflow_receives_the_signal_too(store_u
         assert await engine.send_signal("wake-claim-held", "go", "paid") is True
         assert [verb for verb, _ in seen] == ["send_signal", "claim_woken", "receive_signal"]
         assert len({n for _, n in seen}) == 1, seen  # one op: one transaction
-        assert signal_waits(await engine.history("wake-claim-held")) == [
-            ("completed", '"paid"')
-        ]
+        assert signal_waits(await engine.history("wake-claim-held")) == [("completed", '"paid"')]
         assert await handle.status() == "running"  # held before the wait it received
         HELD[0].set()
         assert await handle.result(timeout=15) == ["paid", None]  # not received twice
@@ -340,7 +338,7 @@ async def test_a_signal_from_another_process_is_received_with_the_claim(
             assert await asyncio.to_thread(client.send_signal, handle.workflow_id, "go", 7)
         await until(handle, "running")
         deadline = asyncio.get_running_loop().time() + 15
-        while not signal_waits(await engine.history(handle.workflow_id))[0][0] == "completed":
+        while signal_waits(await engine.history(handle.workflow_id))[0][0] != "completed":
             assert asyncio.get_running_loop().time() < deadline, seen
             await asyncio.sleep(0.01)
         assert [verb for verb, _ in seen][:2] == ["claim_woken", "receive_signal"], seen
@@ -368,3 +366,48 @@ async def test_a_workflow_parked_on_more_than_a_signal_receives_it_in_its_run(
         assert [verb for verb, _ in seen][:2] == ["send_signal", "claim_woken"], seen
         assert "receive_signal" in [verb for verb, _ in seen[2:]]
         assert all(n != seen[0][1] for verb, n in seen if verb == "receive_signal"), seen
+
+
+def signal_wake_ups(listener: Any, timeout: float, *, first: bool = False) -> list[Any]:
+    """The ``signal`` wake-ups a LISTENing connection receives within ``timeout`` (with
+    ``first``: until the first one)."""
+    from durably.storage import sqlbase
+
+    got = []
+    for note in listener.notifies(timeout=timeout):
+        wakeup = sqlbase.decode_wakeup(note.payload)
+        if wakeup.kind == "signal":
+            got.append(wakeup)
+            if first:
+                break
+    return got
+
+
+async def test_a_signal_the_sender_takes_wakes_no_other_executor(postgres_url: str) -> None:
+    """Told of a signal whose workflow the sender took in the same commit, every other
+    executor would try to claim it and look for work; a signal the sender could not
+    take (its queue is full) still tells them."""
+    import psycopg
+
+    SENT.clear()
+    GATE[:] = [asyncio.Event()]
+    async with durably.Engine(postgres_url, hold_seconds=0.0, queues=[LIMITED]) as engine:
+        channel = engine._store.store.channel
+        with psycopg.connect(postgres_url, autocommit=True) as listener:
+            listener.execute(f'LISTEN "{channel}"')
+            handle = await engine.start(waiter, "t", workflow_id="wake-claim-taken")
+            await parked(engine, handle)
+            assert await engine.send_signal("wake-claim-taken", "go", "mine")
+            assert await handle.result(timeout=15) == "t:mine"
+            assert await asyncio.to_thread(signal_wake_ups, listener, 0.5) == []
+
+            queued = await LIMITED.enqueue(engine, waiter, "u", workflow_id="wake-claim-untaken")
+            await parked(engine, queued)
+            holder = await LIMITED.enqueue(engine, blocker, workflow_id="wake-claim-holds")
+            await until(holder, "running")  # its queue's one place is taken
+            assert await engine.send_signal("wake-claim-untaken", "go", "later")
+            told = await asyncio.to_thread(signal_wake_ups, listener, 10.0, first=True)
+            assert [(w.workflow_id, w.name) for w in told] == [("wake-claim-untaken", "go")]
+            GATE[0].set()
+            assert await queued.result(timeout=15) == "u:later"
+    assert SENT == ["t:mine", "u:later"]

@@ -457,10 +457,17 @@ def _send_and_claim(
     now: float,
     claim: Claimer,
 ) -> Woken:
-    """One op, so one transaction: the signal, the claim of what it woke, its journal."""
-    if not store.send_signal(workflow_id, name, data, idempotency_key, now):
+    """One op, so one transaction: the signal, the claim of what it woke, its journal.
+
+    Other executors are told of the signal only when this one did not take the workflow:
+    told of one it took, each would try to claim it, fail, and look for work.
+    """
+    if not store.send_signal(workflow_id, name, data, idempotency_key, now, tell=False):
         return Woken(False)  # a duplicate: it woke nothing
-    return take_woken(store, workflow_id, now, claim)
+    woken = take_woken(store, workflow_id, now, claim)
+    if woken.taken is None:
+        store.tell_signal(workflow_id, name)
+    return woken
 
 
 def take_woken(store: base.Store, workflow_id: str, now: float, claim: Claimer) -> Woken:

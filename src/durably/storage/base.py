@@ -418,9 +418,24 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def send_signal(
-        self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
+        self,
+        workflow_id: str,
+        name: str,
+        payload: str,
+        idempotency_key: str | None,
+        now: float,
+        *,
+        tell: bool = True,
     ) -> bool:
-        """Keep a signal for the workflow and wake it if it waits; False for a repeated key."""
+        """Keep a signal for the workflow and wake it if it waits; False for a repeated key.
+
+        ``tell=False`` sends no wake-up to listening executors: the caller takes the
+        workflow in the same transaction, or else sends it with :meth:`tell_signal`.
+        """
+
+    @abc.abstractmethod
+    def tell_signal(self, workflow_id: str, name: str) -> None:
+        """The wake-up of a signal kept with ``send_signal(tell=False)``, sent at commit."""
 
     @alone
     def send_signals(

@@ -176,6 +176,7 @@ class OneStatementVerbs(sql.SqlStore):
         now: float,
         *,
         whole: bool,
+        tell: bool = True,
     ) -> signals.KeptSignal:
         # One statement (keep_signal in queries.sql); alone in its batch, one round trip.
         wakeup = sqlbase.encode_wakeup(base.Wakeup("signal", workflow_id, name))
@@ -189,6 +190,7 @@ class OneStatementVerbs(sql.SqlStore):
                 now=now,
                 channel=self.channel,
                 wakeup=wakeup,
+                tell=tell,
             ).fetchone()
         if found is None:
             return signals.KeptSignal(None)

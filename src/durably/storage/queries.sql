@@ -534,8 +534,9 @@ RETURNING signal_count, status
 -- for a workflow that exists, has not ended, and has no signal of this key yet, with the
 -- wake-up notification when the signal was kept; returns the workflow's status (no row: no
 -- such workflow), whether the key was used before, and whether the signal was numbered
--- and kept. The UPDATE takes the row lock that orders senders; of two senders of one key
--- that pass the check at once, the second one's insert does nothing.
+-- and kept (the notification only with :tell). The UPDATE takes the row lock that orders
+-- senders; of two senders of one key that pass the check at once, the second one's insert
+-- does nothing.
 WITH dup AS (
     SELECT num FROM signals
     WHERE workflow_id = :workflow_id AND idempotency_key = :idempotency_key
@@ -554,7 +555,7 @@ WITH dup AS (
     ON CONFLICT DO NOTHING
     RETURNING num
 ), woken AS (
-    SELECT pg_notify(:channel, :wakeup) FROM kept
+    SELECT pg_notify(:channel, :wakeup) FROM kept WHERE :tell
 )
 SELECT status, EXISTS (SELECT 1 FROM dup), (SELECT COUNT(*) FROM counted),
        (SELECT COUNT(*) FROM kept), (SELECT COUNT(*) FROM woken)

@@ -98,9 +98,21 @@ class SignalVerbs(entries.EntryVerbs):
         self._upsert(workflow_id, [final], now, fence)
 
     def send_signal(
-        self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
+        self,
+        workflow_id: str,
+        name: str,
+        payload: str,
+        idempotency_key: str | None,
+        now: float,
+        *,
+        tell: bool = True,
     ) -> bool:
-        return self._send_signal(workflow_id, name, payload, idempotency_key, now, whole=True)
+        return self._send_signal(
+            workflow_id, name, payload, idempotency_key, now, whole=True, tell=tell
+        )
+
+    def tell_signal(self, workflow_id: str, name: str) -> None:
+        self._wake("signal", workflow_id, name=name)
 
     def _send_one_of_many(
         self, workflow_id: str, name: str, payload: str, idempotency_key: str | None, now: float
@@ -116,9 +128,13 @@ class SignalVerbs(entries.EntryVerbs):
         now: float,
         *,
         whole: bool,
+        tell: bool = True,
     ) -> bool:
-        """``send_signal``; ``whole`` when it is all the verb writes (not a workflow's send)."""
-        kept = self._keep_signal(workflow_id, name, payload, idempotency_key, now, whole=whole)
+        """``send_signal``; ``whole`` when it is all the verb writes (not a workflow's send);
+        ``tell``: send the wake-up."""
+        kept = self._keep_signal(
+            workflow_id, name, payload, idempotency_key, now, whole=whole, tell=tell
+        )
         if kept.status is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
         if kept.duplicate:
@@ -139,9 +155,11 @@ class SignalVerbs(entries.EntryVerbs):
         now: float,
         *,
         whole: bool,
+        tell: bool = True,
     ) -> KeptSignal:
-        """Number and keep the signal, wake its workflow; what was found. A dialect may do it
-        in one statement (``whole``: nothing else is written in the transaction)."""
+        """Number and keep the signal, wake its workflow (with ``tell``, listening executors
+        too); what was found. A dialect may do it in one statement (``whole``: nothing else
+        is written in the transaction)."""
         # Under the workflow's row lock, so of two senders of one key the second sees the
         # first's signal; ON CONFLICT in insert_signal is the backstop.
         target = self._lock_workflow(workflow_id)
@@ -167,7 +185,8 @@ class SignalVerbs(entries.EntryVerbs):
         )
         if inserted.rowcount != 1:
             return KeptSignal(target.status, duplicate=True)
-        self._wake("signal", workflow_id, name=name)
+        if tell:
+            self.tell_signal(workflow_id, name)
         return KeptSignal(target.status, kept=True)
 
     @base.one_read
