@@ -180,7 +180,8 @@ def test_the_one_statement_commit_ends_the_crashes_counted(pg_store: Any) -> Non
 
 
 def test_a_batch_that_succeeds_sends_no_savepoint(pg_store: Any) -> None:
-    """Group commit of three steps: BEGIN with the first, the other two, COMMIT."""
+    """Group commit of three steps: BEGIN and the three statements sent together, ahead
+    of the verbs that read their answers (one round trip), then COMMIT."""
     db = Verbs(pg_store)
     infos = [owned(db, wid) for wid in ("a", "b", "c")]
     ops = [
@@ -190,8 +191,144 @@ def test_a_batch_that_succeeds_sends_no_savepoint(pg_store: Any) -> None:
     sent = traced(pg_store, ops)
     assert [op.error for op in ops] == [None, None, None]
     assert not any("SAVEPOINT" in s for s in sent), sent
-    assert len(sent) == 4, sent
+    assert len(sent) == 2 and sent[-1] == '"COMMIT"', sent
     assert [db.load_history(i.workflow_id) for i in infos] == [[step(1)]] * 3
+
+
+def test_a_group_commit_of_starts_steps_and_finishes_is_two_round_trips(pg_store: Any) -> None:
+    """Each op's first statement is known from its arguments: all go ahead, pipelined."""
+    db = Verbs(pg_store)
+    a, b = owned(db, "a"), owned(db, "b")
+    ops = [
+        base.Op(pg_store.create_workflow, (new("c"), "ex-a", NOW + LEASE, NOW), True),
+        base.Op(pg_store.append_entries, ("a", a.epoch, [step(1), step(2)], NOW), True),
+        base.Op(pg_store.finish_workflow, ("b", b.epoch, "completed", "9", None, [], NOW), True),
+    ]
+    sent = traced(pg_store, ops)
+    assert [op.error for op in ops] == [None, None, None]
+    # the second entry is the one statement sent after the pipeline
+    assert len(sent) == 3 and sent[-1] == '"COMMIT"', sent
+    assert ops[0].result[1] is True and ops[0].result[0].owner == "ex-a"
+    assert db.load_history("a") == [step(1), step(2)]
+    assert db.get_workflow("b").status == "completed" and db.get_workflow("b").output == "9"
+    assert ops[2].result == ("completed", None)
+
+
+def test_a_fenced_op_sent_ahead_fails_alone(pg_store: Any) -> None:
+    """An op whose fence does not hold fails; the batch runs again guarded and each of
+    the others is applied once."""
+    db = Verbs(pg_store)
+    b = owned(db, "b")
+    take_over(db, "b", "ex-b")  # b's first run is now a zombie
+    a, c = owned(db, "a"), owned(db, "c")
+    ops = [
+        base.Op(pg_store.append_entries, ("a", a.epoch, [step(1)], NOW), True),
+        base.Op(pg_store.append_entries, ("b", b.epoch, [step(1)], NOW), True),
+        base.Op(pg_store.finish_workflow, ("c", c.epoch, "completed", "1", None, [], NOW), True),
+    ]
+    sent = traced(pg_store, ops)
+    assert [type(op.error).__name__ for op in ops] == ["NoneType", "FencedError", "NoneType"]
+    assert any("SAVEPOINT" in s for s in sent)  # the second run
+    assert db.load_history("a") == [step(1)] and db.load_history("b") == []
+    assert db.get_workflow("c").status == "completed"
+    assert [(x.epoch, x.reason) for x in db.load_claims("c")] == [(1, "start")]
+
+
+def test_a_child_finished_in_a_group_commit_wakes_its_parent(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """The finish's later statements (the parent's wake-up, its join) follow the
+    statements sent ahead, in the same transaction."""
+    db = Verbs(pg_store)
+    owned(db, "parent")
+    parked_waiting(pg_store, "parent")
+    child = base.NewWorkflow("child", "refund", "{}", None, None, parent_id="parent")
+    info, _ = db.create_workflow(child, "ex-a", NOW + LEASE, NOW)
+    other = owned(db, "other")
+    with psycopg.connect(postgres_url, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{pg_store.channel}"')
+        ops = [
+            base.Op(
+                pg_store.finish_workflow,
+                ("child", info.epoch, "completed", "2", None, [], NOW),
+                True,
+            ),
+            base.Op(pg_store.append_entries, ("other", other.epoch, [step(1)], NOW), True),
+        ]
+        traced(pg_store, ops)
+        assert [op.error for op in ops] == [None, None]
+        assert _notifications(listener, 1) == [base.Wakeup("join", "parent", "child")]
+    assert db.get_workflow("parent").wake_at == NOW
+    assert db.load_history("other") == [step(1)]
+
+
+def test_a_start_of_an_existing_id_in_a_group_commit_finds_it(pg_store: Any) -> None:
+    db = Verbs(pg_store)
+    first = owned(db, "a")
+    ops = [
+        base.Op(pg_store.create_workflow, (new("a"), "ex-b", NOW + LEASE, NOW + 1), True),
+        base.Op(pg_store.create_workflow, (new("b"), "ex-b", NOW + LEASE, NOW + 1), True),
+    ]
+    traced(pg_store, ops)
+    (found, created), (made, made_now) = ops[0].result, ops[1].result
+    assert (found.owner, found.epoch, created) == (first.owner, first.epoch, False)
+    assert (made.owner, made_now) == ("ex-b", True)
+
+
+def test_a_verb_that_sends_another_statement_first_runs_its_batch_as_usual(
+    postgres_url: str,
+) -> None:
+    """The statement sent ahead must be the verb's first; if it is not (a plan that is
+    wrong), nothing of it is kept: the batch is rolled back and runs statement by
+    statement, each op applied once."""
+
+    class Mistaken(type(create_store(postgres_url))):  # type: ignore[misc]
+        def _statement_ahead(self, op: base.Op) -> Any:
+            planned = super()._statement_ahead(op)
+            if planned is None or op.args[0] != "b":
+                return planned
+            wid, _, params = planned  # b's entry, planned at another seq
+            return wid, "fence_and_write_entry", {**params, "seq": 7}
+
+    store = Mistaken(postgres_url)
+    store.open()
+    try:
+        db = Verbs(store)
+        a, b = owned(db, "a"), owned(db, "b")
+        ops = [
+            base.Op(store.append_entries, ("a", a.epoch, [step(1)], NOW), True),
+            base.Op(store.append_entries, ("b", b.epoch, [step(1)], NOW), True),
+        ]
+        sent = traced(store, ops)
+        assert [op.error for op in ops] == [None, None]
+        assert len(sent) > 2, sent  # the pipeline, its rollback, then one by one
+        assert db.load_history("a") == [step(1)] and db.load_history("b") == [step(1)]
+    finally:
+        store.close()
+
+
+def test_a_group_commit_after_the_connection_was_lost_is_applied_once(
+    pg_store: Any, postgres_url: str
+) -> None:
+    db = Verbs(pg_store)
+    a, b = owned(db, "a"), owned(db, "b")
+    pid = pg_store.conn.info.backend_pid
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # until the server has ended it
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            row = admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,))
+            if row.fetchone() is None:
+                break
+        time.sleep(0.01)
+    ops = [
+        base.Op(pg_store.append_entries, ("a", a.epoch, [step(1)], NOW), True),
+        base.Op(pg_store.append_entries, ("b", b.epoch, [step(1)], NOW), True),
+    ]
+    pg_store.run_batch(ops)
+    assert [op.error for op in ops] == [None, None]
+    assert db.load_history("a") == [step(1)] and db.load_history("b") == [step(1)]
 
 
 def test_a_batch_with_a_failing_op_runs_again_guarded_and_applies_each_op_once(

@@ -22,6 +22,40 @@ def _same_start(row: journal.WorkflowInfo, owner: str, now: float) -> bool:
     return (row.owner, row.epoch, row.created_at) == (owner, 1, now)
 
 
+def workflow_params(
+    new: base.NewWorkflow,
+    owner: str | None,
+    lease_expires_at: float | None,
+    now: float,
+    inherited_deadline: float | None = None,
+) -> dict[str, Any]:
+    """The parameters of a new workflow's row (``create_workflow`` and the statements that
+    embed it): owned by ``owner`` (running), else pending."""
+    status = journal.Status.RUNNING if owner else journal.Status.PENDING
+    return {
+        "workflow_id": new.workflow_id,
+        "name": new.name,
+        "version": new.version,
+        "source_hash": new.source_hash,
+        "status": status.value,
+        "input": new.input,
+        "owner": owner,
+        "epoch": 1 if owner else 0,
+        "lease_expires_at": lease_expires_at,
+        "parent_id": new.parent_id,
+        "now": now,
+        "queue": new.queue,
+        "priority": new.priority,
+        "deduplication_id": new.deduplication_id,
+        "started_at": now if owner else None,
+        "max_recoveries": new.max_recoveries,
+        "wake_at": now + new.delay if new.delay > 0 and not owner else None,
+        "partition_key": new.partition_key,
+        "debounce_key": new.debounce_key,
+        "deadline_at": cancellation.deadline_of(new.timeout, now, inherited_deadline),
+    }
+
+
 class ClaimVerbs(bulk.BulkVerbs):
     """Workflow rows, claims and executors, for :class:`~durably.storage.sql.SqlStore`."""
 
@@ -97,31 +131,8 @@ class ClaimVerbs(bulk.BulkVerbs):
         Its deadline is ``new.timeout`` from now, no later than ``inherited_deadline``
         (a child's: its parent's).
         """
-        status = journal.Status.RUNNING if owner else journal.Status.PENDING
-        cursor = self._q(
-            query,
-            workflow_id=new.workflow_id,
-            name=new.name,
-            version=new.version,
-            source_hash=new.source_hash,
-            status=status.value,
-            input=new.input,
-            owner=owner,
-            epoch=1 if owner else 0,
-            lease_expires_at=lease_expires_at,
-            parent_id=new.parent_id,
-            now=now,
-            queue=new.queue,
-            priority=new.priority,
-            deduplication_id=new.deduplication_id,
-            started_at=now if owner else None,
-            max_recoveries=new.max_recoveries,
-            wake_at=now + new.delay if new.delay > 0 and not owner else None,
-            partition_key=new.partition_key,
-            debounce_key=new.debounce_key,
-            deadline_at=cancellation.deadline_of(new.timeout, now, inherited_deadline),
-        )
-        found = rows.first(cursor)
+        params = workflow_params(new, owner, lease_expires_at, now, inherited_deadline)
+        found = rows.first(self._q(query, **params))
         return rows.workflow(found) if found else None
 
     def _supersede(self, new: base.NewWorkflow, now: float) -> None:

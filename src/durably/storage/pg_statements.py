@@ -63,6 +63,36 @@ class OneStatementVerbs(sql.SqlStore):
                 new, owner, lease_expires_at, now, query="create_owned_workflow"
             )
 
+    def _statement_ahead(self, op: base.Op) -> tuple[str, str, dict[str, Any]] | None:
+        """The first statement ``op`` sends in a batch of several, told from its arguments
+        alone: (the workflow it writes, the query's name, its parameters); None for a verb
+        whose first statement depends on what it reads. PostgresStore sends these ahead
+        of a batch, and each verb must then send exactly that statement first."""
+        if getattr(op.fn, "__self__", None) is not self:
+            return None
+        verb = op.fn.__name__
+        if verb == "append_entries":  # a step's commit: _fenced_upsert's first write
+            workflow_id, epoch, written, now = op.args
+            if not written:
+                return None
+            params = entries.entry_params(workflow_id, written[0])
+            return workflow_id, "fence_and_write_entry", {"now": now, "epoch": epoch, **params}
+        if verb == "finish_workflow":  # the usual end: _finish_at_once's plain UPDATE
+            workflow_id, epoch, status, output, error, written, now = op.args
+            if written:
+                return None
+            outcome = {"output": output, "now": now, "workflow_id": workflow_id, "epoch": epoch}
+            return workflow_id, "finish_workflow", {
+                "status": status, "error": error, "fenced": 1, **outcome
+            }  # fmt: skip
+        if verb == "create_workflow":  # a start here: the row and its claim
+            new, owner, lease_expires_at, now = op.args
+            if not owner or new.debounce_key is not None:
+                return None
+            params = claims.workflow_params(new, owner, lease_expires_at, now)
+            return new.workflow_id, "create_owned_workflow", params
+        return None
+
     def _claim_and_record(self, **params: Any) -> journal.WorkflowInfo | None:
         # One statement (a data-modifying WITH), not three: the claim, its record, the row.
         found = rows.first(self._q("claim_and_record", **params))

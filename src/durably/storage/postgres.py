@@ -404,7 +404,70 @@ class PostgresStore(pg_statements.OneStatementVerbs):
     def run_batch(self, ops: Sequence[base.Op]) -> None:
         if self._inline_wanted and not self._inline.inline:
             self._open_inline()
+        if len(ops) > 1 and self._run_ahead(ops):
+            return
         super().run_batch(ops)
+
+    def _run_ahead(self, ops: Sequence[base.Op]) -> bool:
+        """Run a group commit with each op's first statement sent ahead, pipelined with
+        BEGIN: two round trips (that and COMMIT) where each op's statement was one more.
+
+        Only where every op's first statement is known from its arguments and the ops
+        are of different workflows (``_statement_ahead``); a verb's later statements
+        (rare: a parent to wake, an error's details) follow in the same transaction.
+        False, with nothing left done, where it cannot be used or a verb sent another
+        statement first: the batch then runs as usual. An op that fails undoes all, as
+        in ``SqlBase.run_batch``, and the batch runs again guarded.
+        """
+        planned: list[tuple[str, dict[str, Any]]] = []
+        seen: set[str] = set()
+        for op in ops:
+            ahead = self._statement_ahead(op)
+            if ahead is None or ahead[0] in seen:
+                return False
+            seen.add(ahead[0])
+            planned.append((self._queries[ahead[1]], ahead[2]))
+        if not self._begin_batch(ops):
+            return True  # every op failed with why
+        session = self._session
+        session.begin_pending = False  # sent here, with the statements
+        conn = self.conn
+        try:
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                cursors = [conn.execute(sql_text, params) for sql_text, params in planned]
+        except psycopg.Error:  # a lost connection, a statement refused: as usual, from the start
+            self._undo(ops)
+            return False
+        try:
+            for op, (sql_text, params), cursor in zip(ops, planned, cursors, strict=True):
+                session.ahead = (sql_text, params, cursor)
+                op.result = op.fn(*op.args)
+                if session.ahead is not None:
+                    raise _Unplanned  # the verb did not send it: not the statement planned
+        except _Unplanned:
+            self._undo(ops)
+            return False
+        except Exception:
+            self._undo(ops)
+            if self._begin_batch(ops):
+                self._run_guarded(ops)
+            return True
+        finally:
+            session.ahead = None
+        self._finish(ops)
+        return True
+
+    def _undo(self, ops: Sequence[base.Op]) -> None:
+        """Roll the batch's transaction back (a broken connection is dropped: the next
+        batch connects again) and forget what its ops answered."""
+        self._session.ahead = None
+        conn = self._conn
+        if conn is not None and conn.broken:
+            self._drop()
+        self._rollback()
+        for op in ops:
+            op.result = None
 
     def _open_inline(self) -> None:
         """Open the inline calls' connection, on a store thread (at most once in
@@ -518,6 +581,12 @@ class PostgresStore(pg_statements.OneStatementVerbs):
 
     def _execute(self, sql_text: str, params: Mapping[str, Any] | None = None) -> Any:
         session = self._session
+        ahead = session.ahead
+        if ahead is not None:  # the op's first statement, sent ahead (_run_ahead)
+            session.ahead = None
+            if sql_text is not ahead[0] or params != ahead[1]:
+                raise _Unplanned
+            return ahead[2]
         if not session.begin_pending:
             return self.conn.execute(sql_text, params)
         session.begin_pending = False
@@ -717,7 +786,7 @@ class _Session:
     BEGIN is still to send, whether the batch is one op (``solo``: a one-statement
     verb may skip BEGIN), and whether it is the event loop's thread's (``inline``)."""
 
-    __slots__ = ("begin_pending", "conn", "inline", "skip_begin", "solo", "temp")
+    __slots__ = ("ahead", "begin_pending", "conn", "inline", "skip_begin", "solo", "temp")
 
     def __init__(self) -> None:
         self.conn: psycopg.Connection[Any] | None = None
@@ -726,6 +795,15 @@ class _Session:
         self.solo = False
         self.skip_begin = False  # the pending statement is the whole batch: no BEGIN
         self.inline = False  # in use by the event loop's thread (run_inline)
+        #: The running op's first statement, sent ahead of its batch: (its text, its
+        #: parameters, the cursor holding its answer), until the op sends it.
+        self.ahead: tuple[str, Mapping[str, Any] | None, Any] | None = None
+
+
+class _Unplanned(BaseException):
+    """A verb's first statement was not the one sent ahead of its batch (``_run_ahead``):
+    the batch is rolled back and runs as usual. A BaseException, so that no verb's
+    ``except Exception`` takes it for its own error."""
 
 
 class _Elsewhere(Exception):
