@@ -274,3 +274,71 @@ def test_record_result_sets_the_genai_model_and_token_counts_of_a_model_call() -
         "gen_ai.usage.input_tokens": 12,
         "gen_ai.usage.output_tokens": 3,
     }
+
+
+_HELD: list[asyncio.Event] = []
+
+
+@durably.workflow(name="telemetry.held-wait")
+async def held_wait() -> Any:
+    await _HELD[0].wait()  # a re-run is held here, before its wait
+    return await durably.wait_for_signal("go")
+
+
+@durably.workflow(name="telemetry.two-waits")
+async def two_waits() -> list[Any]:
+    return [await durably.wait_for_signal("go"), await durably.wait_for_signal("go")]
+
+
+async def _parked(engine: durably.Engine, handle: durably.WorkflowHandle[Any]) -> None:
+    for _ in range(1500):
+        if await handle.status() == "waiting" and handle.workflow_id not in engine._tasks:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{handle.workflow_id} did not park")
+
+
+async def test_a_wait_received_with_the_claim_ends_when_the_journal_says(
+    store_url: str, exported: InMemorySpanExporter
+) -> None:
+    """The claim that took the workflow received the signal: the wait's span ends at the
+    entry's finished_at, not when the re-run reaches the wait."""
+    _HELD[:] = [asyncio.Event()]
+    _HELD[0].set()
+    async with durably.Engine(store_url, hold_seconds=0.0) as engine:
+        handle = await engine.start(held_wait, workflow_id="telemetry-held")
+        await _parked(engine, handle)
+        _HELD[0].clear()
+        assert await engine.send_signal("telemetry-held", "go", "x")
+        await asyncio.sleep(0.5)
+        _HELD[0].set()
+        assert await handle.result(timeout=15) == "x"
+        [entry] = [e for e in await engine.history("telemetry-held") if e.kind == "signal"]
+    [span] = _named(exported.get_finished_spans(), "wait signal")
+    assert span.end_time is not None and entry.finished_at is not None
+    assert abs(span.end_time / 1e9 - entry.finished_at) < 0.1
+    assert _attrs(span)["durably.wait.outcome"] == "completed"
+
+
+async def test_a_wait_received_by_a_claim_that_runs_nothing_still_has_its_span(
+    store_url: str, exported: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim received the signal, then let the workflow go (its code unregistered
+    meanwhile): the next run replays the wait as final, so the span is emitted at the
+    let-go, and each wait has one."""
+    from durably import engine_recovery
+
+    async with durably.Engine(store_url, hold_seconds=0.0, poll_interval=0.05) as engine:
+        handle = await engine.start(two_waits, workflow_id="telemetry-let-go")
+        await _parked(engine, handle)
+        real = durably.workflows.registered
+        answers = iter([None])
+        monkeypatch.setattr(
+            engine_recovery.workflows, "registered", lambda name: next(answers, real(name))
+        )
+        assert await engine.send_signal("telemetry-let-go", "go", 1)
+        await _parked(engine, handle)  # let go, then claimed by a pass and parked again
+        assert await engine.send_signal("telemetry-let-go", "go", 2)
+        assert await handle.result(timeout=15) == [1, 2]
+    waits = _named(exported.get_finished_spans(), "wait signal")
+    assert sorted(_attrs(s)["durably.seq"] for s in waits) == [1, 2]

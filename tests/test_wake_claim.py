@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 import durably
-from durably import Queue
+from durably import Queue, journal
 
 SENT: list[str] = []
 
@@ -411,3 +411,37 @@ async def test_a_signal_the_sender_takes_wakes_no_other_executor(postgres_url: s
             GATE[0].set()
             assert await queued.result(timeout=15) == "u:later"
     assert SENT == ["t:mine", "u:later"]
+
+
+def test_a_claim_leaves_the_signal_to_a_workflow_asked_to_stop(store_url: str) -> None:
+    """Asked to stop (a cancel, a passed deadline), a parked workflow is claimed to stop,
+    but the claim does not receive its signal: its run meets the cancel at the wait and
+    the signal is left unconsumed. Without a cancel the same claim receives it."""
+    from durably import operations
+    from durably.storage import create_store
+    from tests.test_store import LEASE, NOW, RUNNABLE, Verbs, owned
+
+    store = create_store(store_url)
+    store.open()
+    try:
+        db = Verbs(store)
+        claim = operations.Claimer("ex-b", list(RUNNABLE), LEASE, {})
+        for wid, stop in (("asked", True), ("not-asked", False)):
+            info = owned(db, wid)
+            wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, None)
+            db.park(wid, info.epoch, "waiting", None, [wait], ["go"], [], NOW)
+            if stop:
+                db.request_cancel(wid, NOW)
+            assert db.send_signal(wid, "go", '"x"', None, NOW)
+            woken = db.run(operations.take_woken, store, wid, NOW + 1, claim)
+            assert woken.taken is not None and woken.taken.owner == "ex-b"
+            [entry] = db.load_history(wid)
+            consumed = [s["consumed_seq"] for s in db.list_signals(wid)]
+            if stop:
+                assert woken.received is None and entry.status == "started"
+                assert consumed == [None]
+            else:
+                assert woken.received == entry and entry.status == "completed"
+                assert (entry.payload, consumed) == ('"x"', [1])
+    finally:
+        store.close()

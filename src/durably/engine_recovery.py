@@ -16,7 +16,16 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from durably import errors, journal, liveness, operations, serving, workflow_run, workflows
+from durably import (
+    errors,
+    journal,
+    liveness,
+    operations,
+    serving,
+    telemetry,
+    workflow_run,
+    workflows,
+)
 from durably.storage import base, thread
 
 if TYPE_CHECKING:
@@ -144,17 +153,24 @@ class Recovery:
         claimed: list[journal.WorkflowInfo],
         history: list[journal.Entry] | None = None,
         *,
-        received: int | None = None,
+        received: journal.Entry | None = None,
     ) -> None:
         """Launch a run for each workflow just claimed (let go of those it cannot run);
         ``history``, the journal of the one workflow claimed, if it was read with it, and
-        ``received``, the seq of a signal wait the claim's commit received."""
+        ``received``, the signal wait the claim's commit received: its span ends in the
+        run, or here if none is launched (no later run would end it)."""
         assert history is None or len(claimed) == 1
         store = self._store.store
         for info in claimed:
             definition = workflows.registered(info.name)
             if definition is None or services.stopping.is_set():  # unregistered meanwhile
                 await self._call(store.release, info.workflow_id, info.epoch, self.clock())
+                if received is not None:
+                    got = received
+                    telemetry.wait_ended(
+                        info.workflow_id, got.seq, got.kind, got.name, got.started_at,
+                        got.status, got.finished_at,
+                    )  # fmt: skip
                 continue
             if (
                 serving.code_differs(info.source_hash, definition.source_hash)
@@ -171,7 +187,8 @@ class Recovery:
                     info.source_hash,
                     definition.source_hash,
                 )
-            self._launch(services, info, definition, history=history, received=received)
+            seq = None if received is None else received.seq
+            self._launch(services, info, definition, history=history, received=seq)
 
     async def _note_unclaimed(self, executors: list[journal.ExecutorInfo], now: float) -> None:
         """Log, once per workflow, the claimable ones that no running executor takes."""
@@ -250,8 +267,7 @@ class Recovery:
         """Launch the run of the workflow ``take_woken`` claimed, on the journal read with
         it; a signal wait received in that commit ends (its span) in the run."""
         assert woken.taken is not None
-        got = None if woken.received is None else woken.received.seq
-        await self._run_claimed(services, [woken.taken], woken.history, received=got)
+        await self._run_claimed(services, [woken.taken], woken.history, received=woken.received)
 
     def _claim_soon(self, workflow_id: str) -> None:
         """A wake-up for a workflow that no run here holds: the recovery loop claims it

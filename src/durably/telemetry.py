@@ -182,17 +182,25 @@ def record_result(span: Any, step: str, result: Any) -> None:
 
 
 def wait_ended(
-    workflow_id: str, seq: int, kind: str, key: str, began: float | None, outcome: str
+    workflow_id: str,
+    seq: int,
+    kind: str,
+    key: str,
+    began: float | None,
+    outcome: str,
+    ended: float | None = None,
 ) -> None:
-    """Emit the span of a wait that really ended now; it began at ``began`` (Unix seconds).
+    """Emit the span of a wait that really ended now (or at ``ended``, when the claim that
+    took the workflow received it); it began at ``began`` (Unix seconds).
 
     ``kind`` is the journal kind (``sleep``, ``signal``, ``join``), ``key`` the
     signal's name or the child's id. Called only where a wait turns final in
-    this run, never for one the journal already holds as final.
+    this run or the claim that launched it, never for one the journal already
+    holds as final.
     """
     if trace is None:
         return
-    now = time.time()
+    now = time.time() if ended is None else ended
     start = began if began is not None and began <= now else now
     kind, outcome = str(kind), str(outcome)
     label = {"sleep": "sleep", "signal": f"wait signal {key}", "join": f"wait child {key}"}

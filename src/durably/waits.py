@@ -282,7 +282,8 @@ async def _until_final(
     Between asks the branch blocks until a poke, its deadline, or the run parks.
     A wait that turns final here emits its span (one already final emits none).
     """
-    waited = entry.status == _STARTED or entry.seq == run.received_at_claim
+    received = entry.seq == run.received_at_claim  # ended in the claim that launched us
+    waited = entry.status == _STARTED or received
     while entry.status == _STARTED:
         entry = await run.write(receive, entry)
         if entry.status == _STARTED:
@@ -290,6 +291,12 @@ async def _until_final(
             run.cancel_point(entry.seq)
     if waited:
         telemetry.wait_ended(
-            run.workflow_id, entry.seq, entry.kind, entry.name, entry.started_at, entry.status
+            run.workflow_id,
+            entry.seq,
+            entry.kind,
+            entry.name,
+            entry.started_at,
+            entry.status,
+            entry.finished_at if received else None,
         )
     return entry
