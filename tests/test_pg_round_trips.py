@@ -255,11 +255,115 @@ def test_a_child_finished_in_a_group_commit_wakes_its_parent(
             ),
             base.Op(pg_store.append_entries, ("other", other.epoch, [step(1)], NOW), True),
         ]
-        traced(pg_store, ops)
+        sent = traced(pg_store, ops)
         assert [op.error for op in ops] == [None, None]
+        # the parent's wake-up is in the finish's own statement (finish_and_wake), so its
+        # row is locked in the batch's order, not after every other op's statement
+        assert len(sent) == 2 and sent[-1] == '"COMMIT"', sent
         assert _notifications(listener, 1) == [base.Wakeup("join", "parent", "child")]
     assert db.get_workflow("parent").wake_at == NOW
     assert db.load_history("other") == [step(1)]
+
+
+def test_a_parent_finished_after_its_child_in_a_group_commit_keeps_its_own_time(
+    pg_store: Any,
+) -> None:
+    """The child's wake-up of its parent is written before the parent's own finish, in
+    the batch's order: the parent's updated_at is its finish's."""
+    db = Verbs(pg_store)
+    owned(db, "parent")
+    child = base.NewWorkflow("child", "refund", "{}", None, None, parent_id="parent")
+    info, _ = db.create_workflow(child, "ex-a", NOW + LEASE, NOW)
+    parent = db.get_workflow("parent")
+    ops = [
+        base.Op(
+            pg_store.finish_workflow,
+            ("child", info.epoch, "completed", "1", None, [], NOW + 5),
+            True,
+        ),
+        base.Op(
+            pg_store.finish_workflow,
+            ("parent", parent.epoch, "completed", "2", None, [], NOW + 9),
+            True,
+        ),
+    ]
+    traced(pg_store, ops)
+    assert [op.error for op in ops] == [None, None]
+    assert db.get_workflow("parent").updated_at == NOW + 9
+
+
+def test_values_refused_in_statements_sent_ahead_fail_their_own_ops(pg_store: Any) -> None:
+    """A value psycopg cannot send (a lone surrogate), one the server refuses (a NUL in
+    text, a seq past bigint): those ops fail with StorageDataError, the others are
+    applied once, and the connection is left with no transaction open."""
+    db = Verbs(pg_store)
+    a, b, c, d = (owned(db, wid) for wid in "abcd")
+    surrogate = journal.Entry(1, "step", "get", "completed", 1, '"caf\udce9"', NOW, NOW + 1)
+    nul = journal.Entry(1, "step", "get", "completed", 1, '"x\x00"', NOW, NOW + 1)
+    huge = journal.Entry(2**70, "step", "get", "completed", 1, "1", NOW, NOW + 1)
+    ops = [
+        base.Op(pg_store.append_entries, ("a", a.epoch, [step(1)], NOW), True),
+        base.Op(pg_store.append_entries, ("b", b.epoch, [surrogate], NOW), True),
+        base.Op(pg_store.append_entries, ("c", c.epoch, [nul], NOW), True),
+        base.Op(pg_store.append_entries, ("d", d.epoch, [huge], NOW), True),
+    ]
+    pg_store.run_batch(ops)
+    assert [type(op.error).__name__ for op in ops] == [
+        "NoneType", "StorageDataError", "StorageDataError", "StorageDataError"
+    ]  # fmt: skip
+    assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert db.load_history("a") == [step(1)]
+    assert [db.load_history(w) for w in "bcd"] == [[], [], []]
+
+
+def test_a_latin1_database_refuses_what_it_cannot_hold_in_a_group_commit(
+    pg_cluster: Any,
+) -> None:
+    """Text outside LATIN1 fails while psycopg queues the statement (an encoding error,
+    not a psycopg one): the batch still ends with the other op applied once and its row
+    free."""
+    pg_cluster.execute(
+        "CREATE DATABASE ahead_latin1 TEMPLATE template0 ENCODING 'LATIN1' "
+        "LC_COLLATE 'C' LC_CTYPE 'C'"
+    )
+    store = create_store(pg_cluster.url("ahead_latin1"))
+    store.open()
+    try:
+        db = Verbs(store)
+        a, b = owned(db, "a"), owned(db, "b")
+        japanese = journal.Entry(1, "step", "get", "completed", 1, '"\u65e5\u672c"', NOW, NOW + 1)
+        ops = [
+            base.Op(store.append_entries, ("a", a.epoch, [step(1)], NOW), True),
+            base.Op(store.append_entries, ("b", b.epoch, [japanese], NOW), True),
+        ]
+        store.run_batch(ops)
+        assert [type(op.error).__name__ for op in ops] == ["NoneType", "StorageDataError"]
+        assert store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with psycopg.connect(pg_cluster.url("ahead_latin1"), autocommit=True) as other:
+            other.execute("SET lock_timeout = '2s'")
+            other.execute(f"SET search_path = {store.schema}")
+            other.execute("SELECT 1 FROM workflows WHERE workflow_id = 'a' FOR UPDATE")
+        assert db.load_history("a") == [step(1)] and db.load_history("b") == []
+    finally:
+        store.close()
+
+
+def test_a_deduplicated_start_is_not_sent_ahead(pg_store: Any) -> None:
+    """Its statement's answer may depend on another op of the batch (a finish that frees
+    the deduplication id): the batch runs statement by statement, in its order."""
+    db = Verbs(pg_store)
+    first = base.NewWorkflow("z", "refund", "{}", None, None, queue="q", deduplication_id="d")
+    z, _ = db.create_workflow(first, "ex-a", NOW + LEASE, NOW)
+    again = base.NewWorkflow("x", "refund", "{}", None, None, queue="q", deduplication_id="d")
+    ops = [
+        base.Op(pg_store.create_workflow, (again, "ex-a", NOW + LEASE, NOW), True),
+        base.Op(pg_store.finish_workflow, ("z", z.epoch, "completed", "1", None, [], NOW), True),
+    ]
+    sent = traced(pg_store, ops)
+    assert [op.error for op in ops] == [None, None]
+    assert not any("SAVEPOINT" in s for s in sent), sent
+    found, created = ops[0].result
+    assert (found.workflow_id, created) == ("z", False)  # z held the id when x was started
 
 
 def test_a_start_of_an_existing_id_in_a_group_commit_finds_it(pg_store: Any) -> None:

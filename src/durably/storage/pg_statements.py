@@ -26,6 +26,7 @@ class Session(Protocol):
 
     solo: bool
     skip_begin: bool
+    ahead: Any  # the op's first statement, sent ahead of its batch (PostgresStore._run_ahead)
 
 
 class OneStatementVerbs(sql.SqlStore):
@@ -77,17 +78,21 @@ class OneStatementVerbs(sql.SqlStore):
                 return None
             params = entries.entry_params(workflow_id, written[0])
             return workflow_id, "fence_and_write_entry", {"now": now, "epoch": epoch, **params}
-        if verb == "finish_workflow":  # the usual end: _finish_at_once's plain UPDATE
+        if verb == "finish_workflow":  # the usual end: _finish_at_once's one statement
             workflow_id, epoch, status, output, error, written, now = op.args
             if written:
                 return None
-            outcome = {"output": output, "now": now, "workflow_id": workflow_id, "epoch": epoch}
-            return workflow_id, "finish_workflow", {
-                "status": status, "error": error, "fenced": 1, **outcome
-            }  # fmt: skip
+            return (
+                workflow_id,
+                "finish_and_wake",
+                self._finish_and_wake_params(
+                    status, error, output=output, now=now, workflow_id=workflow_id, epoch=epoch
+                ),
+            )
         if verb == "create_workflow":  # a start here: the row and its claim
             new, owner, lease_expires_at, now = op.args
-            if not owner or new.debounce_key is not None:
+            # (a deduplicated one may read what another op of the batch ends)
+            if not owner or new.debounce_key is not None or new.deduplication_id is not None:
                 return None
             params = claims.workflow_params(new, owner, lease_expires_at, now)
             return new.workflow_id, "create_owned_workflow", params
@@ -139,22 +144,24 @@ class OneStatementVerbs(sql.SqlStore):
         # notifications. When it is all of a batch it is sent without BEGIN and COMMIT, so
         # a plain finish is one round trip, not two; if its fence did not hold, it wrote
         # nothing, and what the verb writes next begins a transaction again.
-        if not self._session.solo:  # in a batch's transaction: no round trip to save
+        session = self._session
+        if not session.solo and session.ahead is None:  # a batch's: no round trip to save
             return super()._finish_at_once(status, error, **params)
         with self._alone(True):
             found = self._q(
-                "finish_and_wake",
-                status=status,
-                error=error,
-                fenced=1,
-                channel=self.channel,
-                work=_WORK,
-                **params,
+                "finish_and_wake", **self._finish_and_wake_params(status, error, **params)
             ).fetchone()
         if found is not None:
             return None, None  # nothing left to wake
         self._begin_again()
         return None
+
+    def _finish_and_wake_params(
+        self, status: str, error: str | None, **params: Any
+    ) -> dict[str, Any]:
+        """The parameters of ``finish_and_wake`` (``_finish_at_once``, ``_statement_ahead``)."""
+        return {"status": status, "error": error, "fenced": 1, "channel": self.channel,
+                "work": _WORK, **params}  # fmt: skip
 
     def _begin_again(self) -> None:
         """After a statement sent alone (a transaction of its own), send BEGIN with the next."""

@@ -414,7 +414,9 @@ class PostgresStore(pg_statements.OneStatementVerbs):
 
         Only where every op's first statement is known from its arguments and the ops
         are of different workflows (``_statement_ahead``); a verb's later statements
-        (rare: a parent to wake, an error's details) follow in the same transaction.
+        (rare: entries after the first, an error's details) follow in the same
+        transaction. A finish's statement here is ``finish_and_wake``, which wakes its
+        parent itself: a parent's row is locked in the batch's order, not after it.
         False, with nothing left done, where it cannot be used or a verb sent another
         statement first: the batch then runs as usual. An op that fails undoes all, as
         in ``SqlBase.run_batch``, and the batch runs again guarded.
@@ -436,8 +438,8 @@ class PostgresStore(pg_statements.OneStatementVerbs):
             with conn.pipeline():
                 conn.execute("BEGIN")
                 cursors = [conn.execute(sql_text, params) for sql_text, params in planned]
-        except psycopg.Error:  # a lost connection, a statement refused: as usual, from the start
-            self._undo(ops)
+        except Exception:  # a lost connection, a value refused: as usual, from the start
+            self._undo(ops)  # (psycopg may have sent BEGIN and some before it raised)
             return False
         try:
             for op, (sql_text, params), cursor in zip(ops, planned, cursors, strict=True):
