@@ -13,6 +13,7 @@ import random
 import shutil
 import sqlite3
 import tempfile
+import threading
 import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -110,6 +111,39 @@ def test_a_file_of_random_bytes_is_not_a_durably_database(tmp_path: Path) -> Non
     assert str(db) in str(caught.value)
     assert db.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["noise.db"]
+
+
+def test_clients_opening_a_new_sqlite_file_at_once_all_open_it(tmp_path: Path) -> None:
+    """The first opens of a file switch it to WAL, which needs the file to itself and
+    does not wait for it: of several clients opening a new file at once, some were
+    refused with DatabaseLocked at once (about one try in ten with six). Now each
+    tries again within its busy_timeout, and every one opens and reads it."""
+    for trial in range(20):
+        url = f"sqlite:///{tmp_path}/new-{trial}.db"
+        start = threading.Barrier(6)
+        failed: list[str] = []
+
+        def open_and_read(
+            url: str = url, start: threading.Barrier = start, failed: list[str] = failed
+        ) -> None:
+            try:
+                start.wait()
+                with durably.Client(url) as client:
+                    client.list_workflows()
+            except Exception as exc:
+                failed.append(repr(exc))
+
+        threads = [threading.Thread(target=open_and_read) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert failed == [], f"trial {trial}: {failed[0]}"
+        conn = sqlite3.connect(tmp_path / f"new-{trial}.db")
+        try:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        finally:
+            conn.close()
 
 
 def test_a_sqlite_file_with_other_tables_is_not_a_durably_database(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import sqlite3
+import time
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -107,15 +108,33 @@ class SqliteStore(sql.SqlStore):
             # Migrate first: it refuses a foreign database before anything is written,
             # whereas switching to WAL rewrites the file header.
             self.migrate()
-            mode = self._execute("PRAGMA journal_mode").fetchone()[0]
-            if str(mode).lower() != "wal":
-                self._execute("PRAGMA journal_mode = WAL")
+            self._use_wal()
         except sqlite3.Error as exc:
             self.close()
             raise self._map_error(exc) from exc
         except BaseException:
             self.close()
             raise
+
+    def _use_wal(self) -> None:
+        """Switch the file to WAL, unless it is already (a file's first opens do it).
+
+        The switch needs the file to itself and does not wait for it (SQLite's busy
+        handler is not called there): when several processes or threads open a new
+        file at once, all but one were refused at once with "database is locked". So it
+        is tried again until it is done or ``busy_timeout`` has passed.
+        """
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while True:
+            try:
+                mode = self._execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() == "wal":
+                    return
+                self._execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                if not _is_locked(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(_WAL_RETRY)
 
     def _create_file(self) -> None:
         """Create a missing database file with ``file_mode`` (whatever the umask says), so
@@ -306,3 +325,13 @@ def _file_mode(value: str | None, url: str) -> int:
             "readable and writable by its owner (e.g. 0600, the default, or 0640)"
         )
     return mode
+
+
+#: Seconds between tries of the switch to WAL while another connection holds the file.
+_WAL_RETRY = 0.005
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock it needs."""
+    code = int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(exc)
