@@ -165,12 +165,17 @@ class Recovery:
             definition = workflows.registered(info.name)
             if definition is None or services.stopping.is_set():  # unregistered meanwhile
                 await self._call(store.release, info.workflow_id, info.epoch, self.clock())
-                if received is not None:
-                    got = received
+                if received is not None:  # no run of it here will end the wait's span
+                    wait = received
                     telemetry.wait_ended(
-                        info.workflow_id, got.seq, got.kind, got.name, got.started_at,
-                        got.status, got.finished_at,
-                    )  # fmt: skip
+                        info.workflow_id,
+                        wait.seq,
+                        wait.kind,
+                        wait.name,
+                        wait.started_at,
+                        wait.status,
+                        wait.finished_at,
+                    )
                 continue
             if (
                 serving.code_differs(info.source_hash, definition.source_hash)
