@@ -776,15 +776,18 @@ def test_postgres_listener_hears_again_after_a_server_restart(pg_cluster, postgr
             time.sleep(0.02)
 
     try:
-        # LISTEN is issued by the listener's thread: notify until it has (no fixed sleep)
+        # LISTEN is issued by the listener's thread: signal until it has (no fixed sleep).
+        # The probes are signals, so the only "work" heard after them is the reconnect's.
+        db.create_workflow(new("before"), None, None, NOW)
         deadline = time.monotonic() + 15
         for n in itertools.count():
-            db.create_workflow(new("before" if n == 0 else f"before-{n}"), None, None, NOW)
-            if _wait_until(lambda: base.Wakeup("work") in got, 0.5):
+            probe = f"probe-{n}"
+            db.send_signal("before", probe, "1", None, NOW)
+            if _wait_until(lambda p=probe: base.Wakeup("signal", "before", p) in got, 0.5):
                 break
             assert time.monotonic() < deadline, "the listener never heard a notification"
+        got.clear()  # before the restart: the listener may reconnect before it returns
         pg_cluster.restart()
-        got.clear()
         wait_for(base.Wakeup("work"))  # reconnected: "you may have missed something"
         db.send_signal("before", "after-restart", "1", None, NOW)
         wait_for(base.Wakeup("signal", "before", "after-restart"))
