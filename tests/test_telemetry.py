@@ -27,6 +27,7 @@ import durably
 from durably import agents, telemetry
 from durably.testing.models import FakeModelServer, text
 from tests.serverkit import harness
+from tests.test_wake_claim import HELD, held_and_parked, parked, twice
 
 
 class _Exporter(InMemorySpanExporter):
@@ -276,26 +277,10 @@ def test_record_result_sets_the_genai_model_and_token_counts_of_a_model_call() -
     }
 
 
-_HELD: list[asyncio.Event] = []
-
-
 @durably.workflow(name="telemetry.held-wait")
 async def held_wait() -> Any:
-    await _HELD[0].wait()  # a re-run is held here, before its wait
+    await HELD[0].wait()  # a re-run is held here, before its wait
     return await durably.wait_for_signal("go")
-
-
-@durably.workflow(name="telemetry.two-waits")
-async def two_waits() -> list[Any]:
-    return [await durably.wait_for_signal("go"), await durably.wait_for_signal("go")]
-
-
-async def _parked(engine: durably.Engine, handle: durably.WorkflowHandle[Any]) -> None:
-    for _ in range(1500):
-        if await handle.status() == "waiting" and handle.workflow_id not in engine._tasks:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{handle.workflow_id} did not park")
 
 
 async def test_a_wait_received_with_the_claim_ends_when_the_journal_says(
@@ -303,15 +288,11 @@ async def test_a_wait_received_with_the_claim_ends_when_the_journal_says(
 ) -> None:
     """The claim that took the workflow received the signal: the wait's span ends at the
     entry's finished_at, not when the re-run reaches the wait."""
-    _HELD[:] = [asyncio.Event()]
-    _HELD[0].set()
     async with durably.Engine(store_url, hold_seconds=0.0) as engine:
-        handle = await engine.start(held_wait, workflow_id="telemetry-held")
-        await _parked(engine, handle)
-        _HELD[0].clear()
+        handle = await held_and_parked(engine, held_wait, "telemetry-held")
         assert await engine.send_signal("telemetry-held", "go", "x")
         await asyncio.sleep(0.5)
-        _HELD[0].set()
+        HELD[0].set()
         assert await handle.result(timeout=15) == "x"
         [entry] = [e for e in await engine.history("telemetry-held") if e.kind == "signal"]
     [span] = _named(exported.get_finished_spans(), "wait signal")
@@ -329,15 +310,15 @@ async def test_a_wait_received_by_a_claim_that_runs_nothing_still_has_its_span(
     from durably import engine_recovery
 
     async with durably.Engine(store_url, hold_seconds=0.0, poll_interval=0.05) as engine:
-        handle = await engine.start(two_waits, workflow_id="telemetry-let-go")
-        await _parked(engine, handle)
+        handle = await engine.start(twice, workflow_id="telemetry-let-go")
+        await parked(engine, handle)
         real = durably.workflows.registered
         answers = iter([None])
         monkeypatch.setattr(
             engine_recovery.workflows, "registered", lambda name: next(answers, real(name))
         )
         assert await engine.send_signal("telemetry-let-go", "go", 1)
-        await _parked(engine, handle)  # let go, then claimed by a pass and parked again
+        await parked(engine, handle)  # let go, then claimed by a pass and parked again
         assert await engine.send_signal("telemetry-let-go", "go", 2)
         assert await handle.result(timeout=15) == [1, 2]
     waits = _named(exported.get_finished_spans(), "wait signal")

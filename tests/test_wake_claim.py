@@ -293,6 +293,19 @@ async def held_waiter() -> list[Any]:
     return [first, await durably.wait_for_signal("go", timeout=0.3)]
 
 
+async def held_and_parked(
+    engine: durably.Engine, wf: Any, workflow_id: str
+) -> durably.WorkflowHandle[Any]:
+    """Start ``wf`` (a workflow that waits on ``HELD[0]`` first), let it park, and hold
+    its next run there, before its first wait."""
+    HELD[:] = [asyncio.Event()]
+    HELD[0].set()
+    handle = await engine.start(wf, workflow_id=workflow_id)
+    await parked(engine, handle)
+    HELD[0].clear()
+    return handle
+
+
 def signal_waits(history: list[Any]) -> list[tuple[str, Any]]:
     return [(e.status, e.payload) for e in history if e.kind == "signal"]
 
@@ -301,12 +314,8 @@ async def test_the_claim_that_takes_the_workflow_receives_the_signal_too(store_u
     """A workflow parked on a signal wait alone receives the signal in the sender's
     commit: the journal holds the wait completed while the re-run has not reached it,
     and the run replays it (no commit of its own). The signal is received once."""
-    HELD[:] = [asyncio.Event()]
-    HELD[0].set()
     async with durably.Engine(store_url, hold_seconds=0.0) as engine:
-        handle = await engine.start(held_waiter, workflow_id="wake-claim-held")
-        await parked(engine, handle)
-        HELD[0].clear()
+        handle = await held_and_parked(engine, held_waiter, "wake-claim-held")
         seen = ops_of(engine, ("send_signal", "claim_woken", "receive_signal"))
         assert await engine.send_signal("wake-claim-held", "go", "paid") is True
         assert [verb for verb, _ in seen] == ["send_signal", "claim_woken", "receive_signal"]
@@ -327,12 +336,8 @@ async def test_a_signal_from_another_process_is_received_with_the_claim(
     postgres_url: str,
 ) -> None:
     """Sent by a Client (a NOTIFY wakes the engine), the engine's claim by id receives it."""
-    HELD[:] = [asyncio.Event()]
-    HELD[0].set()
     async with durably.Engine(postgres_url, hold_seconds=0.0) as engine:
-        handle = await engine.start(held_waiter, workflow_id="wake-claim-held-pg")
-        await parked(engine, handle)
-        HELD[0].clear()
+        handle = await held_and_parked(engine, held_waiter, "wake-claim-held-pg")
         seen = ops_of(engine, ("claim_woken", "receive_signal"))
         with durably.Client(postgres_url) as client:
             assert await asyncio.to_thread(client.send_signal, handle.workflow_id, "go", 7)

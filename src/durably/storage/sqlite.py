@@ -282,7 +282,7 @@ class SqliteStore(sql.SqlStore):
                 f"{where} cannot be written ({text}): check the permissions of the file "
                 "and of its directory (SQLite needs to create the -wal and -shm files there)"
             )
-        if "locked" in text or "busy" in text:
+        if _is_locked(exc):
             return errors.DatabaseLocked(
                 f"{where} stayed locked for {self.busy_timeout_ms} ms ({text}); another "
                 "process holds a long write transaction"
@@ -331,7 +331,10 @@ def _file_mode(value: str | None, url: str) -> int:
 _WAL_RETRY = 0.005
 
 
-def _is_locked(exc: sqlite3.OperationalError) -> bool:
+def _is_locked(exc: Exception) -> bool:
     """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock it needs."""
     code = int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
-    return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in str(exc)
+    text = str(exc)
+    return (
+        code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) or "locked" in text or "busy" in text
+    )
