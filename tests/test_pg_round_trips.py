@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
 
 import durably
 from durably import errors, journal
@@ -850,21 +851,23 @@ def test_a_function_that_calls_verbs_keeps_its_transaction(pg_store: Any) -> Non
     assert db.load_history("wf-1") == [] and db.list_signals("wf-1") == []
 
 
-def test_receiving_a_signal_is_three_round_trips(pg_store: Any) -> None:
-    """The fence, the wait's settled entry and the signal in one statement; the signal's
-    consumption and the wait's entry in another; COMMIT. Sent again (its first outcome
-    unknown), it returns the same entry and consumes nothing more."""
+def test_receiving_a_signal_there_is_one_round_trip(pg_store: Any) -> None:
+    """The fence, the wait's settled entry, the signal, its consumption and the wait's
+    entry in one statement, sent alone: one round trip, no BEGIN, no COMMIT. With no
+    signal yet, the wait is written as it is after that statement. Sent again (its first
+    outcome unknown), it returns the same entry and consumes nothing more."""
     db = Verbs(pg_store)
     info = owned(db)
     wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, None)
-    db.append_entries("wf-1", info.epoch, [wait], NOW)
     nothing, sent = statements(pg_store, pg_store.receive_signal, "wf-1", info.epoch, wait, [], NOW)
     assert nothing == wait and len(sent) == 2, sent  # nothing yet: the wait as it was
+    assert db.load_history("wf-1") == [wait]
     db.send_signal("wf-1", "go", '"one"', None, NOW)
     db.send_signal("wf-1", "go", '"two"', None, NOW)
     got, sent = statements(pg_store, pg_store.receive_signal, "wf-1", info.epoch, wait, [], NOW)
-    assert (got.status, got.payload) == ("completed", '"one"')
-    assert pg_store.last_round_trips == 3, sent
+    assert (got.status, got.payload, got.finished_at) == ("completed", '"one"', NOW)
+    assert pg_store.last_round_trips == 1, sent
+    assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     again, _ = statements(pg_store, pg_store.receive_signal, "wf-1", info.epoch, wait, [], NOW)
     assert again == got
     assert [s["consumed_seq"] for s in db.list_signals("wf-1")] == [1, None]
@@ -873,6 +876,126 @@ def test_receiving_a_signal_is_three_round_trips(pg_store: Any) -> None:
     op = base.Op(pg_store.receive_signal, ("wf-1", info.epoch, wait, [], NOW), True)
     traced(pg_store, [op])
     assert isinstance(op.error, errors.FencedError)
+
+
+def test_a_signal_received_in_one_statement_keeps_the_entry_rules(pg_store: Any) -> None:
+    """The one-statement receive writes what the generic one writes: a new final entry
+    ends the crashes counted in a row; another call's entry at the wait's seq is refused
+    and the signal is left for a wait that can take it; a wait whose deadline passed with
+    no signal times out; entries given with the wait are written too."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    with pg_store.conn.transaction():
+        pg_store.conn.execute("UPDATE workflows SET crash_count = 2 WHERE workflow_id = 'wf-1'")
+    wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, None)
+    db.send_signal("wf-1", "go", '"one"', None, NOW)
+    got = db.receive_signal("wf-1", info.epoch, wait, [], NOW)
+    assert got.status == "completed" and db.get_workflow("wf-1").crash_count == 0
+    db.append_entries("wf-1", info.epoch, [step(2, "started")], NOW)  # a step's intent
+    db.send_signal("wf-1", "go", '"two"', None, NOW)
+    other = journal.Entry(2, "signal", "go", "started", 1, None, NOW, None, None)
+    with pytest.raises(errors.StoreError, match="seq 2 already holds"):
+        db.receive_signal("wf-1", info.epoch, other, [], NOW)
+    assert [s["consumed_seq"] for s in db.list_signals("wf-1")] == [1, None]
+    late = journal.Entry(3, "signal", "late", "started", 1, None, NOW, None, NOW + 5)
+    timed_out = db.receive_signal("wf-1", info.epoch, late, [], NOW + 6)
+    assert (timed_out.status, timed_out.finished_at) == ("timed_out", NOW + 6)
+    staged = journal.Entry(4, "now", "now", "completed", 1, "1.0", NOW, NOW, None)
+    wait5 = journal.Entry(5, "signal", "go", "started", 1, None, NOW, None, None)
+    got5 = db.receive_signal("wf-1", info.epoch, wait5, [staged], NOW)
+    assert (got5.status, got5.payload) == ("completed", '"two"')
+    assert [e.seq for e in db.load_history("wf-1")] == [1, 2, 3, 4, 5]
+
+
+def claimer(owner: str = "ex-b") -> Any:
+    from durably import operations
+
+    return operations.Claimer(owner, list(RUNNABLE), LEASE, {})
+
+
+def parked_on_signal(db: Verbs, wid: str) -> journal.Entry:
+    """An owned workflow parked (waiting) on a signal wait at seq 1; the wait."""
+    info = owned(db, wid)
+    wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, None)
+    db.park(wid, info.epoch, "waiting", None, [wait], ["go"], [], NOW)
+    return wait
+
+
+def test_a_signal_and_the_claim_of_the_parked_workflow_it_wakes_are_three_round_trips(
+    pg_store: Any,
+) -> None:
+    """The sender's commit that takes the workflow it wakes: BEGIN, the signal, the claim
+    and the journal's read pipelined in one round trip; the receive in one statement;
+    COMMIT. What it leaves is what the statements one at a time leave."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")  # the first claim on a connection writes its runnable set
+    db.run(operations._send_and_claim, pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    parked_on_signal(db, "a")
+    op = base.Op(
+        operations._send_and_claim, (pg_store, "a", "go", '"x"', "k", NOW, claimer()), True
+    )
+    sent = traced(pg_store, [op])
+    assert op.error is None, op.error
+    woken = op.result
+    assert len(sent) == 3, sent
+    assert woken.sent and woken.taken is not None and woken.taken.owner == "ex-b"
+    assert woken.received is not None and woken.received.payload == '"x"'
+    assert woken.history == db.load_history("a") == [woken.received]
+    assert [s["consumed_seq"] for s in db.list_signals("a")] == [1]
+    assert db.get_workflow("a").status == "running"
+
+
+def test_a_signal_whose_claim_takes_nothing_is_still_kept_and_told(pg_store: Any) -> None:
+    """A signal to a workflow running elsewhere (nothing to claim), a duplicate key and a
+    parked workflow asked to stop: each gives what the statements one at a time give."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    owned(db, "busy")  # running, owned by ex-a: not claimable
+    parked_on_signal(db, "warm")
+    db.run(operations._send_and_claim, pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    listener = psycopg.connect(pg_store.conn.info.dsn, autocommit=True)
+    try:
+        listener.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(pg_store.channel)))
+        args = (pg_store, "busy", "go", '"x"', "k1", NOW, claimer())
+        woken = db.run(operations._send_and_claim, *args)
+        assert woken.sent and woken.taken is None
+        heard = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+        assert heard and "busy" in heard[0]
+    finally:
+        listener.close()
+    assert db.run(operations._send_and_claim, *args) == operations.Woken(False)  # the key
+    assert [s["payload"] for s in db.list_signals("busy")] == ['"x"']
+    assert db.get_workflow("busy").owner == "ex-a"
+    parked_on_signal(db, "asked")
+    db.request_cancel("asked", NOW)
+    woken = db.run(operations._send_and_claim, pg_store, "asked", "go", '"y"', None, NOW,
+                   claimer())  # fmt: skip
+    assert woken.taken is not None and woken.received is None
+    assert [s["consumed_seq"] for s in db.list_signals("asked")] == [None]
+
+
+def test_a_woken_workflows_claim_and_journal_are_one_round_trip(pg_store: Any) -> None:
+    """The recovery loop's direct claim of a workflow woken by another process's signal:
+    BEGIN, the claim and the journal's read in one round trip, the receive, COMMIT."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")
+    db.send_signal("warm", "go", '"w"', None, NOW)
+    db.run(operations.take_woken, pg_store, "warm", NOW, claimer())
+    parked_on_signal(db, "a")
+    db.send_signal("a", "go", '"x"', None, NOW)
+    op = base.Op(operations.take_woken, (pg_store, "a", NOW, claimer()), True)
+    sent = traced(pg_store, [op])
+    assert op.error is None, op.error
+    assert len(sent) == 3, sent
+    assert op.result.taken is not None and op.result.received.payload == '"x"'
+    parked_on_signal(db, "b")  # nothing sent to it: the claim takes nothing
+    nothing = db.run(operations.take_woken, pg_store, "b", NOW, claimer())
+    assert nothing.taken is None and db.get_workflow("b").status == "waiting"
 
 
 # --- claims: a recovery pass ---------------------------------------------------------------

@@ -448,6 +448,35 @@ class Woken:
     received: journal.Entry | None = None
 
 
+def _claim_args(workflow_id: str, now: float, claim: Claimer) -> tuple[Any, ...]:
+    """The arguments of ``claim_woken`` for ``claim``."""
+    lease_expires_at = now + claim.lease_seconds
+    return (claim.owner, workflow_id, claim.runnable, lease_expires_at, now, claim.same_code)
+
+
+def _take_woken_calls(
+    store: base.Store, workflow_id: str, now: float, claim: Claimer
+) -> list[base.VerbCall]:
+    """What ``take_woken`` calls first: the claim, then the journal's read."""
+    return [("claim_woken", _claim_args(workflow_id, now, claim), {}),
+            ("load_history", (workflow_id,), {})]  # fmt: skip
+
+
+def _send_and_claim_calls(
+    store: base.Store,
+    workflow_id: str,
+    name: str,
+    data: str,
+    idempotency_key: str | None,
+    now: float,
+    claim: Claimer,
+) -> list[base.VerbCall]:
+    """What ``_send_and_claim`` calls first: the signal, then ``take_woken``'s."""
+    send = ("send_signal", (workflow_id, name, data, idempotency_key, now), {"tell": False})
+    return [send, *_take_woken_calls(store, workflow_id, now, claim)]
+
+
+@base.calls_first(_send_and_claim_calls)
 def _send_and_claim(
     store: base.Store,
     workflow_id: str,
@@ -470,6 +499,7 @@ def _send_and_claim(
     return woken
 
 
+@base.calls_first(_take_woken_calls)
 def take_woken(store: base.Store, workflow_id: str, now: float, claim: Claimer) -> Woken:
     """``claim_woken`` and, if it took the workflow, its journal: one op, one transaction.
 
@@ -478,9 +508,7 @@ def take_woken(store: base.Store, workflow_id: str, now: float, claim: Claimer) 
     journal instead of committing it: one commit less on a signal's wake-up. It is
     the state a re-run that received the signal and then crashed would have left.
     """
-    taken = store.claim_woken(
-        claim.owner, workflow_id, claim.runnable, now + claim.lease_seconds, now, claim.same_code
-    )
+    taken = store.claim_woken(*_claim_args(workflow_id, now, claim))
     if taken is None:
         return Woken(True)
     history = store.load_history(workflow_id)

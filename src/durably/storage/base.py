@@ -50,6 +50,32 @@ def is_one_read(fn: Callable[..., Any]) -> bool:
     return bool(getattr(fn, "one_read", False))
 
 
+#: A call of a verb by name: (the verb's name, its positional arguments, its keywords).
+VerbCall = tuple[str, tuple[Any, ...], dict[str, Any]]
+
+
+def calls_first(planner: Callable[..., list[VerbCall]]) -> Callable[[_Verb], _Verb]:
+    """Mark a function of verbs (an op that is not one verb) with ``planner``: given the
+    op's arguments, the verbs it calls first, in order, when nothing surprises it.
+
+    A store whose statements are round trips may send their statements ahead, pipelined
+    with BEGIN, and must check each against what the function then sends: the plan is a
+    guess, never an instruction (``PostgresStore._run_ahead``)."""
+
+    def mark(fn: _Verb) -> _Verb:
+        fn.calls_first = planner  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def planned_calls(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[VerbCall]:
+    """The verb calls ``fn`` (marked with :func:`calls_first`) plans for ``args``; none
+    for any other function."""
+    planner = getattr(fn, "calls_first", None)
+    return [] if planner is None else list(planner(*args))
+
+
 @dataclasses.dataclass(slots=True)
 class Op:
     """One verb call queued for a batch, with its outcome once run."""

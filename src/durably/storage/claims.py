@@ -215,7 +215,7 @@ class ClaimVerbs(bulk.BulkVerbs):
     ) -> list[journal.WorkflowInfo]:
         if limit <= 0:
             return []
-        self._fill_runnable(_runnable_rows(runnable, same_code))
+        self._fill_runnable(runnable_rows(runnable, same_code))
         claimed = self._claim_unqueued(owner, lease_expires_at, now, limit)
         # In name order, so that two claimers of the same queues never wait for each other
         # in a cycle.
@@ -252,7 +252,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         now: float,
         same_code: Mapping[str, str] | None = None,
     ) -> journal.WorkflowInfo | None:
-        self._fill_runnable(_runnable_rows(runnable, same_code))
+        self._fill_runnable(runnable_rows(runnable, same_code))
         return self._claim_woken(owner, workflow_id, lease_expires_at, now)
 
     def _claim_woken(
@@ -439,7 +439,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         self._q("remove_executor", executor_id=executor_id)
 
 
-def _runnable_rows(
+def runnable_rows(
     runnable: Sequence[base.Runnable], same_code: Mapping[str, str] | None
 ) -> tuple[tuple[str, str, str], ...]:
     """The rows of ``runnable_here`` for these (name, version) pairs: name, version ('' for

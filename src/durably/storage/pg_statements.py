@@ -11,14 +11,34 @@ batch writes without BEGIN and COMMIT (``_alone``). A part of
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from durably import journal
+from durably import journal, replay
 from durably.storage import base, claims, entries, rows, signals, sql, sqlbase
 
 #: The payload of a ``work`` wake-up (a free place in a queue), encoded once.
 _WORK = sqlbase.encode_wakeup(base.Wakeup("work"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ahead:
+    """A statement a verb is planned to send first, to be sent ahead of it
+    (``OneStatementVerbs._statements_ahead``); ``read``: it writes nothing, so a verb
+    that does not send it after all changes nothing by it."""
+
+    sql_text: str
+    params: dict[str, Any]
+    read: bool
+
+
+def _claim_woken_params(
+    owner: str, workflow_id: str, lease_expires_at: float, now: float
+) -> dict[str, Any]:
+    """The parameters of ``claim_woken`` (``_claim_woken``, ``_statements_ahead``)."""
+    return {"owner": owner, "workflow_id": workflow_id, "lease_expires_at": lease_expires_at,
+            "now": now}  # fmt: skip
 
 
 class Session(Protocol):
@@ -26,7 +46,7 @@ class Session(Protocol):
 
     solo: bool
     skip_begin: bool
-    ahead: Any  # the op's first statement, sent ahead of its batch (PostgresStore._run_ahead)
+    ahead: Any  # the op's statements sent ahead of its batch (PostgresStore._run_ahead)
 
 
 class OneStatementVerbs(sql.SqlStore):
@@ -98,6 +118,43 @@ class OneStatementVerbs(sql.SqlStore):
             return new.workflow_id, "create_owned_workflow", params
         return None
 
+    def _statements_ahead(self, op: base.Op) -> list[Ahead] | None:
+        """The statements a function of verbs (``base.calls_first``) sends first, as far as
+        they can be told from its arguments: its plan, each verb call as the statement it
+        sends first (a read may be left unsent: its answer is then dropped). None for an
+        op with no plan, or a plan of less than two statements (BEGIN goes with the first
+        statement anyway). PostgresStore pipelines them with BEGIN: one round trip."""
+        planned: list[Ahead] = []
+        for verb, args, keywords in base.planned_calls(op.fn, op.args):
+            ahead = self._verb_statement(verb, args, keywords)
+            if ahead is None:
+                break  # what follows depends on what this verb will find
+            planned.append(ahead)
+        return planned if len(planned) > 1 else None
+
+    def _verb_statement(
+        self, verb: str, args: tuple[Any, ...], keywords: dict[str, Any]
+    ) -> Ahead | None:
+        """The one statement ``verb`` called with these arguments sends first, if it can be
+        told from them: (the query, its parameters, whether it only reads)."""
+        if verb == "send_signal":  # keep_signal, whatever the signal finds
+            workflow_id, name, payload, idempotency_key, now = args
+            tell = keywords.get("tell", True)
+            params = self._keep_signal_params(
+                workflow_id, name, payload, idempotency_key, now, tell
+            )
+            return Ahead(self._queries["keep_signal"], params, read=False)
+        if verb == "claim_woken":  # one statement once the connection holds its runnable set
+            owner, workflow_id, runnable, lease_expires_at, now, same_code = args
+            if self._temp_tables().runnable != claims.runnable_rows(runnable, same_code):
+                return None
+            params = _claim_woken_params(owner, workflow_id, lease_expires_at, now)
+            return Ahead(self._queries["claim_woken"], params, read=False)
+        if verb == "load_history":
+            (workflow_id,) = args
+            return Ahead(self._queries["load_history"], {"workflow_id": workflow_id}, read=True)
+        return None
+
     def _claim_and_record(self, **params: Any) -> journal.WorkflowInfo | None:
         # One statement (a data-modifying WITH), not three: the claim, its record, the row.
         found = rows.first(self._q("claim_and_record", **params))
@@ -114,8 +171,8 @@ class OneStatementVerbs(sql.SqlStore):
         self, owner: str, workflow_id: str, lease_expires_at: float, now: float
     ) -> journal.WorkflowInfo | None:
         # The pick and its claim in one statement, as _claim_unqueued's.
-        params = {"owner": owner, "lease_expires_at": lease_expires_at, "now": now}
-        found = claims.taken(rows.every(self._q("claim_woken", workflow_id=workflow_id, **params)))
+        params = _claim_woken_params(owner, workflow_id, lease_expires_at, now)
+        found = claims.taken(rows.every(self._q("claim_woken", **params)))
         return found[0] if found else None
 
     def _fence_and_write(
@@ -145,7 +202,7 @@ class OneStatementVerbs(sql.SqlStore):
         # a plain finish is one round trip, not two; if its fence did not hold, it wrote
         # nothing, and what the verb writes next begins a transaction again.
         session = self._session
-        if not session.solo and session.ahead is None:  # a batch's: no round trip to save
+        if not session.solo and not session.ahead:  # a batch's: no round trip to save
             return super()._finish_at_once(status, error, **params)
         with self._alone(True):
             found = self._q(
@@ -168,23 +225,33 @@ class OneStatementVerbs(sql.SqlStore):
         raise NotImplementedError
 
     def _fence_and_look(
-        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float
+        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float, *, whole: bool
     ) -> tuple[entries.Fence, journal.Entry | None, tuple[int, str] | None]:
         # One statement: the fence, the wait's final entry (whether there is one) and the
-        # signal it receives (fence_and_next_signal in queries.sql).
-        found = self._q(
-            "fence_and_next_signal",
-            workflow_id=workflow_id,
-            epoch=epoch,
-            seq=wait.seq,
-            name=wait.name,
-        ).fetchone()
-        if found is None:
+        # signal it receives (fence_and_next_signal in queries.sql); when ``whole``, the
+        # receive too (fence_and_receive_signal), sent alone when the verb is its batch:
+        # a signal already there is received in one round trip.
+        if whole:
+            with self._alone(True):
+                params = entries.entry_params(workflow_id, wait)
+                found = self._q("fence_and_receive_signal", now=now, epoch=epoch, **params)
+                row = found.fetchone()
+        else:
+            params = {"workflow_id": workflow_id, "seq": wait.seq, "name": wait.name}
+            row = self._q("fence_and_next_signal", epoch=epoch, **params).fetchone()
+            row = None if row is None else (*row, 0)  # nothing written
+        if row is None:
             raise self._fenced_off(workflow_id, epoch)
-        cancel_requested, crash_count, deadline_at, final, num, payload = found
+        cancel_requested, crash_count, deadline_at, final, num, payload, written = row
+        if written:  # a new final entry: the statement ended the crashes counted in a row
+            crash_count = 0
         fence = entries.Fence(
             workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at
         )
+        if written:  # received: the wait's entry is what signal_outcome makes of the signal
+            return fence, replay.signal_outcome(wait, str(payload), now), None
+        if whole:
+            self._begin_again()  # what follows writes in a transaction of its own
         if final:  # rare: an earlier commit's outcome was not known to its caller
             return fence, self._final_at(workflow_id, wait.seq), None
         return fence, None, None if num is None else (int(num), str(payload))
@@ -204,6 +271,21 @@ class OneStatementVerbs(sql.SqlStore):
         cursor = self._q("consume_and_write_entry", num=num, **params)
         self._wrote(workflow_id, final, cursor.rowcount, now, fence)
 
+    def _keep_signal_params(
+        self,
+        workflow_id: str,
+        name: str,
+        payload: str,
+        idempotency_key: str | None,
+        now: float,
+        tell: bool,
+    ) -> dict[str, Any]:
+        """The parameters of ``keep_signal`` (``_keep_signal``, ``_statements_ahead``)."""
+        wakeup = sqlbase.encode_wakeup(base.Wakeup("signal", workflow_id, name))
+        return {"workflow_id": workflow_id, "name": name, "payload": payload,
+                "idempotency_key": idempotency_key, "now": now, "channel": self.channel,
+                "wakeup": wakeup, "tell": tell}  # fmt: skip
+
     def _keep_signal(
         self,
         workflow_id: str,
@@ -216,19 +298,9 @@ class OneStatementVerbs(sql.SqlStore):
         tell: bool = True,
     ) -> signals.KeptSignal:
         # One statement (keep_signal in queries.sql); alone in its batch, one round trip.
-        wakeup = sqlbase.encode_wakeup(base.Wakeup("signal", workflow_id, name))
+        params = self._keep_signal_params(workflow_id, name, payload, idempotency_key, now, tell)
         with self._alone(whole):
-            found = self._q(
-                "keep_signal",
-                workflow_id=workflow_id,
-                name=name,
-                payload=payload,
-                idempotency_key=idempotency_key,
-                now=now,
-                channel=self.channel,
-                wakeup=wakeup,
-                tell=tell,
-            ).fetchone()
+            found = self._q("keep_signal", **params).fetchone()
         if found is None:
             return signals.KeptSignal(None)
         status, duplicate, counted, kept = str(found[0]), bool(found[1]), found[2], found[3]

@@ -404,31 +404,45 @@ class PostgresStore(pg_statements.OneStatementVerbs):
     def run_batch(self, ops: Sequence[base.Op]) -> None:
         if self._inline_wanted and not self._inline.inline:
             self._open_inline()
-        if len(ops) > 1 and self._run_ahead(ops):
+        planned = self._plan_ahead(ops)
+        if planned is not None and self._run_ahead(ops, planned):
             return
         super().run_batch(ops)
 
-    def _run_ahead(self, ops: Sequence[base.Op]) -> bool:
-        """Run a group commit with each op's first statement sent ahead, pipelined with
-        BEGIN: two round trips (that and COMMIT) where each op's statement was one more.
+    def _plan_ahead(self, ops: Sequence[base.Op]) -> list[list[pg_statements.Ahead]] | None:
+        """The statements to send ahead of each op of the batch, or None for none.
 
-        Only where every op's first statement is known from its arguments and the ops
-        are of different workflows (``_statement_ahead``); a verb's later statements
-        (rare: entries after the first, an error's details) follow in the same
-        transaction. A finish's statement here is ``finish_and_wake``, which wakes its
-        parent itself: a parent's row is locked in the batch's order, not after it.
-        False, with nothing left done, where it cannot be used or a verb sent another
-        statement first: the batch then runs as usual. An op that fails undoes all, as
-        in ``SqlBase.run_batch``, and the batch runs again guarded.
+        A group commit: each op's first statement, where every op's is known from its
+        arguments and the ops are of different workflows (``_statement_ahead``). A
+        finish's statement here is ``finish_and_wake``, which wakes its parent itself: a
+        parent's row is locked in the batch's order, not after it. One op: the first
+        statements of a function of verbs with a plan (``_statements_ahead``: a signal's
+        send, the claim it makes and the journal it reads).
         """
-        planned: list[tuple[str, dict[str, Any]]] = []
+        if len(ops) == 1:
+            alone = self._statements_ahead(ops[0])
+            return None if alone is None else [alone]
+        planned: list[list[pg_statements.Ahead]] = []
         seen: set[str] = set()
         for op in ops:
             ahead = self._statement_ahead(op)
             if ahead is None or ahead[0] in seen:
-                return False
+                return None
             seen.add(ahead[0])
-            planned.append((self._queries[ahead[1]], ahead[2]))
+            planned.append([pg_statements.Ahead(self._queries[ahead[1]], ahead[2], read=False)])
+        return planned
+
+    def _run_ahead(self, ops: Sequence[base.Op], planned: list[list[pg_statements.Ahead]]) -> bool:
+        """Run a batch with the ``planned`` statements of each op sent ahead, pipelined
+        with BEGIN: two round trips (that and COMMIT) where each statement was one more.
+
+        Each op must then send its planned statements first, in order (a planned read it
+        does not send is dropped); its later statements (rare in a group commit: entries
+        after the first, an error's details) follow in the same transaction. False, with
+        nothing left done, where a verb sent another statement before a planned write,
+        or left one unsent: the batch then runs as usual. An op that fails undoes all, as
+        in ``SqlBase.run_batch``, and the batch runs again guarded.
+        """
         if not self._begin_batch(ops):
             return True  # every op failed with why
         session = self._session
@@ -437,16 +451,19 @@ class PostgresStore(pg_statements.OneStatementVerbs):
         try:
             with conn.pipeline():
                 conn.execute("BEGIN")
-                cursors = [conn.execute(sql_text, params) for sql_text, params in planned]
+                sent = [
+                    [(a, conn.execute(a.sql_text, a.params)) for a in statements]
+                    for statements in planned
+                ]
         except Exception:  # a lost connection, a value refused: as usual, from the start
             self._undo(ops)  # (psycopg may have sent BEGIN and some before it raised)
             return False
         try:
-            for op, (sql_text, params), cursor in zip(ops, planned, cursors, strict=True):
-                session.ahead = (sql_text, params, cursor)
+            for op, ahead in zip(ops, sent, strict=True):
+                session.ahead = ahead
                 op.result = op.fn(*op.args)
-                if session.ahead is not None:
-                    raise _Unplanned  # the verb did not send it: not the statement planned
+                if any(not a.read for a, _ in session.ahead):
+                    raise _Unplanned  # a write the op did not send: not what was planned
         except _Unplanned:
             self._undo(ops)
             return False
@@ -456,14 +473,14 @@ class PostgresStore(pg_statements.OneStatementVerbs):
                 self._run_guarded(ops)
             return True
         finally:
-            session.ahead = None
+            session.ahead = []
         self._finish(ops)
         return True
 
     def _undo(self, ops: Sequence[base.Op]) -> None:
         """Roll the batch's transaction back (a broken connection is dropped: the next
         batch connects again) and forget what its ops answered."""
-        self._session.ahead = None
+        self._session.ahead = []
         conn = self._conn
         if conn is not None and conn.broken:
             self._drop()
@@ -584,11 +601,13 @@ class PostgresStore(pg_statements.OneStatementVerbs):
     def _execute(self, sql_text: str, params: Mapping[str, Any] | None = None) -> Any:
         session = self._session
         ahead = session.ahead
-        if ahead is not None:  # the op's first statement, sent ahead (_run_ahead)
-            session.ahead = None
-            if sql_text is not ahead[0] or params != ahead[1]:
+        while ahead:  # the op's planned statements, sent ahead (_run_ahead)
+            planned, cursor = ahead.pop(0)
+            if sql_text is planned.sql_text and params == planned.params:
+                return cursor
+            if not planned.read:
                 raise _Unplanned
-            return ahead[2]
+            # a read the op no longer wants (what it found sent it elsewhere): dropped
         if not session.begin_pending:
             return self.conn.execute(sql_text, params)
         session.begin_pending = False
@@ -797,9 +816,9 @@ class _Session:
         self.solo = False
         self.skip_begin = False  # the pending statement is the whole batch: no BEGIN
         self.inline = False  # in use by the event loop's thread (run_inline)
-        #: The running op's first statement, sent ahead of its batch: (its text, its
-        #: parameters, the cursor holding its answer), until the op sends it.
-        self.ahead: tuple[str, Mapping[str, Any] | None, Any] | None = None
+        #: The running op's planned statements, sent ahead of its batch, each with the
+        #: cursor holding its answer, until the op sends it (``_run_ahead``).
+        self.ahead: list[tuple[pg_statements.Ahead, Any]] = []
 
 
 class _Unplanned(BaseException):

@@ -601,6 +601,46 @@ FROM fence LEFT JOIN LATERAL (
 {{next_signal}}
 ) AS next ON TRUE
 
+-- name: fence_and_receive_signal
+-- PostgreSQL only: receive_signal in one statement: the fence (its row locked), whether the
+-- wait at :seq is final already, the oldest signal of :name it has not received; where the
+-- fence held, the wait is not final and a signal is there, the wait's entry written
+-- completed with the signal's payload (finished at :now), the signal consumed by it and the
+-- crashes counted in a row ended, as consume_and_write_entry and progress would. Sent alone
+-- it is the whole receive, one round trip. No row: the fence did not hold.
+WITH fence AS (
+{{fence}}
+FOR UPDATE
+), settled AS (
+    SELECT EXISTS (SELECT 1 FROM journal
+                   WHERE workflow_id = :workflow_id AND seq = :seq
+                     AND status IN ('completed', 'failed', 'timed_out')) AS final
+), next AS (
+{{next_signal}}
+), written AS (
+    INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
+                         finished_at, wake_at, args_digest)
+    SELECT CAST(:workflow_id AS TEXT), CAST(:seq AS BIGINT), CAST(:kind AS TEXT),
+           CAST(:name AS TEXT), 'completed', CAST(:attempt AS BIGINT), next.payload,
+           CAST(:started_at AS DOUBLE PRECISION), CAST(:now AS DOUBLE PRECISION),
+           CAST(:wake_at AS DOUBLE PRECISION), CAST(:args_digest AS TEXT)
+    FROM fence, settled, next
+    WHERE NOT settled.final
+    {{entry_conflict}}
+    RETURNING 1
+), consumed AS (
+    UPDATE signals SET consumed_seq = :seq
+    WHERE workflow_id = :workflow_id AND num = (SELECT num FROM next)
+      AND EXISTS (SELECT 1 FROM written)
+), progressed AS (
+    UPDATE workflows SET crash_count = 0, updated_at = :now
+    WHERE workflow_id = :workflow_id AND epoch = :epoch AND crash_count > 0
+      AND EXISTS (SELECT 1 FROM written)
+)
+SELECT fence.cancel_requested, fence.crash_count, fence.deadline_at, settled.final,
+       next.num, next.payload, (SELECT COUNT(*) FROM written) AS written
+FROM fence CROSS JOIN settled LEFT JOIN next ON TRUE
+
 -- name: consume_and_write_entry
 -- PostgreSQL only: consume_signal and upsert_entry in one statement (its row count is the
 -- upsert's).
