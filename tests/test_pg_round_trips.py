@@ -907,6 +907,46 @@ def test_a_signal_received_in_one_statement_keeps_the_entry_rules(pg_store: Any)
     assert [e.seq for e in db.load_history("wf-1")] == [1, 2, 3, 4, 5]
 
 
+def test_a_receive_that_found_no_signal_writes_the_wait_under_a_fence(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """The one-statement receive, sent alone, finds no signal and lets its row lock go;
+    another executor then takes the workflow over and a signal is sent to it. The wait's
+    timed-out entry the first executor writes next is fenced off, and the new owner
+    receives the signal (a review found this write unfenced)."""
+    other = create_store(postgres_url)
+    other.open()
+    try:
+        db, theirs = Verbs(pg_store), Verbs(other)
+        info = owned(db)
+        wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, NOW + 5)
+        db.append_entries("wf-1", info.epoch, [wait], NOW)
+        receive = pg_store._queries["fence_and_receive_signal"]
+        real = pg_store._execute
+        later = NOW + 2 * LEASE
+
+        def then_taken_over(sql_text: str, params: Any = None) -> Any:
+            cursor = real(sql_text, params)
+            if sql_text is receive:  # between the statement and the write that follows
+                assert claim_next(theirs, "ex-b", later) == ["wf-1"]
+                theirs.send_signal("wf-1", "go", '"hi"', None, later)
+            return cursor
+
+        pg_store._execute = then_taken_over
+        try:
+            with pytest.raises(errors.FencedError):
+                db.receive_signal("wf-1", info.epoch, wait, [], NOW + 6)
+        finally:
+            del pg_store._execute
+        row = theirs.get_workflow("wf-1")
+        assert (row.owner, row.epoch) == ("ex-b", info.epoch + 1)
+        assert theirs.load_history("wf-1") == [wait]  # nothing of the stale epoch's
+        got = theirs.receive_signal("wf-1", row.epoch, wait, [], later)
+        assert (got.status, got.payload) == ("completed", '"hi"')
+    finally:
+        other.close()
+
+
 def claimer(owner: str = "ex-b") -> Any:
     from durably import operations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from durably import journal, replay
@@ -39,6 +39,10 @@ def _claim_woken_params(
     """The parameters of ``claim_woken`` (``_claim_woken``, ``_statements_ahead``)."""
     return {"owner": owner, "workflow_id": workflow_id, "lease_expires_at": lease_expires_at,
             "now": now}  # fmt: skip
+
+
+#: The entries module's names a verb whose ``entries`` argument hides the module uses.
+_entry_params, _Fence = entries.entry_params, entries.Fence
 
 
 class Session(Protocol):
@@ -224,34 +228,62 @@ class OneStatementVerbs(sql.SqlStore):
         """After a statement sent alone (a transaction of its own), send BEGIN with the next."""
         raise NotImplementedError
 
-    def _fence_and_look(
-        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float, *, whole: bool
-    ) -> tuple[entries.Fence, journal.Entry | None, tuple[int, str] | None]:
-        # One statement: the fence, the wait's final entry (whether there is one) and the
-        # signal it receives (fence_and_next_signal in queries.sql); when ``whole``, the
-        # receive too (fence_and_receive_signal), sent alone when the verb is its batch:
-        # a signal already there is received in one round trip.
-        if whole:
-            with self._alone(True):
-                params = entries.entry_params(workflow_id, wait)
-                found = self._q("fence_and_receive_signal", now=now, epoch=epoch, **params)
-                row = found.fetchone()
-        else:
-            params = {"workflow_id": workflow_id, "seq": wait.seq, "name": wait.name}
-            row = self._q("fence_and_next_signal", epoch=epoch, **params).fetchone()
-            row = None if row is None else (*row, 0)  # nothing written
+    def receive_signal(
+        self,
+        workflow_id: str,
+        epoch: int,
+        wait: journal.Entry,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> journal.Entry:
+        # With no entries to write first, one statement (fence_and_receive_signal): the
+        # fence and, when a signal is there, the whole receive; sent alone when the verb is
+        # its batch, so a run that finds its signal there receives it in one round trip.
+        # When it wrote nothing, what follows writes under a fence of its own: sent alone,
+        # the statement's row lock ended with it.
+        if entries:
+            return super().receive_signal(workflow_id, epoch, wait, entries, now)
+        with self._alone(True):
+            params = _entry_params(workflow_id, wait)
+            row = self._q("fence_and_receive_signal", now=now, epoch=epoch, **params).fetchone()
         if row is None:
             raise self._fenced_off(workflow_id, epoch)
         cancel_requested, crash_count, deadline_at, final, num, payload, written = row
-        if written:  # a new final entry: the statement ended the crashes counted in a row
-            crash_count = 0
+        if written:  # received: the entry is what signal_outcome makes of the signal
+            return replay.signal_outcome(wait, str(payload), now)
+        self._begin_again()  # what follows is a transaction of its own
+        if final:  # rare: an earlier commit's outcome was not known to its caller
+            settled = self._final_at(workflow_id, wait.seq)
+            if settled is not None:  # (a final entry is never changed)
+                return settled
+        outcome = replay.signal_outcome(wait, None if num is None else str(payload), now)
+        if num is not None:  # another call's entry holds the wait's seq: refused as _wrote does
+            fence = _Fence(
+                workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at
+            )
+            self._wrote(workflow_id, outcome, 0, now, fence)  # raises: it is not final
+            return outcome
+        self._fenced_upsert(workflow_id, epoch, [outcome], now, last=True)
+        return outcome
+
+    def _fence_and_look(
+        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float
+    ) -> tuple[entries.Fence, journal.Entry | None, tuple[int, str] | None]:
+        # One statement: the fence, the wait's final entry (whether there is one) and the
+        # signal it receives (fence_and_next_signal in queries.sql).
+        found = self._q(
+            "fence_and_next_signal",
+            workflow_id=workflow_id,
+            epoch=epoch,
+            seq=wait.seq,
+            name=wait.name,
+        ).fetchone()
+        if found is None:
+            raise self._fenced_off(workflow_id, epoch)
+        cancel_requested, crash_count, deadline_at, final, num, payload = found
         fence = entries.Fence(
             workflow_id, epoch, bool(cancel_requested), int(crash_count), deadline_at
         )
-        if written:  # received: the wait's entry is what signal_outcome makes of the signal
-            return fence, replay.signal_outcome(wait, str(payload), now), None
-        if whole:
-            self._begin_again()  # what follows writes in a transaction of its own
         if final:  # rare: an earlier commit's outcome was not known to its caller
             return fence, self._final_at(workflow_id, wait.seq), None
         return fence, None, None if num is None else (int(num), str(payload))

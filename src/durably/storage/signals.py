@@ -62,22 +62,20 @@ class SignalVerbs(entries.EntryVerbs):
         entries: Sequence[journal.Entry],
         now: float,
     ) -> journal.Entry:
-        fence, done, signal = self._fence_and_look(workflow_id, epoch, wait, now, whole=not entries)
+        fence, done, signal = self._fence_and_look(workflow_id, epoch, wait, now)
         self._upsert(workflow_id, entries, now, fence)
-        if done is not None:  # settled: by an earlier commit whose outcome was not known, or
-            return done  # by the dialect's look, which received the signal it found
+        if done is not None:  # settled by an earlier commit whose outcome was not known
+            return done
         final = replay.signal_outcome(wait, None if signal is None else signal[1], now)
         num = None if signal is None else signal[0]
         self._consume_and_write(workflow_id, num, final, now, fence)
         return final
 
     def _fence_and_look(
-        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float, *, whole: bool
+        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float
     ) -> tuple[entries.Fence, journal.Entry | None, tuple[int, str] | None]:
         """The fence; the wait's entry if it is final already; else the oldest signal of its
-        name not yet received, as (number, payload). A dialect may do it in one statement,
-        and when ``whole`` (the receive writes nothing but the wait's entry) may receive the
-        signal it finds in that statement too: the wait's entry is then final, returned."""
+        name not yet received, as (number, payload). A dialect may do it in one statement."""
         fence = self._fence(workflow_id, epoch, now)
         done = self._final_at(workflow_id, wait.seq)
         if done is not None:
