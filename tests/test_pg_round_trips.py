@@ -1015,6 +1015,15 @@ def test_a_signal_whose_claim_takes_nothing_is_still_kept_and_told(pg_store: Any
                    claimer())  # fmt: skip
     assert woken.taken is not None and woken.received is None
     assert [s["consumed_seq"] for s in db.list_signals("asked")] == [None]
+    # An unknown workflow: the op's own error, raised once (not run again), nothing kept.
+    op = base.Op(
+        operations._send_and_claim, (pg_store, "nope", "go", "1", None, NOW, claimer()), True
+    )
+    sent = traced(pg_store, [op])
+    assert isinstance(op.error, errors.WorkflowNotFound), op.error
+    # the pipeline (one round trip), then ROLLBACK (psycopg may add DEALLOCATE ALL after it)
+    assert len([s for s in sent if s.strip('" ') not in ("ROLLBACK", "DEALLOCATE ALL")]) == 1, sent
+    assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
 def test_a_woken_workflows_claim_and_journal_are_one_round_trip(pg_store: Any) -> None:

@@ -419,6 +419,9 @@ class PostgresStore(pg_statements.OneStatementVerbs):
         statements of a function of verbs with a plan (``_statements_ahead``: a signal's
         send, the claim it makes and the journal it reads).
         """
+        conn = self._conn
+        if not ops or conn is None or conn.closed or conn.broken:  # (a new one has no temp table)
+            return None
         if len(ops) == 1:
             alone = self._statements_ahead(ops[0])
             return None if alone is None else [alone]
@@ -441,7 +444,9 @@ class PostgresStore(pg_statements.OneStatementVerbs):
         after the first, an error's details) follow in the same transaction. False, with
         nothing left done, where a verb sent another statement before a planned write,
         or left one unsent: the batch then runs as usual. An op that fails undoes all, as
-        in ``SqlBase.run_batch``, and the batch runs again guarded.
+        in ``SqlBase.run_batch``, and the batch runs again guarded; an op alone in its
+        batch fails with its error, as ``_run_alone`` would (everything planned was
+        answered without error, or the pipeline itself would have failed: as usual).
         """
         if not self._begin_batch(ops):
             return True  # every op failed with why
@@ -467,8 +472,11 @@ class PostgresStore(pg_statements.OneStatementVerbs):
         except _Unplanned:
             self._undo(ops)
             return False
-        except Exception:
+        except Exception as exc:
             self._undo(ops)
+            if len(ops) == 1:  # its own error (what it planned was sent and answered): kept
+                ops[0].error = self._translate(exc)
+                return True
             if self._begin_batch(ops):
                 self._run_guarded(ops)
             return True
