@@ -1,6 +1,7 @@
 """``python -m benchmarks``: what durably costs, each figure beside its baseline from the same run.
 
     python -m benchmarks [--quick] [--rounds N] [--rows NAME ...] [--postgres URL] [--no-dbos]
+                         [--rtt MS]
 
 One table: per-step latency (SQLite FULL, NORMAL, PostgreSQL) against one raw
 commit; a sync ``def`` step against an async one on the same engine; workflow
@@ -12,7 +13,9 @@ result's own JSON; and DBOS Transact on the same workloads when ``dbos`` is
 installed (its replay and recovery as benchmarks/dbos_workloads.py says). Rounds
 are interleaved (every row once per round, baseline and durably back to back),
 databases are warm (made once, reused by every round), and each cell is
-``median [min-max]`` over the rounds.
+``median [min-max]`` over the rounds. ``--rtt MS`` puts a proxy that delays every
+packet (benchmarks/latency.py) between every PostgreSQL client and the server: the
+rows then show what round trips cost where the server is across a network.
 
 This is a benchmark, not a test: nothing asserts on speed. See docs/performance.md.
 """
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,6 +348,44 @@ def postgres(url: str | None) -> Iterator[tuple[Callable[[str], str] | None, str
         cluster.stop()
 
 
+@contextlib.contextmanager
+def delayed(
+    pg: contextlib.AbstractContextManager[tuple[Callable[[str], str] | None, str]], rtt_ms: float
+) -> Iterator[tuple[Callable[[str], str] | None, str]]:
+    """``pg``'s databases reached through :mod:`benchmarks.latency`, which adds ``rtt_ms``
+    to every round trip; the note says the round trip measured through it."""
+    import psycopg
+
+    from benchmarks import latency
+
+    with contextlib.ExitStack() as stack:
+        make, note = stack.enter_context(pg)
+        if make is None:
+            yield make, note
+            return
+        ports: dict[tuple[str, int], int] = {}
+
+        def through(name: str) -> str:
+            url = urllib.parse.urlsplit(make(name))
+            server = (url.hostname or "127.0.0.1", url.port or 5432)
+            if server not in ports:
+                ports[server] = stack.enter_context(latency.proxy(*server, rtt_ms))
+            user = f"{url.username}@" if url.username else ""
+            netloc = f"{user}127.0.0.1:{ports[server]}"
+            return urllib.parse.urlunsplit(url._replace(netloc=netloc))
+
+        probe = through("durably_bench_rtt")
+        with psycopg.connect(probe, autocommit=True) as conn:
+            took = []
+            for _ in range(21):
+                t0 = time.perf_counter()
+                conn.execute("SELECT 1").fetchone()
+                took.append((time.perf_counter() - t0) * 1000)
+        got = statistics.median(took)
+        proxied = f"every round trip {got:.2f} ms through a delaying proxy (--rtt {rtt_ms:g})"
+        yield through, f"{note}; {proxied}"
+
+
 # --- the table ------------------------------------------------------------------------------
 
 
@@ -426,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postgres", metavar="URL", help="an existing server (a superuser URL)")
     parser.add_argument("--no-dbos", action="store_true", help="leave out the DBOS column")
     parser.add_argument("--dir", help="parent of the temp dir for SQLite files")
+    parser.add_argument(
+        "--rtt",
+        type=float,
+        metavar="MS",
+        help="add MS to every PostgreSQL round trip (a proxy): a server across a network",
+    )
     args = parser.parse_args(argv)
 
     sizes = QUICK if args.quick else FULL
@@ -474,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wants_pg = any(r.backend == "pg" for r in rows)
         pg = postgres(args.postgres) if wants_pg else contextlib.nullcontext((None, ""))
+        if wants_pg and args.rtt:
+            pg = delayed(pg, args.rtt)
         with pg as (mk, note):
             if wants_pg:
                 notes.append(note)

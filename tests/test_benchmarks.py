@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests import children, pgcluster
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,3 +73,66 @@ def test_an_unknown_row_name_is_refused_naming_the_rows() -> None:
     )
     assert proc.returncode == 2
     assert "no-such-row" in proc.stderr and "step-full" in proc.stderr
+
+
+def test_the_latency_proxy_delays_each_round_trip_and_keeps_the_bytes_in_order() -> None:
+    """``--rtt``'s proxy (benchmarks/latency.py) in front of a real echo server on
+    127.0.0.1: every byte comes back, in order, and a round trip through it takes at
+    least the delay asked for."""
+    import socket
+    import threading
+    import time
+
+    from benchmarks import latency
+
+    echo = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = echo.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=serve, daemon=True).start()
+    with (
+        latency.proxy("127.0.0.1", echo.getsockname()[1], rtt_ms=20) as port,
+        socket.create_connection(("127.0.0.1", port)) as client,
+    ):
+        took = []
+        for i in range(5):
+            t0 = time.perf_counter()
+            client.sendall(b"ping%d" % i)
+            assert client.recv(64) == b"ping%d" % i
+            took.append(time.perf_counter() - t0)
+        assert min(took) >= 0.020, took
+        sent = b"".join(b"%06d" % i for i in range(20_000))  # many chunks, sent at once
+        client.sendall(sent)
+        got = b""
+        while len(got) < len(sent):
+            got += client.recv(65536)
+        assert got == sent
+    echo.close()
+
+
+def test_rtt_puts_the_proxy_between_the_postgres_rows_and_the_server() -> None:
+    """``--rtt MS``: the PostgreSQL rows run through the proxy, and the note says the
+    round trip measured through it."""
+    if pgcluster.missing_tools() and os.environ.get("DURABLY_REQUIRE_POSTGRES") != "1":
+        pytest.skip(f"PostgreSQL is missing: {', '.join(pgcluster.missing_tools())}")
+    proc = subprocess.run(
+        children.python("-m", "benchmarks", "--quick", "--rows", "step-pg", "--no-dbos",
+                        "--rounds", "1", "--rtt", "5"),
+        env=children.child_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    note = next(line for line in proc.stdout.splitlines() if "delaying proxy" in line)
+    measured = float(note.split("every round trip ")[1].split(" ms")[0])
+    assert measured >= 5.0, note
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("step-pg "))
+    step_us = float(row.split(" | ")[4].split()[0])
+    assert step_us >= 5000, row  # a step's commit is at least one round trip
