@@ -14,16 +14,21 @@ from tests import children, pgcluster
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_quick_benchmark_prints_every_row_beside_its_baseline(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        children.python("-m", "benchmarks", "--quick", "--dir", str(tmp_path)),
+def benchmarks(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks ARGS`` in a child process, from the repository."""
+    return subprocess.run(
+        children.python("-m", "benchmarks", *args),
         env=children.child_env(),
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         check=False,
     )
+
+
+def test_quick_benchmark_prints_every_row_beside_its_baseline(tmp_path: Path) -> None:
+    proc = benchmarks("--quick", "--dir", str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     lines = out.splitlines()
@@ -62,15 +67,7 @@ def test_quick_benchmark_prints_every_row_beside_its_baseline(tmp_path: Path) ->
 
 
 def test_an_unknown_row_name_is_refused_naming_the_rows() -> None:
-    proc = subprocess.run(
-        children.python("-m", "benchmarks", "--quick", "--rows", "no-such-row"),
-        env=children.child_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = benchmarks("--quick", "--rows", "no-such-row", timeout=120)
     assert proc.returncode == 2
     assert "no-such-row" in proc.stderr and "step-full" in proc.stderr
 
@@ -119,16 +116,8 @@ def test_rtt_puts_the_proxy_between_the_postgres_rows_and_the_server() -> None:
     round trip measured through it."""
     if pgcluster.missing_tools() and os.environ.get("DURABLY_REQUIRE_POSTGRES") != "1":
         pytest.skip(f"PostgreSQL is missing: {', '.join(pgcluster.missing_tools())}")
-    proc = subprocess.run(
-        children.python("-m", "benchmarks", "--quick", "--rows", "step-pg", "--no-dbos",
-                        "--rounds", "1", "--rtt", "5"),
-        env=children.child_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )  # fmt: skip
+    args = ("--quick", "--rows", "step-pg", "--no-dbos", "--rounds", "1", "--rtt", "5")
+    proc = benchmarks(*args, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     note = next(line for line in proc.stdout.splitlines() if "delaying proxy" in line)
     measured = float(note.split("every round trip ")[1].split(" ms")[0])
