@@ -370,8 +370,8 @@ def delayed(
             server = (url.hostname or "127.0.0.1", url.port or 5432)
             if server not in ports:
                 ports[server] = stack.enter_context(latency.proxy(*server, rtt_ms))
-            user = f"{url.username}@" if url.username else ""
-            netloc = f"{user}127.0.0.1:{ports[server]}"
+            userinfo, at, _ = url.netloc.rpartition("@")  # the user and password, kept
+            netloc = f"{userinfo}{at}127.0.0.1:{ports[server]}"
             return urllib.parse.urlunsplit(url._replace(netloc=netloc))
 
         probe = through("durably_bench_rtt")

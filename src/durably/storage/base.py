@@ -73,7 +73,7 @@ def planned_calls(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[VerbCal
     """The verb calls ``fn`` (marked with :func:`calls_first`) plans for ``args``; none
     for any other function."""
     planner = getattr(fn, "calls_first", None)
-    return [] if planner is None else list(planner(*args))
+    return [] if planner is None else planner(*args)
 
 
 @dataclasses.dataclass(slots=True)

@@ -122,14 +122,14 @@ class OneStatementVerbs(sql.SqlStore):
             return new.workflow_id, "create_owned_workflow", params
         return None
 
-    def _statements_ahead(self, op: base.Op) -> list[Ahead] | None:
-        """The statements a function of verbs (``base.calls_first``) sends first, as far as
-        they can be told from its arguments: its plan, each verb call as the statement it
-        sends first (a read may be left unsent: its answer is then dropped). None for an
-        op with no plan, or a plan of less than two statements (BEGIN goes with the first
-        statement anyway). PostgresStore pipelines them with BEGIN: one round trip."""
+    def _statements_ahead(self, calls: list[base.VerbCall]) -> list[Ahead] | None:
+        """The statements a function of verbs sends first, as far as they can be told from
+        the ``calls`` it plans (``base.calls_first``): each verb call as the statement it
+        sends first (a read may be left unsent: its answer is then dropped). None for a
+        plan of less than two statements (BEGIN goes with the first statement anyway).
+        PostgresStore pipelines them with BEGIN: one round trip."""
         planned: list[Ahead] = []
-        for verb, args, keywords in base.planned_calls(op.fn, op.args):
+        for verb, args, keywords in calls:
             ahead = self._verb_statement(verb, args, keywords)
             if ahead is None:
                 break  # what follows depends on what this verb will find

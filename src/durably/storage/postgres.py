@@ -419,12 +419,12 @@ class PostgresStore(pg_statements.OneStatementVerbs):
         statements of a function of verbs with a plan (``_statements_ahead``: a signal's
         send, the claim it makes and the journal it reads).
         """
-        conn = self._conn
-        if not ops or conn is None or conn.closed or conn.broken:  # (a new one has no temp table)
-            return None
-        if len(ops) == 1:
-            alone = self._statements_ahead(ops[0])
+        if len(ops) == 1:  # one verb (a step's commit) has no plan: nothing more is looked at
+            calls = base.planned_calls(ops[0].fn, ops[0].args)
+            alone = self._statements_ahead(calls) if calls and self._connected() else None
             return None if alone is None else [alone]
+        if not ops or not self._connected():
+            return None
         planned: list[list[pg_statements.Ahead]] = []
         seen: set[str] = set()
         for op in ops:
@@ -434,6 +434,12 @@ class PostgresStore(pg_statements.OneStatementVerbs):
             seen.add(ahead[0])
             planned.append([pg_statements.Ahead(self._queries[ahead[1]], ahead[2], read=False)])
         return planned
+
+    def _connected(self) -> bool:
+        """This thread has a live connection: what a plan reads of it (its temporary tables)
+        is known. (A lost one is replaced at BEGIN, with none.)"""
+        conn = self._conn
+        return conn is not None and not conn.closed and not conn.broken
 
     def _run_ahead(self, ops: Sequence[base.Op], planned: list[list[pg_statements.Ahead]]) -> bool:
         """Run a batch with the ``planned`` statements of each op sent ahead, pipelined
