@@ -499,11 +499,12 @@ RETURNING queue
 
 -- name: next_wake
 -- The earliest wake-up time of any parked workflow, the end of a pending one's delay, or
--- a deadline still to enforce.
+-- a deadline still to enforce. The wake-ups are one IN list (journal.TIMED_STATUSES):
+-- SQLite reads it as a range of workflows_by_wake; an OR of two lists it read through
+-- workflows_by_status, every pending and parked row.
 SELECT MIN(due) FROM (
     SELECT MIN(wake_at) AS due FROM workflows
-    WHERE (status = 'pending' OR status IN ('sleeping', 'waiting', 'needs_review'))
-      AND wake_at IS NOT NULL
+    WHERE status IN ('pending', 'sleeping', 'waiting', 'needs_review') AND wake_at IS NOT NULL
     UNION ALL
     SELECT MIN(deadline_at) AS due FROM workflows
     WHERE deadline_at IS NOT NULL AND cancel_requested = 0
