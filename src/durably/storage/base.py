@@ -60,7 +60,7 @@ def calls_first(planner: Callable[..., list[VerbCall]]) -> Callable[[_Verb], _Ve
 
     A store whose statements are round trips may send their statements ahead, pipelined
     with BEGIN, and must check each against what the function then sends: the plan is a
-    guess, never an instruction (``PostgresStore._run_ahead``)."""
+    guess, never an instruction (``pg_ahead.AheadBatches._run_ahead``)."""
 
     def mark(fn: _Verb) -> _Verb:
         fn.calls_first = planner  # type: ignore[attr-defined]

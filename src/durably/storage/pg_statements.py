@@ -50,7 +50,7 @@ class Session(Protocol):
 
     solo: bool
     skip_begin: bool
-    ahead: Any  # the op's statements sent ahead of its batch (PostgresStore._run_ahead)
+    ahead: Any  # the op's statements sent ahead of its batch (pg_ahead.AheadBatches._run_ahead)
 
 
 class OneStatementVerbs(sql.SqlStore):

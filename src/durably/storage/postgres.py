@@ -81,7 +81,7 @@ import psycopg.pq
 from psycopg import sql as pgsql
 
 from durably import errors
-from durably.storage import base, pg_listener, pg_statements, sqlbase
+from durably.storage import base, pg_ahead, pg_listener, pg_statements, sqlbase
 
 log = logging.getLogger("durably")
 
@@ -233,7 +233,7 @@ def redact(url: str) -> str:
     return shown + (f"#{parts.fragment}" if parts.fragment else "")
 
 
-class PostgresStore(pg_statements.OneStatementVerbs):
+class PostgresStore(pg_ahead.AheadBatches):
     """A Store in one schema of a PostgreSQL database (``durably`` unless the URL names one)."""
 
     driver_errors = (psycopg.Error,)
@@ -404,103 +404,7 @@ class PostgresStore(pg_statements.OneStatementVerbs):
     def run_batch(self, ops: Sequence[base.Op]) -> None:
         if self._inline_wanted and not self._inline.inline:
             self._open_inline()
-        planned = self._plan_ahead(ops)
-        if planned is not None and self._run_ahead(ops, planned):
-            return
         super().run_batch(ops)
-
-    def _plan_ahead(self, ops: Sequence[base.Op]) -> list[list[pg_statements.Ahead]] | None:
-        """The statements to send ahead of each op of the batch, or None for none.
-
-        A group commit: each op's first statement, where every op's is known from its
-        arguments and the ops are of different workflows (``_statement_ahead``). A
-        finish's statement here is ``finish_and_wake``, which wakes its parent itself: a
-        parent's row is locked in the batch's order, not after it. One op: the first
-        statements of a function of verbs with a plan (``_statements_ahead``: a signal's
-        send, the claim it makes and the journal it reads).
-        """
-        if len(ops) == 1:  # one verb (a step's commit) has no plan: nothing more is looked at
-            calls = base.planned_calls(ops[0].fn, ops[0].args)
-            alone = self._statements_ahead(calls) if calls and self._connected() else None
-            return None if alone is None else [alone]
-        if not ops or not self._connected():
-            return None
-        planned: list[list[pg_statements.Ahead]] = []
-        seen: set[str] = set()
-        for op in ops:
-            ahead = self._statement_ahead(op)
-            if ahead is None or ahead[0] in seen:
-                return None
-            seen.add(ahead[0])
-            planned.append([pg_statements.Ahead(self._queries[ahead[1]], ahead[2], read=False)])
-        return planned
-
-    def _connected(self) -> bool:
-        """This thread has a live connection: what a plan reads of it (its temporary tables)
-        is known. (A lost one is replaced at BEGIN, with none.)"""
-        conn = self._conn
-        return conn is not None and not conn.closed and not conn.broken
-
-    def _run_ahead(self, ops: Sequence[base.Op], planned: list[list[pg_statements.Ahead]]) -> bool:
-        """Run a batch with the ``planned`` statements of each op sent ahead, pipelined
-        with BEGIN: two round trips (that and COMMIT) where each statement was one more.
-
-        Each op must then send its planned statements first, in order (a planned read it
-        does not send is dropped); its later statements (rare in a group commit: entries
-        after the first, an error's details) follow in the same transaction. False, with
-        nothing left done, where a verb sent another statement before a planned write,
-        or left one unsent: the batch then runs as usual. An op that fails undoes all, as
-        in ``SqlBase.run_batch``, and the batch runs again guarded; an op alone in its
-        batch fails with its error, as ``_run_alone`` would (everything planned was
-        answered without error, or the pipeline itself would have failed: as usual).
-        """
-        if not self._begin_batch(ops):
-            return True  # every op failed with why
-        session = self._session
-        session.begin_pending = False  # sent here, with the statements
-        conn = self.conn
-        try:
-            with conn.pipeline():
-                conn.execute("BEGIN")
-                sent = [
-                    [(a, conn.execute(a.sql_text, a.params)) for a in statements]
-                    for statements in planned
-                ]
-        except Exception:  # a lost connection, a value refused: as usual, from the start
-            self._undo(ops)  # (psycopg may have sent BEGIN and some before it raised)
-            return False
-        try:
-            for op, ahead in zip(ops, sent, strict=True):
-                session.ahead = ahead
-                op.result = op.fn(*op.args)
-                if any(not a.read for a, _ in session.ahead):
-                    raise _Unplanned  # a write the op did not send: not what was planned
-        except _Unplanned:
-            self._undo(ops)
-            return False
-        except Exception as exc:
-            self._undo(ops)
-            if len(ops) == 1:  # its own error (what it planned was sent and answered): kept
-                ops[0].error = self._translate(exc)
-                return True
-            if self._begin_batch(ops):
-                self._run_guarded(ops)
-            return True
-        finally:
-            session.ahead = []
-        self._finish(ops)
-        return True
-
-    def _undo(self, ops: Sequence[base.Op]) -> None:
-        """Roll the batch's transaction back (a broken connection is dropped: the next
-        batch connects again) and forget what its ops answered."""
-        self._session.ahead = []
-        conn = self._conn
-        if conn is not None and conn.broken:
-            self._drop()
-        self._rollback()
-        for op in ops:
-            op.result = None
 
     def _open_inline(self) -> None:
         """Open the inline calls' connection, on a store thread (at most once in
@@ -530,11 +434,6 @@ class PostgresStore(pg_statements.OneStatementVerbs):
         """The calling thread's connection and transaction state."""
         session: _Session = getattr(self._local, "session", self._shared)
         return session
-
-    @property
-    def _conn(self) -> psycopg.Connection[Any] | None:
-        """This thread's connection, if it has one."""
-        return self._session.conn
 
     @property
     def _begin_pending(self) -> bool:
@@ -614,14 +513,10 @@ class PostgresStore(pg_statements.OneStatementVerbs):
 
     def _execute(self, sql_text: str, params: Mapping[str, Any] | None = None) -> Any:
         session = self._session
-        ahead = session.ahead
-        while ahead:  # the op's planned statements, sent ahead (_run_ahead)
-            planned, cursor = ahead.pop(0)
-            if sql_text is planned.sql_text and params == planned.params:
+        if session.ahead:  # the op's planned statements, sent ahead (AheadBatches._run_ahead)
+            cursor = self._sent_ahead(sql_text, params)
+            if cursor is not None:
                 return cursor
-            if not planned.read:
-                raise _Unplanned
-            # a read the op no longer wants (what it found sent it elsewhere): dropped
         if not session.begin_pending:
             return self.conn.execute(sql_text, params)
         session.begin_pending = False
@@ -833,12 +728,6 @@ class _Session:
         #: The running op's planned statements, sent ahead of its batch, each with the
         #: cursor holding its answer, until the op sends it (``_run_ahead``).
         self.ahead: list[tuple[pg_statements.Ahead, Any]] = []
-
-
-class _Unplanned(BaseException):
-    """A verb's first statement was not the one sent ahead of its batch (``_run_ahead``):
-    the batch is rolled back and runs as usual. A BaseException, so that no verb's
-    ``except Exception`` takes it for its own error."""
 
 
 class _Elsewhere(Exception):

@@ -1,0 +1,169 @@
+"""PostgreSQL batches whose first statements are sent ahead, pipelined with BEGIN.
+
+Every statement to a server is a round trip. Where a batch's first statements are known
+before its ops run (a group commit's one statement per workflow, or the plan a function
+of verbs carries: ``base.calls_first``), they go with BEGIN in one pipeline, and each op
+then finds its statement's answer waiting instead of sending it. The plan is checked,
+never trusted: an op that sends something else first rolls the batch back, and it runs
+as usual. A part of :class:`~durably.storage.postgres.PostgresStore`, kept apart from
+its connections.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import psycopg
+
+from durably.storage import base, pg_statements
+
+
+class Session(pg_statements.Session, Protocol):
+    """What a batch sent ahead reads and sets on the calling thread's session."""
+
+    conn: psycopg.Connection[Any] | None
+    begin_pending: bool
+    #: The running op's planned statements, sent ahead of its batch, each with the cursor
+    #: holding its answer, until the op sends it (``AheadBatches._run_ahead``).
+    ahead: list[tuple[pg_statements.Ahead, Any]]
+
+
+class AheadBatches(pg_statements.OneStatementVerbs):
+    """``run_batch`` with the batch's known first statements sent ahead."""
+
+    @property
+    def _session(self) -> Session:
+        raise NotImplementedError
+
+    @property
+    def _conn(self) -> psycopg.Connection[Any] | None:
+        """This thread's connection, if it has one."""
+        return self._session.conn
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        raise NotImplementedError
+
+    def _drop(self) -> None:
+        raise NotImplementedError
+
+    def run_batch(self, ops: Sequence[base.Op]) -> None:
+        planned = self._plan_ahead(ops)
+        if planned is not None and self._run_ahead(ops, planned):
+            return
+        super().run_batch(ops)
+
+    def _plan_ahead(self, ops: Sequence[base.Op]) -> list[list[pg_statements.Ahead]] | None:
+        """The statements to send ahead of each op of the batch, or None for none.
+
+        A group commit: each op's first statement, where every op's is known from its
+        arguments and the ops are of different workflows (``_statement_ahead``). A
+        finish's statement here is ``finish_and_wake``, which wakes its parent itself: a
+        parent's row is locked in the batch's order, not after it. One op: the first
+        statements of a function of verbs with a plan (``_statements_ahead``: a signal's
+        send, the claim it makes and the journal it reads).
+        """
+        if len(ops) == 1:  # one verb (a step's commit) has no plan: nothing more is looked at
+            calls = base.planned_calls(ops[0].fn, ops[0].args)
+            alone = self._statements_ahead(calls) if calls and self._connected() else None
+            return None if alone is None else [alone]
+        if not ops or not self._connected():
+            return None
+        planned: list[list[pg_statements.Ahead]] = []
+        seen: set[str] = set()
+        for op in ops:
+            ahead = self._statement_ahead(op)
+            if ahead is None or ahead[0] in seen:
+                return None
+            seen.add(ahead[0])
+            planned.append([pg_statements.Ahead(self._queries[ahead[1]], ahead[2], read=False)])
+        return planned
+
+    def _connected(self) -> bool:
+        """This thread has a live connection: what a plan reads of it (its temporary tables)
+        is known. (A lost one is replaced at BEGIN, with none.)"""
+        conn = self._conn
+        return conn is not None and not conn.closed and not conn.broken
+
+    def _run_ahead(self, ops: Sequence[base.Op], planned: list[list[pg_statements.Ahead]]) -> bool:
+        """Run a batch with the ``planned`` statements of each op sent ahead, pipelined
+        with BEGIN: two round trips (that and COMMIT) where each statement was one more.
+
+        Each op must then send its planned statements first, in order (a planned read it
+        does not send is dropped); its later statements (rare in a group commit: entries
+        after the first, an error's details) follow in the same transaction. False, with
+        nothing left done, where a verb sent another statement before a planned write,
+        or left one unsent: the batch then runs as usual. An op that fails undoes all, as
+        in ``SqlBase.run_batch``, and the batch runs again guarded; an op alone in its
+        batch fails with its error, as ``_run_alone`` would (everything planned was
+        answered without error, or the pipeline itself would have failed: as usual).
+        """
+        if not self._begin_batch(ops):
+            return True  # every op failed with why
+        session = self._session
+        session.begin_pending = False  # sent here, with the statements
+        conn = self.conn
+        try:
+            with conn.pipeline():
+                conn.execute("BEGIN")
+                sent = [
+                    [(a, conn.execute(a.sql_text, a.params)) for a in statements]
+                    for statements in planned
+                ]
+        except Exception:  # a lost connection, a value refused: as usual, from the start
+            self._undo(ops)  # (psycopg may have sent BEGIN and some before it raised)
+            return False
+        try:
+            for op, ahead in zip(ops, sent, strict=True):
+                session.ahead = ahead
+                op.result = op.fn(*op.args)
+                if any(not a.read for a, _ in session.ahead):
+                    raise Unplanned  # a write the op did not send: not what was planned
+        except Unplanned:
+            self._undo(ops)
+            return False
+        except Exception as exc:
+            self._undo(ops)
+            if len(ops) == 1:  # its own error (what it planned was sent and answered): kept
+                ops[0].error = self._translate(exc)
+                return True
+            if self._begin_batch(ops):
+                self._run_guarded(ops)
+            return True
+        finally:
+            session.ahead = []
+        self._finish(ops)
+        return True
+
+    def _sent_ahead(self, sql_text: str, params: Mapping[str, Any] | None) -> Any:
+        """The cursor of this statement if it was sent ahead (``_run_ahead``), else None.
+
+        Raises Unplanned where the op sends a statement before a planned write it skips;
+        a planned read the op no longer wants (what it found sent it elsewhere) is dropped.
+        """
+        ahead = self._session.ahead
+        while ahead:
+            planned, cursor = ahead.pop(0)
+            if sql_text is planned.sql_text and params == planned.params:
+                return cursor
+            if not planned.read:
+                raise Unplanned
+        return None
+
+    def _undo(self, ops: Sequence[base.Op]) -> None:
+        """Roll the batch's transaction back (a broken connection is dropped: the next
+        batch connects again) and forget what its ops answered."""
+        self._session.ahead = []
+        conn = self._conn
+        if conn is not None and conn.broken:
+            self._drop()
+        self._rollback()
+        for op in ops:
+            op.result = None
+
+
+class Unplanned(BaseException):
+    """A verb's first statement was not the one sent ahead of its batch (``_run_ahead``):
+    the batch is rolled back and runs as usual. A BaseException, so that no verb's
+    ``except Exception`` takes it for its own error."""
