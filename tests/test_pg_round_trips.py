@@ -740,6 +740,7 @@ def test_a_one_statement_read_alone_is_one_round_trip(pg_store: Any) -> None:
         (pg_store.list_executors, ()),
         (pg_store.list_workflows, (None, None, 10)),
         (pg_store.count_by_status, ()),
+        (pg_store.count_unfinished, ()),
         (pg_store.unclaimed, (NOW, 10)),
         (pg_store.load_claims, ("wf-1",)),
         (pg_store.get_event, ("wf-1", "k")),

@@ -23,6 +23,7 @@ NAMED_SETS = {
     "LIVE_STATUSES": frozenset(s.value for s in journal.LIVE_STATUSES),
     "PARKED_STATUSES": frozenset(s.value for s in journal.PARKED_STATUSES),
     "TIMED_STATUSES": frozenset(s.value for s in journal.TIMED_STATUSES),
+    "UNFINISHED_STATUSES": frozenset(s.value for s in journal.UNFINISHED_STATUSES),
     "FINAL_ENTRY_STATUSES": frozenset(s.value for s in journal.FINAL_ENTRY_STATUSES),
 }
 STATUS_IN = re.compile(r"status\s+(?:NOT\s+)?IN\s*\(([^)]*)\)", re.IGNORECASE)
@@ -55,9 +56,14 @@ def test_every_query_is_used_by_the_library() -> None:
 def test_a_query_written_with_its_direction_open_is_made_both_ways() -> None:
     queries = sqlbase.load_queries()
     assert QUERIES.count("-- name: search_workflows") == 1  # written once
-    newest, oldest = queries["search_workflows"], queries["search_workflows_oldest_first"]
+    cursor = frozenset({"after_created"})
+    newest, oldest = (
+        sqlbase.search_sql(queries["search_workflows" + d], queries["search_terms" + d], cursor)
+        for d in ("", "_oldest_first")
+    )
     assert "ORDER BY created_at DESC" in newest and "created_at < :after_created" in newest
     assert "ORDER BY created_at ASC" in oldest and "created_at > :after_created" in oldest
+    assert "{filters}" not in newest + oldest
     left = [name for name, sql in queries.items() if "{past}" in sql or "{order}" in sql]
     assert left == [], f"direction slots left unfilled in {left}"
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from durably.storage import create_store
+from durably.storage.base import WorkflowQuery
 
 FINISHED = 20_000
 
@@ -91,11 +93,9 @@ def _sqlite_steps(store: Any, query: str) -> int:
     return steps[0]
 
 
-def _postgres_rows(store: Any, query: str) -> int:
-    """How many rows of workflows the server reads for the query, filtered out or not."""
-    (plan,) = store._execute(
-        "EXPLAIN (ANALYZE, FORMAT JSON) " + store._queries[query], PARAMS
-    ).fetchone()
+def _postgres_rows(store: Any, sql: str, params: Any = PARAMS) -> int:
+    """How many rows of workflows the server reads for the statement, filtered out or not."""
+    (plan,) = store._execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()
     plan = json.loads(plan) if isinstance(plan, str) else plan
     read = 0
     nodes = [plan[0]["Plan"]]
@@ -124,13 +124,91 @@ def test_the_queries_run_again_and_again_read_the_live_workflows_not_the_finishe
         _fill(store)
         if postgres:
             store._execute("ANALYZE workflows", {})
-            work = {query: _postgres_rows(store, query) for query in HOT_QUERIES}
+            work = {q: _postgres_rows(store, store._queries[q]) for q in HOT_QUERIES}
         else:
             work = {query: _sqlite_steps(store, query) for query in HOT_QUERIES}
         # 120 live workflows; reading the 20,000 finished ones costs a row (PostgreSQL) or
         # a dozen instructions (SQLite) each.
         limit = 1_000 if postgres else 10_000
         heavy = {query: n for query, n in work.items() if n > limit}
+        assert not heavy, f"these read the finished workflows ({backend}): {heavy}"
+    finally:
+        store.close()
+
+
+#: The pages an operator reads (the dashboard, `durably workflows`, list_workflows) and
+#: the dashboard's look every half second: each reads a page's rows through an index.
+PAGES = {
+    "newest": WorkflowQuery(limit=50),
+    "oldest": WorkflowQuery(limit=50, order="asc"),
+    "past a cursor": WorkflowQuery(limit=50, after=(10_000.0, "done-10000")),
+    "past a cursor, oldest first": WorkflowQuery(
+        limit=50, order="asc", after=(10_000.0, "done-10000")
+    ),
+    "failed": WorkflowQuery(limit=50, status="failed"),
+    "completed, oldest first": WorkflowQuery(limit=50, status="completed", order="asc"),
+    "by ids": WorkflowQuery(ids=("done-5", "live-3", "nobody")),
+    "on a queue": WorkflowQuery(queue="q"),
+    "children": WorkflowQuery(parent_id="live-3"),
+    "created between": WorkflowQuery(created_after=15_000.0, created_before=15_040.0),
+}
+
+
+def _work(store: Any, postgres: bool, call: Callable[[], Any]) -> int:
+    """The work of every statement ``call`` sends: rows read (PostgreSQL, by EXPLAIN
+    ANALYZE of each again) or instructions run (SQLite)."""
+    if not postgres:
+        conn = store._conn
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += 100
+            return 0
+
+        conn.set_progress_handler(count, 100)
+        try:
+            call()
+        finally:
+            conn.set_progress_handler(None, 0)
+        return steps[0]
+    sent: list[tuple[str, Any]] = []
+    execute = store._execute
+    store._execute = lambda sql, params=None: sent.append((sql, params)) or execute(sql, params)
+    try:
+        call()
+    finally:
+        del store._execute
+    return sum(_postgres_rows(store, sql, params) for sql, params in sent)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_page_of_workflows_and_the_dashboards_look_read_a_page_not_the_history(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue(f"{backend}_url")
+    postgres = backend == "postgres"
+    store: Any = create_store(url)
+    store.open()
+    try:
+        _fill(store)
+        if postgres:
+            store._execute("ANALYZE workflows", {})
+        pages = {name: store.search_workflows(q) for name, q in PAGES.items()}
+        assert [w.workflow_id for w in pages["newest"][:2]] == ["done-20000", "done-19999"]
+        assert [w.workflow_id for w in pages["past a cursor"][:2]] == ["done-9999", "done-9998"]
+        assert pages["past a cursor, oldest first"][0].workflow_id == "done-10001"
+        assert pages["failed"] == [] and len(pages["completed, oldest first"]) == 50
+        assert [w.workflow_id for w in pages["by ids"]] == ["done-5", "live-3"]
+        assert len(pages["on a queue"]) == 20 and len(pages["children"]) == 20
+        assert len(pages["created between"]) == 40
+        assert store.count_unfinished() == {"pending": 40, "running": 20, "sleeping": 20}
+        work = {
+            name: _work(store, postgres, lambda q=q: store.search_workflows(q))
+            for name, q in PAGES.items()
+        }
+        work["unfinished counts"] = _work(store, postgres, store.count_unfinished)
+        limit = 1_000 if postgres else 10_000
+        heavy = {name: n for name, n in work.items() if n > limit}
         assert not heavy, f"these read the finished workflows ({backend}): {heavy}"
     finally:
         store.close()

@@ -116,6 +116,11 @@ class Client:
         """How many workflows each status has."""
         return self._run(self._ops.count_by_status())
 
+    def count_unfinished(self) -> dict[str, int]:
+        """How many workflows each unfinished status has (a read of those workflows only,
+        however many have finished)."""
+        return self._run(self._ops.count_unfinished())
+
     def history(self, workflow_id: str) -> list[journal.Entry]:
         """The workflow's journal in seq order."""
         return self._run(self._ops.history(workflow_id))

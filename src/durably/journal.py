@@ -41,6 +41,8 @@ PARKED_STATUSES = frozenset({Status.SLEEPING, Status.WAITING, Status.NEEDS_REVIE
 #: A workflow whose ``wake_at`` is a time the engine acts at: a delayed start or a parked
 #: workflow's timer (the timer loop's ``next_wake`` reads them in one index range).
 TIMED_STATUSES = frozenset({Status.PENDING}) | PARKED_STATUSES
+#: Every status but the final ones (the dashboard counts them at every look).
+UNFINISHED_STATUSES = LIVE_STATUSES | PARKED_STATUSES
 
 
 class Kind(enum.StrEnum):

@@ -239,6 +239,10 @@ class Operations:
         counts: dict[str, int] = yield Call(self.store.count_by_status, ())
         return counts
 
+    def count_unfinished(self) -> Plan[dict[str, int]]:
+        counts: dict[str, int] = yield Call(self.store.count_unfinished, ())
+        return counts
+
     def history(self, workflow_id: str) -> Plan[list[journal.Entry]]:
         yield from self.get_workflow(workflow_id)
         entries: list[journal.Entry] = yield Call(self.store.load_history, (workflow_id,))

@@ -20,7 +20,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from durably import client as client_module
-from durably import errors
+from durably import errors, journal
 from durably.agents import decisions
 from durably.server import routing, views
 from durably.server.api_changes import CANCELLED_BY, cancel_as, resolution
@@ -200,6 +200,10 @@ EVENTS_INTERVAL = 0.5  # seconds between two looks at the store, per open stream
 EVENTS_KEEPALIVE = 15.0  # seconds of silence after which a comment line is sent
 EVENTS_DEFAULT_SECONDS = 300.0  # how long a stream lasts before the browser reconnects
 EVENTS_MAX_SECONDS = 3600.0
+#: Seconds between two reads of the finished workflows' counts by an open stream: they
+#: grow with history (a read of every finished workflow's index entry), and a change
+#: among them alone (a retention's delete) is the only one they show first.
+EVENTS_FINISHED_EVERY = 10.0
 
 
 @route(
@@ -250,20 +254,25 @@ async def _event_stream(
     """Yields a ``version`` event at once and after every change, until ``seconds`` pass.
 
     Each open stream looks at the store every :data:`EVENTS_INTERVAL` seconds
-    (the same cheap reads as /api/poll); any number of server processes may
+    (the reads of /api/poll, but the finished workflows' counts, read every
+    :data:`EVENTS_FINISHED_EVERY` seconds); any number of server processes may
     serve one database because the change is read from the database itself.
     """
     loop_time = asyncio.get_running_loop().time
     end = loop_time() + seconds
     last = first
     spoke = loop_time()
+    finished: dict[str, int] | None = None
+    counted = float("-inf")
     yield f"retry: 2000\nevent: version\ndata: {json.dumps({'version': first})}\n\n"
     while loop_time() < end:
         await asyncio.sleep(min(EVENTS_INTERVAL, max(0.0, end - loop_time())))
         if await request.is_disconnected():
             return
         try:
-            now = await call(version, client, workflow_id)
+            if loop_time() - counted >= EVENTS_FINISHED_EVERY:
+                finished, counted = await call(finished_counts, client), loop_time()
+            now = await call(version, client, workflow_id, finished)
         except errors.WorkflowNotFound:
             return  # deleted (retention): the page's next load says so
         except errors.StoreError:
@@ -276,9 +285,26 @@ async def _event_stream(
             yield ": keep-alive\n\n"
 
 
-def version(client: client_module.Client, workflow_id: str | None) -> str:
-    """A fingerprint of the state a page shows: it differs after any change a page renders."""
-    parts: list[Any] = [sorted(client.count_by_status().items())]
+def finished_counts(client: client_module.Client) -> dict[str, int]:
+    """How many workflows each finished status has (a read that grows with history)."""
+    finished = frozenset(journal.FINISHED_STATUSES)
+    return {s: n for s, n in client.count_by_status().items() if s in finished}
+
+
+def version(
+    client: client_module.Client,
+    workflow_id: str | None,
+    finished: dict[str, int] | None = None,
+) -> str:
+    """A fingerprint of the state a page shows: it differs after any change a page renders.
+
+    Its reads do not grow with history (the unfinished workflows' counts, the newest
+    workflow, the page's own workflow), but for ``finished``, the finished statuses'
+    counts: read here when not given.
+    """
+    if finished is None:
+        finished = finished_counts(client)
+    parts: list[Any] = [sorted({**client.count_unfinished(), **finished}.items())]
     if workflow_id is not None:
         info = client.get_workflow(workflow_id)
         entries = client.history(workflow_id)

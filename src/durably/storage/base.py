@@ -291,6 +291,11 @@ class Store(abc.ABC):
         """How many workflows each status has (one read)."""
 
     @abc.abstractmethod
+    def count_unfinished(self) -> dict[str, int]:
+        """How many workflows each unfinished status has (one read of the live and parked
+        workflows only: its cost does not grow with the finished ones)."""
+
+    @abc.abstractmethod
     def claim_next(
         self,
         owner: str,

@@ -166,8 +166,7 @@ class ClaimVerbs(bulk.BulkVerbs):
     def list_workflows(
         self, status: str | None, name: str | None, limit: int
     ) -> list[journal.WorkflowInfo]:
-        found = rows.every(self._q("list_workflows", status=status, name=name, limit=limit))
-        return [rows.workflow(r) for r in found]
+        return self.search_workflows(base.WorkflowQuery(status=status, name=name, limit=limit))
 
     def search_workflows(self, query: base.WorkflowQuery) -> list[journal.WorkflowInfo]:
         after_created, after_id = query.after if query.after is not None else (None, None)
@@ -181,27 +180,42 @@ class ClaimVerbs(bulk.BulkVerbs):
             "created_before": query.created_before,
             "after_created": after_created,
             "after_id": after_id,
-            "workflow_id": None,
             "limit": query.limit,
             "offset": query.offset,
         }
-        sql_name = "search_workflows_oldest_first" if query.order == "asc" else "search_workflows"
         if query.ids is None:
-            return [rows.workflow(r) for r in rows.every(self._q(sql_name, **params))]
+            return [rows.workflow(r) for r in rows.every(self._search(query.order, params))]
         # Given ids: one primary-key read each (a list parameter is not portable SQL), then
         # ordered and paged here; there are at most as many rows as ids.
         found = [
             rows.workflow(r)
             for wid in dict.fromkeys(query.ids)
-            for r in rows.every(self._q(sql_name, **{**params, "workflow_id": wid, "offset": 0}))
+            for r in rows.every(self._search(query.order, {**params, "workflow_id": wid}))
         ]
         found.sort(key=lambda w: w.workflow_id)
         found.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
         return found[query.offset : query.offset + query.limit]
 
+    def _search(self, order: str, params: Mapping[str, Any]) -> Any:
+        """Run search_workflows with the terms of the filters ``params`` gives (not None)."""
+        given = frozenset(k for k, v in params.items() if v is not None)
+        if "workflow_id" in given:  # one row at most: paged by the caller
+            params = {**params, "offset": 0}
+        newest = order != "asc"
+        sql_text = sqlbase.search_sql(
+            self._queries["search_workflows" if newest else "search_workflows_oldest_first"],
+            self._queries["search_terms" if newest else "search_terms_oldest_first"],
+            given,
+        )
+        return self._execute(sql_text, params)
+
     @base.one_read
     def count_by_status(self) -> dict[str, int]:
         return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
+
+    @base.one_read
+    def count_unfinished(self) -> dict[str, int]:
+        return {str(status): int(n) for status, n in self._q("count_unfinished").fetchall()}
 
     def claim_next(
         self,

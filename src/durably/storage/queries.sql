@@ -59,37 +59,40 @@ WHERE queue = :queue AND deduplication_id = :deduplication_id
 SELECT {{workflow_columns}}
 FROM workflows WHERE workflow_id = :workflow_id
 
--- name: list_workflows
--- Workflows newest first, by status and name if given.
-SELECT {{workflow_columns}}
-FROM workflows
-WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
-  AND (CAST(:name AS TEXT) IS NULL OR name = :name)
-ORDER BY created_at DESC, workflow_id
-LIMIT :limit
-
 -- name: search_workflows
--- One page of workflows, newest first, filtered by status, name, queue, parent, id (or
--- its prefix) and creation time; a page after another starts past the
--- (created_at, workflow_id) of the other's last row. Written once, its direction left
--- open; the loader (sqlbase.load_queries) makes it oldest first too, under the name
--- search_workflows_oldest_first.
+-- One page of workflows, newest first: at {filters}, the terms (search_terms) of the
+-- filters given, joined with AND, or TRUE. Only those are written, each a plain
+-- comparison an index can serve: a catch-all "(:x IS NULL OR col = :x)" is planned as a
+-- scan of every workflow. Written once, its direction left open; the loader
+-- (sqlbase.load_queries) makes it oldest first too, as search_workflows_oldest_first.
 SELECT {{workflow_columns}}
 FROM workflows
-WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
-  AND (CAST(:name AS TEXT) IS NULL OR name = :name)
-  AND (CAST(:queue AS TEXT) IS NULL OR queue = :queue)
-  AND (CAST(:parent_id AS TEXT) IS NULL OR parent_id = :parent_id)
-  AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = :workflow_id)
-  AND (CAST(:id_prefix AS TEXT) IS NULL
-       OR SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix)
-  AND (CAST(:created_after AS DOUBLE PRECISION) IS NULL OR created_at >= :created_after)
-  AND (CAST(:created_before AS DOUBLE PRECISION) IS NULL OR created_at < :created_before)
-  AND (CAST(:after_created AS DOUBLE PRECISION) IS NULL
-       OR created_at {past} :after_created
-       OR (created_at = :after_created AND workflow_id > :after_id))
+WHERE {filters}
 ORDER BY created_at {order}, workflow_id
 LIMIT :limit OFFSET :offset
+
+-- name: search_terms
+-- The term of each filter of search_workflows: the filter, then its term (a line that
+-- starts with spaces goes on the term above).
+-- A page after another starts past the (created_at, workflow_id) of the other's last
+-- row, written as a range of created_at and a tie-break (an index serves the range).
+status          status = :status
+name            name = :name
+queue           queue = :queue
+parent_id       parent_id = :parent_id
+workflow_id     workflow_id = :workflow_id
+id_prefix       SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix
+created_after   created_at >= :created_after
+created_before  created_at < :created_before
+after_created   created_at {past}= :after_created
+                AND (created_at {past} :after_created OR workflow_id > :after_id)
+
+-- name: count_unfinished
+-- How many unfinished workflows are in each status: one index range over the live and
+-- parked ones, however many have finished (the dashboard looks every half second).
+SELECT status, COUNT(*) FROM workflows
+WHERE status IN ('needs_review', 'pending', 'running', 'sleeping', 'waiting')
+GROUP BY status
 
 -- name: count_by_status
 -- How many workflows are in each status (statuses with none are absent).

@@ -58,7 +58,7 @@ def load_queries() -> dict[str, str]:
     queries: dict[str, str] = {}
     for name, sql in zip(parts[1::2], parts[2::2], strict=True):
         sql = _INCLUDE.sub(lambda m: _body(queries[m.group(1)]), sql)
-        if "{order}" not in sql:
+        if "{order}" not in sql and "{past}" not in sql:
             queries[name] = sql.strip()
             continue
         for suffix, words in _DIRECTIONS.items():  # one query, written once, both ways
@@ -67,6 +67,24 @@ def load_queries() -> dict[str, str]:
                 directed = directed.replace("{" + slot + "}", word)
             queries[name + suffix] = directed.strip()
     return queries
+
+
+@functools.lru_cache(maxsize=512)
+def search_sql(template: str, terms: str, given: frozenset[str]) -> str:
+    """``template`` (search_workflows) with the ``terms`` (search_terms, of the same
+    direction) of the filters ``given`` joined with AND at ``{filters}``: each a plain
+    comparison that an index can serve, where a catch-all ``(:x IS NULL OR col = :x)``
+    is not."""
+    by_filter: dict[str, str] = {}
+    last = ""
+    for line in _body(terms).splitlines():
+        if line[:1].isspace() and last:
+            by_filter[last] += " " + line.strip()
+        elif line.strip():
+            last, term = line.split(None, 1)
+            by_filter[last] = term.strip()
+    chosen = [f"({term})" for f, term in by_filter.items() if f in given]
+    return template.replace("{filters}", " AND ".join(chosen) or "TRUE")
 
 
 def _body(sql_text: str) -> str:

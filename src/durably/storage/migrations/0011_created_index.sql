@@ -1,0 +1,5 @@
+-- A page of workflows, newest or oldest first (the dashboard, `durably workflows`,
+-- list_workflows) reads this index from its end, LIMIT rows and no more, where it sorted
+-- every workflow of the database before; the creation time never changes, so SQLite
+-- writes it once per workflow (PostgreSQL: at every update that is not HOT).
+CREATE INDEX workflows_by_created ON workflows (created_at);
