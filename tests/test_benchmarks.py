@@ -125,3 +125,31 @@ def test_rtt_puts_the_proxy_between_the_postgres_rows_and_the_server() -> None:
     row = next(line for line in proc.stdout.splitlines() if line.startswith("step-pg "))
     step_us = float(row.split(" | ")[4].split()[0])
     assert step_us >= 5000, row  # a step's commit is at least one round trip
+
+
+def test_the_history_benchmark_prints_every_read_at_both_sizes() -> None:
+    """``python -m benchmarks.history``: each read an operator makes, timed over N/10
+    and N finished workflows beside a primary-key read, on SQLite and PostgreSQL."""
+    pg = not pgcluster.missing_tools() or os.environ.get("DURABLY_REQUIRE_POSTGRES") == "1"
+    args = ("--finished", "2000") if pg else ("--finished", "2000", "--no-postgres")
+    proc = subprocess.run(
+        children.python("-m", "benchmarks.history", *args),
+        env=children.child_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables = proc.stdout.split("\nread ")[1:]
+    assert len(tables) == (2 if pg else 1), proc.stdout
+    for table in tables:
+        assert "200 ms" in table.splitlines()[0] and "2,000 ms" in table.splitlines()[0]
+        rows = {ln.split(" | ")[0].strip(): ln.split(" | ") for ln in table.splitlines()[1:]}
+        reads = ("primary-key read", "newest 50", "50 by id", "unfinished counts",
+                 "counts by status", "the dashboard's look")  # fmt: skip
+        for read in reads:
+            assert read in rows, f"{read} missing from:\n{table}"
+            assert all(float(cell.rstrip("x")) > 0 for cell in rows[read][1:]), rows[read]
+        assert rows["primary-key read"][3].strip() == "1.0"  # the baseline, against itself

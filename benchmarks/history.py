@@ -1,0 +1,156 @@
+"""``python -m benchmarks.history``: what an operator's reads cost over a long history.
+
+    python -m benchmarks.history [--finished N] [--postgres URL] [--no-postgres]
+
+A long-lived database holds mostly finished workflows. For SQLite (FULL) and
+PostgreSQL (a throwaway cluster, or ``--postgres URL``) this fills a database
+with N/10 finished workflows, then with N (one ``INSERT ... SELECT`` each, and
+a few live ones), and times each read an operator or a dashboard makes, best of
+7: pages of workflows (``search_workflows``), the counts by status, and the
+dashboard's look at every half second (``durably.server.api.version``). The
+baseline, measured in the same run, is a primary-key read of one workflow: a
+read that does not grow with history costs the same multiple of it at both
+sizes, and its last column (the growth from N/10 to N) stays near 1.
+
+This is a benchmark, not a test: nothing asserts on speed. See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import durably
+from benchmarks.__main__ import postgres
+from durably.storage import create_store
+from durably.storage.base import WorkflowQuery
+
+READS: dict[str, Callable[[Any, Any], Any]] = {
+    "newest 50": lambda store, _: store.search_workflows(WorkflowQuery(limit=50)),
+    "oldest 50": lambda store, _: store.search_workflows(WorkflowQuery(limit=50, order="asc")),
+    "50 past a cursor": lambda store, _: store.search_workflows(
+        WorkflowQuery(limit=50, after=(1_000.5, "done-1000"))
+    ),
+    "50 failed (none)": lambda store, _: store.search_workflows(
+        WorkflowQuery(limit=50, status="failed")
+    ),
+    "50 by id": lambda store, _: store.search_workflows(
+        WorkflowQuery(ids=tuple(f"done-{i}" for i in range(1, 51)))
+    ),
+    "unfinished counts": lambda store, _: store.count_unfinished(),
+    "counts by status": lambda store, _: store.count_by_status(),
+}
+
+
+def _look() -> Callable[[Any, Any], Any] | None:
+    """The dashboard's look (its server extra installed), else None."""
+    if importlib.util.find_spec("starlette") is None:
+        return None
+    from durably.server import api
+
+    finished: dict[str, int] = {}
+
+    def look(_: Any, client: durably.Client) -> Any:
+        # as an open page's stream looks: the finished counts as read every 10 s
+        if not finished:
+            finished.update(api.finished_counts(client))
+        return api.version(client, None, finished)
+
+    return look
+
+
+def _fill(store: Any, first: int, last: int, status: str = "completed") -> None:
+    """Workflows done-FIRST..done-LAST (created at their number) of ``status``, committed."""
+    prefix = "done-" if status == "completed" else "live-"
+    insert = (
+        "INSERT INTO workflows (workflow_id, name, status, input, created_at, updated_at) "
+        f"SELECT '{prefix}' || CAST(i AS TEXT), 'n', '{status}', '[]', i, i FROM "
+    )
+    if store.url.startswith("postgres"):
+        sql = insert + f"generate_series({first}, {last}) AS n(i)"
+    else:
+        sql = (
+            f"WITH RECURSIVE n(i) AS (SELECT {first} UNION ALL SELECT i + 1 FROM n "
+            f"WHERE i < {last}) " + insert + "n"
+        )
+    store._begin(True)
+    store._execute(sql, {})
+    store._commit()
+    if store.url.startswith("postgres"):
+        store._execute("VACUUM ANALYZE workflows", {})  # as autovacuum would, after a while
+
+
+def _best_ms(fn: Callable[[], Any], times: int = 7) -> float:
+    best = float("inf")
+    for _ in range(times):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def measure(url: str, finished: int) -> dict[str, tuple[float, float]]:
+    """{read: (ms at finished/10, ms at finished)}, the baseline under 'primary-key read'."""
+    store: Any = create_store(url)
+    store.open()
+    client = durably.Client(url)
+    found: dict[str, list[float]] = {}
+    try:
+        _fill(store, 1, 100, "sleeping")  # and a hundred live ones, parked
+        done = 0
+        for size in (finished // 10, finished):
+            _fill(store, done + 1, size)
+            done = size
+            reads: dict[str, Callable[[Any, Any], Any]] = {
+                "primary-key read": lambda s, _: s.get_workflow("done-7"),
+                **READS,
+            }
+            look = _look()  # a new page: its stream reads the finished counts first
+            if look is not None:
+                reads["the dashboard's look"] = look
+            for name, read in reads.items():
+                ms = _best_ms(lambda read=read: read(store, client))  # type: ignore[misc]
+                found.setdefault(name, []).append(ms)
+    finally:
+        client.close()
+        store.close()
+    return {name: (ms[0], ms[1]) for name, ms in found.items()}
+
+
+def print_table(title: str, results: dict[str, tuple[float, float]], finished: int) -> None:
+    small, big = f"{finished // 10:,}", f"{finished:,}"
+    base = results["primary-key read"]
+    print(f"\n{title}")
+    print(f"{'read':<22} | {small + ' ms':>12} | {big + ' ms':>12} | {'x key read':>10} | growth")
+    for name, (a, b) in results.items():
+        print(f"{name:<22} | {a:>12.3f} | {b:>12.3f} | {b / base[1]:>10.1f} | {b / a:.1f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.history", description=__doc__)
+    parser.add_argument("--finished", type=int, default=200_000, help="finished workflows")
+    parser.add_argument("--postgres", metavar="URL", help="a superuser URL of a server to use")
+    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    args = parser.parse_args(argv)
+    if args.finished < 100:
+        parser.error("--finished must be at least 100")
+    print(f"durably: reads over {args.finished:,} finished workflows (best of 7)")
+    with tempfile.TemporaryDirectory() as tmp:
+        sqlite_url = f"sqlite:///{tmp}/history.db"
+        print_table("SQLite (FULL)", measure(sqlite_url, args.finished), args.finished)
+    if args.no_postgres:
+        return 0
+    with postgres(args.postgres) as (make, note):
+        if make is None:
+            print(f"\n{note}")
+            return 0
+        print_table(note, measure(make("durably_history"), args.finished), args.finished)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
