@@ -7,7 +7,7 @@ PostgreSQL (a throwaway cluster, or ``--postgres URL``) this fills a database
 with N/10 finished workflows, then with N (one ``INSERT ... SELECT`` each, and
 a few live ones), and times each read an operator or a dashboard makes, best of
 7: pages of workflows (``search_workflows``), the counts by status, and the
-dashboard's look at every half second (``durably.server.api.version``). The
+dashboard's look at every half second (``durably.server.api.looked_at``). The
 baseline, measured in the same run, is a primary-key read of one workflow: a
 read that does not grow with history costs the same multiple of it at both
 sizes, and its last column (the growth from N/10 to N) stays near 1.
@@ -52,13 +52,10 @@ def _look() -> Callable[[Any, Any], Any] | None:
         return None
     from durably.server import api
 
-    finished: dict[str, int] = {}
-
     def look(_: Any, client: durably.Client) -> Any:
-        # as an open page's stream looks: the finished counts as read every 10 s
-        if not finished:
-            finished.update(api.finished_counts(client))
-        return api.version(client, None, finished)
+        # as an open page's stream looks while nothing changes (the finished workflows'
+        # counts are read again on a change, or every 10 s)
+        return api.looked_at(client, None)
 
     return look
 
@@ -109,7 +106,7 @@ def measure(url: str, finished: int) -> dict[str, tuple[float, float]]:
                 "primary-key read": lambda s, _: s.get_workflow("done-7"),
                 **READS,
             }
-            look = _look()  # a new page: its stream reads the finished counts first
+            look = _look()
             if look is not None:
                 reads["the dashboard's look"] = look
             for name, read in reads.items():

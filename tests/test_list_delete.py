@@ -333,3 +333,41 @@ async def test_a_child_of_an_unfinished_parent_is_not_deleted_alone(store_url: s
         assert await e.handle("s").result(timeout=10) == [1, "kid"]
         assert await e.delete("s-kid") == ["s-kid"]  # its parent has finished
         assert ids(await e.list_workflows()) == ["s"]
+
+
+def test_many_ids_are_read_a_few_hundred_a_statement_in_order_with_filters(
+    store_url: str,
+) -> None:
+    """600 ids (some twice, some unknown) take three statements of at most 256 ids; the
+    rows come back once each, ordered and paged as any page, with the other filters."""
+    store = create_store(store_url)
+    store.open()
+    try:
+        for i in range(300):
+            new = base.NewWorkflow(f"w-{i:03d}", "ld.item", "{}", None, None)
+            op = base.Op(store.create_workflow, (new, None, None, 2000.0 + i // 2), True)
+            store.run_batch([op])
+            assert op.error is None, op.error
+        wanted = [f"w-{i:03d}" for i in range(299, -1, -1)] + [f"nope-{i}" for i in range(250)]
+        wanted += ["w-007", "w-150"]  # again
+        sent: list[str] = []
+        execute = store._execute  # type: ignore[attr-defined]
+        store._execute = lambda sql, p=None: sent.append(sql) or execute(sql, p)  # type: ignore[attr-defined]
+        page = store.search_workflows(base.WorkflowQuery(ids=tuple(wanted), limit=1000))
+        del store._execute  # type: ignore[attr-defined]
+        reads = [sql for sql in sent if "FROM workflows" in sql]
+        assert len(reads) == 3, reads  # 552 distinct ids: 256 + 256 + 40
+        # newest first, ties on created_at by id
+        expected = sorted((f"w-{i:03d}" for i in range(300)), key=lambda w: w)
+        expected.sort(key=lambda w: 2000.0 + int(w[2:]) // 2, reverse=True)
+        assert [w.workflow_id for w in page] == expected
+        oldest = store.search_workflows(
+            base.WorkflowQuery(ids=tuple(wanted), order="asc", limit=3, offset=1)
+        )
+        assert [w.workflow_id for w in oldest] == ["w-001", "w-002", "w-003"]
+        late = store.search_workflows(
+            base.WorkflowQuery(ids=tuple(wanted), created_after=2148.0, limit=1000)
+        )
+        assert [w.workflow_id for w in late] == ["w-298", "w-299", "w-296", "w-297"]
+    finally:
+        store.close()

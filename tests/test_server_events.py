@@ -53,6 +53,37 @@ def test_events_push_a_new_version_when_the_workflow_changes(store_url: str) -> 
             assert time.monotonic() - sent < 10
 
 
+def test_the_list_pages_stream_shows_a_finish_at_once_and_a_delete_within_ten_seconds(
+    sqlite_url: str,
+) -> None:
+    """The list page's stream reads the unfinished workflows' counts at every look and
+    the finished ones every EVENTS_FINISHED_EVERY seconds (they grow with history): a
+    cancel shows at once, the delete of a finished workflow alone within that."""
+    from durably.server.api import EVENTS_FINISHED_EVERY
+
+    client = durably.Client(sqlite_url)
+    client.start("srv-wait", workflow_id="old")
+    client.cancel("old")
+    client.start("srv-wait", workflow_id="w")  # the newest: a delete of "old" leaves it so
+    with harness.server(sqlite_url) as base:
+        with httpx.stream(
+            "GET", base + "/api/events", params={"seconds": "60"}, headers=BEARER, timeout=30
+        ) as r:
+            versions = _versions(r)
+            first = next(versions)
+            sent = time.monotonic()
+            client.cancel("w")
+            second = next(versions)
+            assert second != first and time.monotonic() - sent < 5
+            sent = time.monotonic()
+            assert client.delete("old") == ["old"]
+            third = next(versions)
+            took = time.monotonic() - sent
+            assert third != second and took < EVENTS_FINISHED_EVERY + 5, took
+            poll = httpx.get(base + "/api/poll", headers=BEARER).json()["version"]
+            assert third == poll  # the stream's version is the poll's, read anew
+
+
 def test_events_are_refused_without_a_token_and_for_an_unknown_workflow(sqlite_url: str) -> None:
     with harness.server(sqlite_url) as base:
         r = httpx.get(base + "/api/events", params={"seconds": "0"}, timeout=10)

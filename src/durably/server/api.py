@@ -200,9 +200,10 @@ EVENTS_INTERVAL = 0.5  # seconds between two looks at the store, per open stream
 EVENTS_KEEPALIVE = 15.0  # seconds of silence after which a comment line is sent
 EVENTS_DEFAULT_SECONDS = 300.0  # how long a stream lasts before the browser reconnects
 EVENTS_MAX_SECONDS = 3600.0
-#: Seconds between two reads of the finished workflows' counts by an open stream: they
-#: grow with history (a read of every finished workflow's index entry), and a change
-#: among them alone (a retention's delete) is the only one they show first.
+#: Seconds between two reads of the finished workflows' counts by an open stream whose
+#: look did not change: they grow with history (a read of every finished workflow's
+#: index entry), and a change among them alone (a retention's delete) is the only one
+#: they show first.
 EVENTS_FINISHED_EVERY = 10.0
 
 
@@ -236,9 +237,10 @@ async def events(request: Request, ctx: Context) -> Any:
         )
     # The first version is read before the stream starts, so an unknown workflow
     # is a 404 rather than a stream that ends at once.
-    first = await call(version, ctx.client, wid)
+    looked = await call(looked_at, ctx.client, wid)
+    finished = await call(finished_counts, ctx.client)
     return StreamingResponse(
-        _event_stream(request, ctx.client, wid, first, seconds),
+        _event_stream(request, ctx.client, wid, looked, finished, seconds),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
@@ -248,31 +250,35 @@ async def _event_stream(
     request: Request,
     client: client_module.Client,
     workflow_id: str | None,
-    first: str,
+    looked: list[Any],
+    finished: dict[str, int],
     seconds: float,
 ) -> AsyncIterator[str]:
     """Yields a ``version`` event at once and after every change, until ``seconds`` pass.
 
     Each open stream looks at the store every :data:`EVENTS_INTERVAL` seconds
-    (the reads of /api/poll, but the finished workflows' counts, read every
-    :data:`EVENTS_FINISHED_EVERY` seconds); any number of server processes may
-    serve one database because the change is read from the database itself.
+    (:func:`looked_at`: reads that do not grow with history) and reads the finished
+    workflows' counts again when that look changed or every
+    :data:`EVENTS_FINISHED_EVERY` seconds; its versions are those of /api/poll. Any
+    number of server processes may serve one database because the change is read
+    from the database itself.
     """
     loop_time = asyncio.get_running_loop().time
     end = loop_time() + seconds
-    last = first
+    last = fingerprint(looked, finished)
     spoke = loop_time()
-    finished: dict[str, int] | None = None
-    counted = float("-inf")
-    yield f"retry: 2000\nevent: version\ndata: {json.dumps({'version': first})}\n\n"
+    counted = loop_time()  # when ``finished`` was read
+    yield f"retry: 2000\nevent: version\ndata: {json.dumps({'version': last})}\n\n"
     while loop_time() < end:
         await asyncio.sleep(min(EVENTS_INTERVAL, max(0.0, end - loop_time())))
         if await request.is_disconnected():
             return
         try:
-            if loop_time() - counted >= EVENTS_FINISHED_EVERY:
+            now_looked = await call(looked_at, client, workflow_id)
+            if now_looked != looked or loop_time() - counted >= EVENTS_FINISHED_EVERY:
                 finished, counted = await call(finished_counts, client), loop_time()
-            now = await call(version, client, workflow_id, finished)
+            looked = now_looked
+            now = fingerprint(looked, finished)
         except errors.WorkflowNotFound:
             return  # deleted (retention): the page's next load says so
         except errors.StoreError:
@@ -291,20 +297,10 @@ def finished_counts(client: client_module.Client) -> dict[str, int]:
     return {s: n for s, n in client.count_by_status().items() if s in finished}
 
 
-def version(
-    client: client_module.Client,
-    workflow_id: str | None,
-    finished: dict[str, int] | None = None,
-) -> str:
-    """A fingerprint of the state a page shows: it differs after any change a page renders.
-
-    Its reads do not grow with history (the unfinished workflows' counts, the newest
-    workflow, the page's own workflow), but for ``finished``, the finished statuses'
-    counts: read here when not given.
-    """
-    if finished is None:
-        finished = finished_counts(client)
-    parts: list[Any] = [sorted({**client.count_unfinished(), **finished}.items())]
+def looked_at(client: client_module.Client, workflow_id: str | None) -> list[Any]:
+    """What a page shows, read in reads that do not grow with history: the unfinished
+    workflows' counts, the newest workflow or the page's own, open reviews, approvals."""
+    parts: list[Any] = [sorted(client.count_unfinished().items())]
     if workflow_id is not None:
         info = client.get_workflow(workflow_id)
         entries = client.history(workflow_id)
@@ -319,7 +315,18 @@ def version(
         parts.append([(w.workflow_id, w.status, w.updated_at) for w in latest])
     parts.append([(r.workflow_id, r.seq) for r in client.reviews()])
     parts.append([p.approval_id for p in decisions.list_approvals(client, workflow_id)])
+    return parts
+
+
+def fingerprint(looked: list[Any], finished: dict[str, int]) -> str:
+    """The version of what :func:`looked_at` read with the finished statuses' counts."""
+    parts = [*looked, sorted(finished.items())]
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def version(client: client_module.Client, workflow_id: str | None) -> str:
+    """A fingerprint of the state a page shows: it differs after any change a page renders."""
+    return fingerprint(looked_at(client, workflow_id), finished_counts(client))
 
 
 def schema_routes() -> list[tuple[str, str]]:

@@ -185,28 +185,42 @@ class ClaimVerbs(bulk.BulkVerbs):
         }
         if query.ids is None:
             return [rows.workflow(r) for r in rows.every(self._search(query.order, params))]
-        # Given ids: one primary-key read each (a list parameter is not portable SQL), then
-        # ordered and paged here; there are at most as many rows as ids.
-        found = [
-            rows.workflow(r)
-            for wid in dict.fromkeys(query.ids)
-            for r in rows.every(self._search(query.order, {**params, "workflow_id": wid}))
-        ]
+        # Given ids: one statement per IDS_PER_SEARCH of them (each read through the
+        # primary key), then ordered and paged here; there are at most as many rows as ids.
+        wanted = list(dict.fromkeys(query.ids))
+        found: list[journal.WorkflowInfo] = []
+        for start in range(0, len(wanted), sqlbase.IDS_PER_SEARCH):
+            chunk = wanted[start : start + sqlbase.IDS_PER_SEARCH]
+            slots = sqlbase.id_slots(len(chunk))
+            named = {f"ids_{i}": chunk[min(i, len(chunk) - 1)] for i in range(slots)}
+            chunk_params = {**params, **named, "limit": len(chunk), "offset": 0}
+            found += [rows.workflow(r) for r in rows.every(self._search("asc", chunk_params))]
         found.sort(key=lambda w: w.workflow_id)
         found.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
         return found[query.offset : query.offset + query.limit]
 
     def _search(self, order: str, params: Mapping[str, Any]) -> Any:
-        """Run search_workflows with the terms of the filters ``params`` gives (not None)."""
-        given = frozenset(k for k, v in params.items() if v is not None)
-        if "workflow_id" in given:  # one row at most: paged by the caller
-            params = {**params, "offset": 0}
-        newest = order != "asc"
-        sql_text = sqlbase.search_sql(
-            self._queries["search_workflows" if newest else "search_workflows_oldest_first"],
-            self._queries["search_terms" if newest else "search_terms_oldest_first"],
-            given,
+        """Run search_workflows with the terms of the filters ``params`` gives (not None;
+        ``ids_N`` parameters are the ``ids`` filter)."""
+        ids = sum(1 for name in params if name.startswith("ids_"))
+        given = frozenset(
+            k for k, v in params.items() if v is not None and not k.startswith("ids_")
         )
+        if ids:
+            given |= {"ids"}
+        newest = order != "asc"
+        key = (newest, given, ids)
+        sql_text = self._searches.get(key)
+        if sql_text is None:
+            raw = sqlbase.load_queries()
+            sql_text = self._searches[key] = self._paramstyle(
+                sqlbase.search_sql(
+                    raw["search_workflows" if newest else "search_workflows_oldest_first"],
+                    raw["search_terms" if newest else "search_terms_oldest_first"],
+                    given,
+                    ids,
+                )
+            )
         return self._execute(sql_text, params)
 
     @base.one_read

@@ -60,7 +60,7 @@ SELECT {{workflow_columns}}
 FROM workflows WHERE workflow_id = :workflow_id
 
 -- name: search_workflows
--- One page of workflows, newest first: at {filters}, the terms (search_terms) of the
+-- One page of workflows, newest first: in its WHERE, the terms (search_terms) of the
 -- filters given, joined with AND, or TRUE. Only those are written, each a plain
 -- comparison an index can serve: a catch-all "(:x IS NULL OR col = :x)" is planned as a
 -- scan of every workflow. Written once, its direction left open; the loader
@@ -73,14 +73,15 @@ LIMIT :limit OFFSET :offset
 
 -- name: search_terms
 -- The term of each filter of search_workflows: the filter, then its term (a line that
--- starts with spaces goes on the term above).
+-- starts with spaces goes on the term above). {ids} stands for a list of parameters
+-- :ids_0, :ids_1, ... (a list parameter is not portable SQL).
 -- A page after another starts past the (created_at, workflow_id) of the other's last
 -- row, written as a range of created_at and a tie-break (an index serves the range).
 status          status = :status
 name            name = :name
 queue           queue = :queue
 parent_id       parent_id = :parent_id
-workflow_id     workflow_id = :workflow_id
+ids             workflow_id IN ({ids})
 id_prefix       SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix
 created_after   created_at >= :created_after
 created_before  created_at < :created_before

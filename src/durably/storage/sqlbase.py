@@ -69,12 +69,28 @@ def load_queries() -> dict[str, str]:
     return queries
 
 
-@functools.lru_cache(maxsize=512)
-def search_sql(template: str, terms: str, given: frozenset[str]) -> str:
+#: The most ids one search statement names (``:ids_0`` ...); more take more statements.
+IDS_PER_SEARCH = 256
+
+
+#: The parameters of a search that are not filters: no term of search_terms reads them.
+_PAGING = frozenset({"limit", "offset", "after_id"})
+
+
+def id_slots(count: int) -> int:
+    """How many ``:ids_N`` parameters a search for ``count`` ids names: the next power of
+    two (the last id repeated), so that few statement texts are ever made."""
+    slots = 1
+    while slots < count:
+        slots *= 2
+    return slots
+
+
+def search_sql(template: str, terms: str, given: frozenset[str], ids: int = 0) -> str:
     """``template`` (search_workflows) with the ``terms`` (search_terms, of the same
     direction) of the filters ``given`` joined with AND at ``{filters}``: each a plain
     comparison that an index can serve, where a catch-all ``(:x IS NULL OR col = :x)``
-    is not."""
+    is not. ``ids`` is how many ``:ids_N`` parameters the ``ids`` filter names."""
     by_filter: dict[str, str] = {}
     last = ""
     for line in _body(terms).splitlines():
@@ -83,7 +99,11 @@ def search_sql(template: str, terms: str, given: frozenset[str]) -> str:
         elif line.strip():
             last, term = line.split(None, 1)
             by_filter[last] = term.strip()
-    chosen = [f"({term})" for f, term in by_filter.items() if f in given]
+    unknown = given - by_filter.keys() - _PAGING
+    if unknown:  # a filter without a term would select every workflow: never
+        raise ValueError(f"search_workflows has no term for {sorted(unknown)}")
+    slots = ", ".join(f":ids_{i}" for i in range(ids))
+    chosen = [f"({term})".replace("{ids}", slots) for f, term in by_filter.items() if f in given]
     return template.replace("{filters}", " AND ".join(chosen) or "TRUE")
 
 
@@ -158,6 +178,8 @@ class SqlBase(base.Store):
     def __init__(self, url: str) -> None:
         self.url = url
         self._queries = {name: self._paramstyle(sql) for name, sql in load_queries().items()}
+        #: search_workflows as sent, by (direction, filters given, id slots): few texts.
+        self._searches: dict[tuple[bool, frozenset[str], int], str] = {}
 
     # --- dialect hooks -----------------------------------------------------------
 
