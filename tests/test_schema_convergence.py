@@ -140,3 +140,29 @@ def test_two_processes_starting_at_once_on_a_fresh_database_both_succeed(
             applied = conn.execute("SELECT version FROM durably_migrations").fetchall()
             conn.close()
             assert sorted(v for (v,) in applied) == [m[0] for m in sqlbase.load_migrations()]
+
+
+def test_an_index_built_beforehand_as_the_docs_say_is_found_by_its_migration(
+    fresh_url: Callable[[], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/operations.md: on a large PostgreSQL database, build 0011's index first with
+    CREATE INDEX CONCURRENTLY (no write blocked); the migration then finds it built."""
+    migrations = sqlbase.load_migrations()
+    assert migrations[10][1] == "created_index"
+    url = fresh_url()
+    monkeypatch.setattr(sqlbase, "load_migrations", lambda: migrations[:10])
+    store: Any = create_store(url)
+    store.open()
+    concurrently = "" if url.startswith("sqlite") else "CONCURRENTLY "
+    store._execute(
+        f"CREATE INDEX {concurrently}IF NOT EXISTS workflows_by_created ON workflows (created_at)"
+    )
+    store.close()
+    monkeypatch.undo()
+    store = create_store(url)
+    store.open()  # runs 0011 and what follows
+    try:
+        assert store.schema_version() == migrations[-1][0]
+    finally:
+        store.close()
+    assert schema_of(url) == schema_of(fresh_url())

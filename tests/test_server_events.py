@@ -65,23 +65,25 @@ def test_the_list_pages_stream_shows_a_finish_at_once_and_a_delete_within_ten_se
     client.start("srv-wait", workflow_id="old")
     client.cancel("old")
     client.start("srv-wait", workflow_id="w")  # the newest: a delete of "old" leaves it so
-    with harness.server(sqlite_url) as base:
-        with httpx.stream(
+    with (
+        harness.server(sqlite_url) as base,
+        httpx.stream(
             "GET", base + "/api/events", params={"seconds": "60"}, headers=BEARER, timeout=30
-        ) as r:
-            versions = _versions(r)
-            first = next(versions)
-            sent = time.monotonic()
-            client.cancel("w")
-            second = next(versions)
-            assert second != first and time.monotonic() - sent < 5
-            sent = time.monotonic()
-            assert client.delete("old") == ["old"]
-            third = next(versions)
-            took = time.monotonic() - sent
-            assert third != second and took < EVENTS_FINISHED_EVERY + 5, took
-            poll = httpx.get(base + "/api/poll", headers=BEARER).json()["version"]
-            assert third == poll  # the stream's version is the poll's, read anew
+        ) as r,
+    ):
+        versions = _versions(r)
+        first = next(versions)
+        sent = time.monotonic()
+        client.cancel("w")
+        second = next(versions)
+        assert second != first and time.monotonic() - sent < 5
+        sent = time.monotonic()
+        assert client.delete("old") == ["old"]
+        third = next(versions)
+        took = time.monotonic() - sent
+        assert third != second and took < EVENTS_FINISHED_EVERY + 5, took
+        poll = httpx.get(base + "/api/poll", headers=BEARER).json()["version"]
+        assert third == poll  # the stream's version is the poll's, read anew
 
 
 def test_events_are_refused_without_a_token_and_for_an_unknown_workflow(sqlite_url: str) -> None:
