@@ -5,6 +5,7 @@ filter. Through Client, Engine and the command line, on SQLite and PostgreSQL.""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import json
 import time
@@ -369,5 +370,14 @@ def test_many_ids_are_read_a_few_hundred_a_statement_in_order_with_filters(
             base.WorkflowQuery(ids=tuple(wanted), created_after=2148.0, limit=1000)
         )
         assert [w.workflow_id for w in late] == ["w-298", "w-299", "w-296", "w-297"]
+        # a cursor with ids, both ways: the page past it, as without ids
+        for order in ("desc", "asc"):
+            past = base.WorkflowQuery(ids=tuple(wanted), after=(2050.0, "w-100"), order=order)
+            plain = base.WorkflowQuery(after=(2050.0, "w-100"), order=order, limit=3)
+            got = store.search_workflows(dataclasses.replace(past, limit=3))
+            assert got == store.search_workflows(plain), order
+        newest = [w.workflow_id for w in store.search_workflows(base.WorkflowQuery(
+            ids=tuple(wanted), after=(2050.0, "w-100"), limit=3))]  # fmt: skip
+        assert newest == ["w-101", "w-098", "w-099"]  # ties on created_at by id
     finally:
         store.close()

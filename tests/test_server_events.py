@@ -59,7 +59,7 @@ def test_the_list_pages_stream_shows_a_finish_at_once_and_a_delete_within_ten_se
     """The list page's stream reads the unfinished workflows' counts at every look and
     the finished ones every EVENTS_FINISHED_EVERY seconds (they grow with history): a
     cancel shows at once, the delete of a finished workflow alone within that."""
-    from durably.server.api import EVENTS_FINISHED_EVERY
+    from durably.server.api import EVENTS_FINISHED_EVERY, EVENTS_INTERVAL
 
     client = durably.Client(sqlite_url)
     client.start("srv-wait", workflow_id="old")
@@ -73,6 +73,7 @@ def test_the_list_pages_stream_shows_a_finish_at_once_and_a_delete_within_ten_se
     ):
         versions = _versions(r)
         first = next(versions)
+        time.sleep(2 * EVENTS_INTERVAL + 0.5)  # past the stream's first looks
         sent = time.monotonic()
         client.cancel("w")
         second = next(versions)

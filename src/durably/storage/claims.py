@@ -194,7 +194,9 @@ class ClaimVerbs(bulk.BulkVerbs):
             slots = sqlbase.id_slots(len(chunk))
             named = {f"ids_{i}": chunk[min(i, len(chunk) - 1)] for i in range(slots)}
             chunk_params = {**params, **named, "limit": len(chunk), "offset": 0}
-            found += [rows.workflow(r) for r in rows.every(self._search("asc", chunk_params))]
+            # in the query's order: its cursor term looks past ``after`` that way
+            chunk_rows = rows.every(self._search(query.order, chunk_params))
+            found += [rows.workflow(r) for r in chunk_rows]
         found.sort(key=lambda w: w.workflow_id)
         found.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
         return found[query.offset : query.offset + query.limit]
