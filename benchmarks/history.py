@@ -6,11 +6,13 @@ A long-lived database holds mostly finished workflows. For SQLite (FULL) and
 PostgreSQL (a throwaway cluster, or ``--postgres URL``) this fills a database
 with N/10 finished workflows, then with N (one ``INSERT ... SELECT`` each, and
 a few live ones), and times each read an operator or a dashboard makes, best of
-7: pages of workflows (``search_workflows``), the counts by status, and the
-dashboard's look at every half second (``durably.server.api.looked_at``). The
-baseline, measured in the same run, is a primary-key read of one workflow: a
-read that does not grow with history costs the same multiple of it at both
-sizes, and its last column (the growth from N/10 to N) stays near 1.
+7: pages of workflows (``search_workflows``), the counts by status, a batch of
+retention's pruning with nothing old enough and the candidates of one in a
+backlog (``prunable``), and the dashboard's look at every half second
+(``durably.server.api.looked_at``). The baseline, measured in the same run, is
+a primary-key read of one workflow: a read that does not grow with history
+costs the same multiple of it at both sizes, and its last column (the growth
+from N/10 to N) stays near 1.
 
 This is a benchmark, not a test: nothing asserts on speed. See docs/performance.md.
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 import durably
 from benchmarks.__main__ import postgres
-from durably.storage import create_store
+from durably.storage import base, create_store
 from durably.storage.base import WorkflowQuery
 
 READS: dict[str, Callable[[Any, Any], Any]] = {
@@ -42,8 +44,23 @@ READS: dict[str, Callable[[Any, Any], Any]] = {
         WorkflowQuery(ids=tuple(f"done-{i}" for i in range(1, 51)))
     ),
     "unfinished counts": lambda store, _: store.count_unfinished(),
+    "prune, none old enough": lambda store, _: _prune(store, 0.0),
+    "200 prunable (backlog)": lambda store, _: store._execute(
+        store._queries["prunable"], {"status": None, "before": 1e12, "limit": 200}
+    ).fetchall(),
     "counts by status": lambda store, _: store.count_by_status(),
 }
+
+
+def _prune(store: Any, before: float) -> list[str]:
+    """A batch of retention's pruning (``Store.prune``) as the engine runs it: one write
+    transaction."""
+    op = base.Op(store.prune, (before, None, 200), write=True)
+    store.run_batch([op])
+    if op.error is not None:
+        raise op.error
+    pruned: list[str] = op.result
+    return pruned
 
 
 def _look() -> Callable[[Any, Any], Any] | None:

@@ -878,17 +878,21 @@ VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason,
         :opened_at, :decision, :outcome, :decided_by, :decided_at)
 
 -- name: prunable
--- Finished workflows last changed before :before, oldest first, but none whose parent is
--- unfinished: the parent's join still reads the child's row. The dialect appends its
--- skip_locked clause (a row another transaction holds is left for the next batch).
+-- Finished workflows last changed before :before, but none whose parent is unfinished:
+-- the parent's join still reads the child's row. A workflow last changed before :before
+-- was created before it, which makes the candidates an index range (workflows_by_status)
+-- that holds the retained workflows created before the cut, not every finished one; in
+-- no order, so the read stops at :limit (an order would sort every candidate, at every
+-- batch of a backlog). The dialect appends its skip_locked clause (a row another
+-- transaction holds is left for the next batch).
 SELECT workflow_id FROM workflows w
 WHERE status IN ('completed', 'failed', 'cancelled', 'diverged')
+  AND created_at < :before
   AND (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND updated_at < :before
   AND NOT EXISTS (SELECT 1 FROM workflows p
                   WHERE p.workflow_id = w.parent_id
                     AND p.status NOT IN ('completed', 'failed', 'cancelled', 'diverged'))
-ORDER BY updated_at, workflow_id
 LIMIT :limit
 
 -- name: prune_journal
