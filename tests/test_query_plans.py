@@ -216,3 +216,22 @@ def test_a_page_of_workflows_and_the_dashboards_look_read_a_page_not_the_history
         assert not heavy, f"these read the finished workflows ({backend}): {heavy}"
     finally:
         store.close()
+
+
+def test_a_batch_of_pruning_reads_its_batch_not_the_history(sqlite_url: str) -> None:
+    """A batch of 200 of retention's pruning, in its write transaction, over 20,000
+    finished workflows: its candidates and its deletes read the batch's rows (SQLite,
+    which plans without ANALYZE: a long id list beside a status check was read through
+    the status index, every finished workflow)."""
+    from durably.storage import base
+
+    store: Any = create_store(sqlite_url)
+    store.open()
+    try:
+        _fill(store)
+        op = base.Op(store.prune, (time.time(), None, 200), True)
+        work = _work(store, False, lambda: store.run_batch([op]))
+        assert op.error is None and len(op.result) == 200, op.error
+        assert work <= 100_000, f"a batch of 200 ran {work} SQLite instructions"
+    finally:
+        store.close()

@@ -160,3 +160,47 @@ def test_sqlite_gives_the_space_of_pruned_workflows_back(tmp_path: Path) -> None
     conn.close()
     assert after < pages / 4, (pages, after, free)
     assert free < 64
+
+
+def test_a_batch_of_300_is_pruned_in_a_few_statements_with_every_row_naming_them(
+    store_url: str,
+) -> None:
+    """Pruning deletes a statement per table and 256 workflows, not six a workflow: 300
+    finished workflows (two run for real, with journal, claims and events rows) go with
+    every row naming them; the one waiting for a signal stays, with its rows."""
+    from durably.storage import base, create_store
+
+    with durably.Client(store_url) as client:
+        client.start(flows.waiter, "w", workflow_id="w")
+    for wid in ("r-1", "r-2"):
+        durably.run(flows.steps, wid, 2, workflow_id=wid, database=store_url)
+    with durably.Client(store_url) as client:
+        wait_for(lambda: statuses(store_url)["w"] == "waiting", "w to wait", 60)
+    store = create_store(store_url)
+    store.open()
+    try:
+        fill = (
+            "INSERT INTO workflows (workflow_id, name, status, input, created_at, updated_at) "
+            "VALUES (:workflow_id, 'n', 'completed', '[]', 1.0, 1.0)"
+        )
+        store._begin(True)  # type: ignore[attr-defined]
+        for i in range(298):
+            store._execute(store._paramstyle(fill), {"workflow_id": f"old-{i:03d}"})  # type: ignore[attr-defined]
+        store._commit()  # type: ignore[attr-defined]
+        sent: list[str] = []
+        execute = store._execute  # type: ignore[attr-defined]
+        store._execute = lambda sql, p=None: sent.append(sql) or execute(sql, p)  # type: ignore[attr-defined]
+        op = base.Op(store.prune, (time.time() + 60, None, 400), True)
+        store.run_batch([op])
+        del store._execute  # type: ignore[attr-defined]
+        assert op.error is None, op.error
+        assert len(op.result) == 300 and {"r-1", "r-2", "old-000"} <= set(op.result)
+        deletes = [sql for sql in sent if "DELETE FROM" in sql]
+        assert len(deletes) == 12, deletes  # 6 tables, 256 + 44 ids each
+        left = {
+            table: {str(r[0]) for r in execute(f"SELECT DISTINCT workflow_id FROM {table}")}
+            for table in ("workflows", "journal", "claims", "events")
+        }
+    finally:
+        store.close()
+    assert left == {"workflows": {"w"}, "journal": {"w"}, "claims": {"w"}, "events": {"w"}}

@@ -155,17 +155,22 @@ class BulkVerbs(sqlbase.SqlBase):
             self._queries["prunable"] + self.skip_locked,
             {"status": status, "before": before, "limit": limit},
         ).fetchall()
-        pruned = []
-        for (wid,) in picked:
-            if self._q("prune_workflows", workflow_id=wid).rowcount != 1:
-                continue
-            for table in COLUMNS:
-                if table != "workflows":
-                    self._q(f"prune_{table}", workflow_id=wid)
-            pruned.append(str(wid))
-        if pruned:
-            self._reclaim_space()
+        # the rows first (finished, checked again), then every row naming those removed:
+        # a statement per table and IDS_PER_STATEMENT workflows
+        removed = {str(r[0]) for r in self._each_listed("prune_workflows", [r[0] for r in picked])}
+        pruned = [str(wid) for (wid,) in picked if str(wid) in removed]
+        self._prune_rows_of(pruned)
         return pruned
+
+    def _prune_rows_of(self, workflow_ids: Sequence[str]) -> None:
+        """Delete every side table's rows of these removed workflows, and give the pages
+        back where the dialect can."""
+        if not workflow_ids:
+            return
+        for table in COLUMNS:
+            if table != "workflows":
+                self._each_listed(f"prune_{table}", workflow_ids)
+        self._reclaim_space()
 
     @base.alone
     def delete_workflows(self, workflow_ids: Sequence[str], force: bool) -> list[str]:
@@ -197,11 +202,7 @@ class BulkVerbs(sqlbase.SqlBase):
                     f"workflow {wid!r} changed while being deleted (it is no longer "
                     "finished); nothing was deleted"
                 )
-            for table in COLUMNS:
-                if table != "workflows":
-                    self._q(f"prune_{table}", workflow_id=wid)
-        if order:
-            self._reclaim_space()
+        self._prune_rows_of(order)
         return order
 
     def _check_deletable(self, info: journal.WorkflowInfo, chosen: Sequence[str]) -> None:

@@ -185,15 +185,11 @@ class ClaimVerbs(bulk.BulkVerbs):
         }
         if query.ids is None:
             return [rows.workflow(r) for r in rows.every(self._search(query.order, params))]
-        # Given ids: one statement per IDS_PER_SEARCH of them (each read through the
+        # Given ids: one statement per IDS_PER_STATEMENT of them (each read through the
         # primary key), then ordered and paged here; there are at most as many rows as ids.
-        wanted = list(dict.fromkeys(query.ids))
         found: list[journal.WorkflowInfo] = []
-        for start in range(0, len(wanted), sqlbase.IDS_PER_SEARCH):
-            chunk = wanted[start : start + sqlbase.IDS_PER_SEARCH]
-            slots = sqlbase.id_slots(len(chunk))
-            named = {f"ids_{i}": chunk[min(i, len(chunk) - 1)] for i in range(slots)}
-            chunk_params = {**params, **named, "limit": len(chunk), "offset": 0}
+        for slots, named in sqlbase.id_chunks(list(dict.fromkeys(query.ids))):
+            chunk_params = {**params, **named, "limit": slots, "offset": 0}
             # in the query's order: its cursor term looks past ``after`` that way
             chunk_rows = rows.every(self._search(query.order, chunk_params))
             found += [rows.workflow(r) for r in chunk_rows]

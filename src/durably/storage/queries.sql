@@ -896,24 +896,24 @@ WHERE status IN ('completed', 'failed', 'cancelled', 'diverged')
 LIMIT :limit
 
 -- name: prune_journal
--- Delete the journal rows of one pruned workflow.
-DELETE FROM journal WHERE workflow_id = :workflow_id
+-- Delete the journal rows of the pruned workflows listed (sqlbase.id_list).
+DELETE FROM journal WHERE workflow_id IN ({ids})
 
 -- name: prune_claims
--- Delete the claims rows of one pruned workflow.
-DELETE FROM claims WHERE workflow_id = :workflow_id
+-- Delete the claims rows of the pruned workflows listed (sqlbase.id_list).
+DELETE FROM claims WHERE workflow_id IN ({ids})
 
 -- name: prune_signals
--- Delete the signals rows of one pruned workflow.
-DELETE FROM signals WHERE workflow_id = :workflow_id
+-- Delete the signals rows of the pruned workflows listed (sqlbase.id_list).
+DELETE FROM signals WHERE workflow_id IN ({ids})
 
 -- name: prune_events
--- Delete the events rows of one pruned workflow.
-DELETE FROM events WHERE workflow_id = :workflow_id
+-- Delete the events rows of the pruned workflows listed (sqlbase.id_list).
+DELETE FROM events WHERE workflow_id IN ({ids})
 
 -- name: prune_reviews
--- Delete the reviews rows of one pruned workflow.
-DELETE FROM reviews WHERE workflow_id = :workflow_id
+-- Delete the reviews rows of the pruned workflows listed (sqlbase.id_list).
+DELETE FROM reviews WHERE workflow_id IN ({ids})
 
 -- name: delete_workflow
 -- delete_workflows: without :force only a finished workflow (checked again as it goes).
@@ -922,9 +922,14 @@ WHERE workflow_id = :workflow_id
   AND (:force = 1 OR status IN ('completed', 'failed', 'cancelled', 'diverged'))
 
 -- name: prune_workflows
--- The status is checked again: only a finished workflow is ever removed.
+-- Delete the workflows listed (sqlbase.id_list) that are finished: the status is checked
+-- again, so only a finished workflow is ever removed; returns the ids it removed. The
+-- check is on COALESCE(status, ''), which no index serves: given a long list, SQLite
+-- without ANALYZE would otherwise read it through workflows_by_status, every finished one.
 DELETE FROM workflows
-WHERE workflow_id = :workflow_id AND status IN ('completed', 'failed', 'cancelled', 'diverged')
+WHERE workflow_id IN ({ids})
+  AND COALESCE(status, '') IN ('completed', 'failed', 'cancelled', 'diverged')
+RETURNING workflow_id
 
 -- name: warnings_of
 -- The warnings noted on a workflow (one a line), or NULL.

@@ -69,21 +69,29 @@ def load_queries() -> dict[str, str]:
     return queries
 
 
-#: The most ids one search statement names (``:ids_0`` ...); more take more statements.
-IDS_PER_SEARCH = 256
-
+#: The most ids one statement lists (``{ids}``: ``:ids_0, :ids_1, ...``); more take more
+#: statements (:func:`id_chunks`).
+IDS_PER_STATEMENT = 256
 
 #: The parameters of a search that are not filters: no term of search_terms reads them.
 _PAGING = frozenset({"limit", "offset", "after_id"})
 
 
-def id_slots(count: int) -> int:
-    """How many ``:ids_N`` parameters a search for ``count`` ids names: the next power of
-    two (the last id repeated), so that few statement texts are ever made."""
-    slots = 1
-    while slots < count:
-        slots *= 2
-    return slots
+def id_chunks(ids: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """``ids`` (distinct) by :data:`IDS_PER_STATEMENT`: for each chunk, how many ``:ids_N``
+    parameters its statement lists and their values. The count is the next power of two
+    (the last id repeated: ``IN`` takes it once), so that few statement texts are made."""
+    for start in range(0, len(ids), IDS_PER_STATEMENT):
+        chunk = ids[start : start + IDS_PER_STATEMENT]
+        slots = 1
+        while slots < len(chunk):
+            slots *= 2
+        yield slots, {f"ids_{i}": chunk[min(i, len(chunk) - 1)] for i in range(slots)}
+
+
+def id_list(sql_text: str, slots: int) -> str:
+    """``sql_text`` with its ``{ids}`` written as ``slots`` parameters ``:ids_0, ...``."""
+    return sql_text.replace("{ids}", ", ".join(f":ids_{i}" for i in range(slots)))
 
 
 def search_sql(template: str, terms: str, given: frozenset[str], ids: int = 0) -> str:
@@ -102,9 +110,8 @@ def search_sql(template: str, terms: str, given: frozenset[str], ids: int = 0) -
     unknown = given - by_filter.keys() - _PAGING
     if unknown:  # a filter without a term would select every workflow: never
         raise ValueError(f"search_workflows has no term for {sorted(unknown)}")
-    slots = ", ".join(f":ids_{i}" for i in range(ids))
-    chosen = [f"({term})".replace("{ids}", slots) for f, term in by_filter.items() if f in given]
-    return template.replace("{filters}", " AND ".join(chosen) or "TRUE")
+    chosen = [f"({term})" for f, term in by_filter.items() if f in given]
+    return id_list(template.replace("{filters}", " AND ".join(chosen) or "TRUE"), ids)
 
 
 def _body(sql_text: str) -> str:
@@ -180,6 +187,8 @@ class SqlBase(base.Store):
         self._queries = {name: self._paramstyle(sql) for name, sql in load_queries().items()}
         #: search_workflows as sent, by (direction, filters given, id slots): few texts.
         self._searches: dict[tuple[bool, frozenset[str], int], str] = {}
+        #: Queries that list ids (``{ids}``) as sent, by (name, id slots).
+        self._listing: dict[tuple[str, int], str] = {}
 
     # --- dialect hooks -----------------------------------------------------------
 
@@ -262,6 +271,20 @@ class SqlBase(base.Store):
 
     def _q(self, query: str, /, **params: Any) -> Any:
         return self._execute(self._queries[query], params)
+
+    def _each_listed(self, query: str, ids: Sequence[str]) -> list[Any]:
+        """Run ``query``, whose ``{ids}`` lists workflow ids, for every id in ``ids`` (a
+        statement per :data:`IDS_PER_STATEMENT`); the rows it returned, if any."""
+        found: list[Any] = []
+        for slots, params in id_chunks(list(dict.fromkeys(ids))):
+            sql_text = self._listing.get((query, slots))
+            if sql_text is None:
+                raw = id_list(load_queries()[query], slots)
+                sql_text = self._listing[(query, slots)] = self._paramstyle(raw)
+            cursor = self._execute(sql_text, params)
+            if cursor.description is not None:
+                found += cursor.fetchall()
+        return found
 
     def _wake(self, kind: str, workflow_id: str | None = None, **extra: Any) -> None:
         """Queue a wake-up notification for when this transaction commits."""
