@@ -152,6 +152,7 @@ PAGES = {
     "failed": WorkflowQuery(limit=50, status="failed"),
     "completed, oldest first": WorkflowQuery(limit=50, status="completed", order="asc"),
     "by ids": WorkflowQuery(ids=("done-5", "live-3", "nobody")),
+    "by ids, completed": WorkflowQuery(ids=("done-5", "live-3", "nobody"), status="completed"),
     "on a queue": WorkflowQuery(queue="q"),
     "children": WorkflowQuery(parent_id="live-3"),
     "created between": WorkflowQuery(created_after=15_000.0, created_before=15_040.0),
@@ -203,6 +204,7 @@ def test_a_page_of_workflows_and_the_dashboards_look_read_a_page_not_the_history
         assert pages["past a cursor, oldest first"][0].workflow_id == "done-10001"
         assert pages["failed"] == [] and len(pages["completed, oldest first"]) == 50
         assert [w.workflow_id for w in pages["by ids"]] == ["done-5", "live-3"]
+        assert [w.workflow_id for w in pages["by ids, completed"]] == ["done-5"]
         assert len(pages["on a queue"]) == 20 and len(pages["children"]) == 20
         assert len(pages["created between"]) == 40
         assert store.count_unfinished() == {"pending": 40, "running": 20, "sleeping": 20}

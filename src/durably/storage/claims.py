@@ -204,8 +204,9 @@ class ClaimVerbs(bulk.BulkVerbs):
         given = frozenset(
             k for k, v in params.items() if v is not None and not k.startswith("ids_")
         )
-        if ids:
-            given |= {"ids"}
+        if ids:  # read through the primary key, the status checked on each row
+            given |= {"ids", "status_listed"} if "status" in given else {"ids"}
+            given -= {"status"}
         newest = order != "asc"
         key = (newest, given, ids)
         sql_text = self._searches.get(key)
