@@ -139,7 +139,8 @@ def inline_pause(took: float) -> float:
 INLINE_RECONNECT = 5.0
 
 #: How many prepared statements a connection keeps (psycopg drops the least recently
-#: used past it): more than durably's queries.
+#: used past it): more than the queries a process runs often (about 110, and a few texts
+#: each for the statements that list ids or compose a search's filters).
 PREPARED_MAX = 256
 
 #: The schema durably's tables go into unless the URL says ``?schema=NAME``.
