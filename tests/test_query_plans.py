@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -80,23 +80,6 @@ def _fill(store: Any) -> None:
     store._execute(runnable, {})
 
 
-def _sqlite_steps(store: Any, query: str) -> int:
-    """How many virtual-machine instructions SQLite runs for the query (by the hundred)."""
-    conn = store._conn
-    steps = [0]
-
-    def count() -> int:
-        steps[0] += 100
-        return 0
-
-    conn.set_progress_handler(count, 100)
-    try:
-        store._execute(store._queries[query], PARAMS).fetchall()
-    finally:
-        conn.set_progress_handler(None, 0)
-    return steps[0]
-
-
 def _postgres_rows(store: Any, sql: str, params: Any = PARAMS) -> int:
     """How many rows of workflows the server reads for the statement, filtered out or not."""
     (plan,) = store._execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()
@@ -116,28 +99,42 @@ def _postgres_rows(store: Any, sql: str, params: Any = PARAMS) -> int:
     return read
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_the_queries_run_again_and_again_read_the_live_workflows_not_the_finished(
-    backend: str, request: pytest.FixtureRequest
-) -> None:
-    url = request.getfixturevalue(f"{backend}_url")
-    postgres = backend == "postgres"
-    store: Any = create_store(url)
+@pytest.fixture(params=["sqlite", "postgres"])
+def filled(request: pytest.FixtureRequest) -> Iterator[tuple[Any, bool]]:
+    """(a store holding 20,000 finished workflows and a few live ones, whether it is
+    PostgreSQL), analyzed there as autovacuum would."""
+    postgres = request.param == "postgres"
+    store: Any = create_store(request.getfixturevalue(f"{request.param}_url"))
     store.open()
     try:
         _fill(store)
         if postgres:
             store._execute("ANALYZE workflows", {})
-            work = {q: _postgres_rows(store, store._queries[q]) for q in HOT_QUERIES}
-        else:
-            work = {query: _sqlite_steps(store, query) for query in HOT_QUERIES}
-        # 120 live workflows; reading the 20,000 finished ones costs a row (PostgreSQL) or
-        # a dozen instructions (SQLite) each.
-        limit = 1_000 if postgres else 10_000
-        heavy = {query: n for query, n in work.items() if n > limit}
-        assert not heavy, f"these read the finished workflows ({backend}): {heavy}"
+        yield store, postgres
     finally:
         store.close()
+
+
+def _light(work: dict[str, int], postgres: bool) -> None:
+    """Each read did a few hundred rows' work: reading the 20,000 finished workflows
+    costs a row (PostgreSQL) or a dozen instructions (SQLite) each."""
+    limit = 1_000 if postgres else 10_000
+    heavy = {name: n for name, n in work.items() if n > limit}
+    dialect = "postgres" if postgres else "sqlite"
+    assert not heavy, f"these read the finished workflows ({dialect}): {heavy}"
+
+
+def test_the_queries_run_again_and_again_read_the_live_workflows_not_the_finished(
+    filled: tuple[Any, bool],
+) -> None:
+    store, postgres = filled
+    _light(
+        {
+            q: _work(store, postgres, lambda q=q: store._execute(store._queries[q], PARAMS))
+            for q in HOT_QUERIES
+        },
+        postgres,
+    )
 
 
 #: The pages an operator reads (the dashboard, `durably workflows`, list_workflows) and
@@ -172,7 +169,9 @@ def _work(store: Any, postgres: bool, call: Callable[[], Any]) -> int:
 
         conn.set_progress_handler(count, 100)
         try:
-            call()
+            result = call()
+            if hasattr(result, "fetchall"):  # a cursor: run the statement to its end
+                result.fetchall()
         finally:
             conn.set_progress_handler(None, 0)
         return steps[0]
@@ -186,38 +185,26 @@ def _work(store: Any, postgres: bool, call: Callable[[], Any]) -> int:
     return sum(_postgres_rows(store, sql, params) for sql, params in sent)
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_page_of_workflows_and_the_dashboards_look_read_a_page_not_the_history(
-    backend: str, request: pytest.FixtureRequest
+    filled: tuple[Any, bool],
 ) -> None:
-    url = request.getfixturevalue(f"{backend}_url")
-    postgres = backend == "postgres"
-    store: Any = create_store(url)
-    store.open()
-    try:
-        _fill(store)
-        if postgres:
-            store._execute("ANALYZE workflows", {})
-        pages = {name: store.search_workflows(q) for name, q in PAGES.items()}
-        assert [w.workflow_id for w in pages["newest"][:2]] == ["done-20000", "done-19999"]
-        assert [w.workflow_id for w in pages["past a cursor"][:2]] == ["done-9999", "done-9998"]
-        assert pages["past a cursor, oldest first"][0].workflow_id == "done-10001"
-        assert pages["failed"] == [] and len(pages["completed, oldest first"]) == 50
-        assert [w.workflow_id for w in pages["by ids"]] == ["done-5", "live-3"]
-        assert [w.workflow_id for w in pages["by ids, completed"]] == ["done-5"]
-        assert len(pages["on a queue"]) == 20 and len(pages["children"]) == 20
-        assert len(pages["created between"]) == 40
-        assert store.count_unfinished() == {"pending": 40, "running": 20, "sleeping": 20}
-        work = {
-            name: _work(store, postgres, lambda q=q: store.search_workflows(q))
-            for name, q in PAGES.items()
-        }
-        work["unfinished counts"] = _work(store, postgres, store.count_unfinished)
-        limit = 1_000 if postgres else 10_000
-        heavy = {name: n for name, n in work.items() if n > limit}
-        assert not heavy, f"these read the finished workflows ({backend}): {heavy}"
-    finally:
-        store.close()
+    store, postgres = filled
+    pages = {name: store.search_workflows(q) for name, q in PAGES.items()}
+    assert [w.workflow_id for w in pages["newest"][:2]] == ["done-20000", "done-19999"]
+    assert [w.workflow_id for w in pages["past a cursor"][:2]] == ["done-9999", "done-9998"]
+    assert pages["past a cursor, oldest first"][0].workflow_id == "done-10001"
+    assert pages["failed"] == [] and len(pages["completed, oldest first"]) == 50
+    assert [w.workflow_id for w in pages["by ids"]] == ["done-5", "live-3"]
+    assert [w.workflow_id for w in pages["by ids, completed"]] == ["done-5"]
+    assert len(pages["on a queue"]) == 20 and len(pages["children"]) == 20
+    assert len(pages["created between"]) == 40
+    assert store.count_unfinished() == {"pending": 40, "running": 20, "sleeping": 20}
+    work = {
+        name: _work(store, postgres, lambda q=q: store.search_workflows(q))
+        for name, q in PAGES.items()
+    }
+    work["unfinished counts"] = _work(store, postgres, store.count_unfinished)
+    _light(work, postgres)
 
 
 def test_a_batch_of_pruning_reads_its_batch_not_the_history(sqlite_url: str) -> None:
