@@ -150,6 +150,8 @@ PAGES = {
     "completed, oldest first": WorkflowQuery(limit=50, status="completed", order="asc"),
     "by ids": WorkflowQuery(ids=("done-5", "live-3", "nobody")),
     "by ids, completed": WorkflowQuery(ids=("done-5", "live-3", "nobody"), status="completed"),
+    "by ids, on a queue": WorkflowQuery(ids=("queued-3", "done-5"), queue="q"),
+    "by ids, children": WorkflowQuery(ids=("child-3", "done-5"), parent_id="live-3"),
     "on a queue": WorkflowQuery(queue="q"),
     "children": WorkflowQuery(parent_id="live-3"),
     "created between": WorkflowQuery(created_after=15_000.0, created_before=15_040.0),
@@ -196,6 +198,8 @@ def test_a_page_of_workflows_and_the_dashboards_look_read_a_page_not_the_history
     assert pages["failed"] == [] and len(pages["completed, oldest first"]) == 50
     assert [w.workflow_id for w in pages["by ids"]] == ["done-5", "live-3"]
     assert [w.workflow_id for w in pages["by ids, completed"]] == ["done-5"]
+    assert [w.workflow_id for w in pages["by ids, on a queue"]] == ["queued-3"]
+    assert [w.workflow_id for w in pages["by ids, children"]] == ["child-3"]
     assert len(pages["on a queue"]) == 20 and len(pages["children"]) == 20
     assert len(pages["created between"]) == 40
     assert store.count_unfinished() == {"pending": 40, "running": 20, "sleeping": 20}

@@ -16,6 +16,10 @@ from typing import Any
 from durably import cancellation, codec, errors, journal
 from durably.storage import base, bulk, rows, sqlbase
 
+#: The filters written, beside a list of ids, on an expression no index serves
+#: (search_terms' *_listed terms), so that the ids are read through the primary key.
+_LISTED = frozenset({"status", "queue", "parent_id"})
+
 
 def _same_start(row: journal.WorkflowInfo, owner: str, now: float) -> bool:
     """True if ``row`` is what a start by ``owner`` at ``now`` created (not yet claimed again)."""
@@ -204,9 +208,9 @@ class ClaimVerbs(bulk.BulkVerbs):
         given = frozenset(
             k for k, v in params.items() if v is not None and not k.startswith("ids_")
         )
-        if ids:  # read through the primary key, the status checked on each row
-            given |= {"ids", "status_listed"} if "status" in given else {"ids"}
-            given -= {"status"}
+        if ids:  # read through the primary key, the other indexed filters checked on each row
+            indexed = given & _LISTED
+            given = given - indexed | {f"{name}_listed" for name in indexed} | {"ids"}
         newest = order != "asc"
         key = (newest, given, ids)
         sql_text = self._searches.get(key)

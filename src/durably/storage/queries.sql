@@ -75,15 +75,18 @@ LIMIT :limit OFFSET :offset
 -- The term of each filter of search_workflows: the filter, then its term (a line that
 -- starts with spaces goes on the term above). {ids} stands for a list of parameters
 -- :ids_0, :ids_1, ... (a list parameter is not portable SQL). Beside a list of ids the
--- status is status_listed, on an expression no index serves: SQLite, planning without
--- ANALYZE, would read the list through workflows_by_status, every workflow of that status.
+-- status, queue and parent are the *_listed terms, on expressions no index serves:
+-- SQLite, planning without ANALYZE, would read the list through their index, every
+-- workflow of that status, queue or parent.
 -- A page after another starts past the (created_at, workflow_id) of the other's last
 -- row, written as a range of created_at and a tie-break (an index serves the range).
 status          status = :status
 status_listed   COALESCE(status, '') = :status
 name            name = :name
 queue           queue = :queue
+queue_listed    COALESCE(queue, '') = :queue
 parent_id       parent_id = :parent_id
+parent_id_listed COALESCE(parent_id, '') = :parent_id
 ids             workflow_id IN ({ids})
 id_prefix       SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix
 created_after   created_at >= :created_after
