@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,3 +205,45 @@ def test_a_batch_of_300_is_pruned_in_a_few_statements_with_every_row_naming_them
     finally:
         store.close()
     assert left == {"workflows": {"w"}, "journal": {"w"}, "claims": {"w"}, "events": {"w"}}
+
+
+def test_a_child_is_kept_while_its_parent_is_and_goes_in_the_pass_after(store_url: str) -> None:
+    """A finished child old enough to prune stays while its parent is kept (a failed
+    parent resumed later joins it by its row), and goes in the pass after the parent's."""
+    from durably.storage import base, create_store
+
+    store: Any = create_store(store_url)
+    store.open()
+    row = (
+        "INSERT INTO workflows (workflow_id, name, status, input, created_at, updated_at, "
+        "parent_id) VALUES (:workflow_id, 'n', :status, '[]', 1.0, :updated_at, :parent_id)"
+    )
+
+    def prune(before: float) -> list[str]:
+        op = base.Op(store.prune, (before, None, 200), True)
+        store.run_batch([op])
+        assert op.error is None, op.error
+        return sorted(op.result)
+
+    try:
+        store._begin(True)
+        for wid, status, updated_at, parent in (
+            ("parent", "failed", 500.0, None),  # failed lately: resumable, kept
+            ("child", "completed", 2.0, "parent"),  # finished long ago
+            ("orphan", "completed", 2.0, "gone"),  # its parent already pruned
+        ):
+            store._execute(
+                store._paramstyle(row),
+                {
+                    "workflow_id": wid,
+                    "status": status,
+                    "updated_at": updated_at,
+                    "parent_id": parent,
+                },
+            )
+        store._commit()
+        assert prune(100.0) == ["orphan"]  # the child waits for its parent
+        assert prune(1000.0) == ["parent"]  # the parent's pass: the child still there
+        assert prune(1000.0) == ["child"]  # the pass after
+    finally:
+        store.close()

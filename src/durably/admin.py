@@ -141,7 +141,7 @@ def import_cmd(database: str, path: str) -> None:
 def prune_cmd(database: str, before: str, status: str | None) -> None:  # fmt: skip
     """Remove finished workflows with their journals, in small transactions.
 
-    Never an unfinished workflow, nor a finished child whose parent is unfinished.
+    Never an unfinished workflow, nor a child while its parent is kept.
     """
     cutoff = parse_when(before, "--finished-before")
     total = 0

@@ -144,7 +144,7 @@ class BulkVerbs(sqlbase.SqlBase):
         transaction: one bounded batch), with every row that names them.
 
         Never an unfinished workflow (its status is checked again as it is
-        deleted), nor a finished child whose parent is unfinished.
+        deleted), nor a child whose parent is still there (it goes in a later batch).
         """
         if status is not None and status not in journal.FINISHED_STATUSES:
             finished = ", ".join(journal.FINISHED_STATUSES)

@@ -884,8 +884,10 @@ VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason,
         :opened_at, :decision, :outcome, :decided_by, :decided_at)
 
 -- name: prunable
--- Finished workflows last changed before :before, but none whose parent is unfinished:
--- the parent's join still reads the child's row. A workflow last changed before :before
+-- Finished workflows last changed before :before, but no child whose parent is still
+-- there: a running parent's join reads the child's row, and so does a finished one's
+-- when it is resumed or forked (a child goes in the pass after its parent). A workflow
+-- last changed before :before
 -- was created before it (but for clocks that disagree: one whose creation is stamped
 -- later than its last change waits until the cut passes its creation), which makes the
 -- candidates an index range (workflows_by_status) that holds the workflows created
@@ -897,9 +899,7 @@ WHERE status IN ('completed', 'failed', 'cancelled', 'diverged')
   AND created_at < :before
   AND (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND updated_at < :before
-  AND NOT EXISTS (SELECT 1 FROM workflows p
-                  WHERE p.workflow_id = w.parent_id
-                    AND p.status NOT IN ('completed', 'failed', 'cancelled', 'diverged'))
+  AND NOT EXISTS (SELECT 1 FROM workflows p WHERE p.workflow_id = w.parent_id)
 LIMIT :limit
 
 -- name: prune_journal
