@@ -26,7 +26,8 @@ NAMED_SETS = {
     "UNFINISHED_STATUSES": frozenset(s.value for s in journal.UNFINISHED_STATUSES),
     "FINAL_ENTRY_STATUSES": frozenset(s.value for s in journal.FINAL_ENTRY_STATUSES),
 }
-STATUS_IN = re.compile(r"status\s+(?:NOT\s+)?IN\s*\(([^)]*)\)", re.IGNORECASE)
+# also COALESCE(status, '') IN (...), a status check no index serves
+STATUS_IN = re.compile(r"status(?:, ''\))?\s+(?:NOT\s+)?IN\s*\(([^)]*)\)", re.IGNORECASE)
 STATUS_IS = re.compile(r"status\s*=\s*'(\w+)'", re.IGNORECASE)
 
 

@@ -212,19 +212,17 @@ class ClaimVerbs(bulk.BulkVerbs):
             indexed = given & _LISTED
             given = given - indexed | {f"{name}_listed" for name in indexed} | {"ids"}
         newest = order != "asc"
-        key = (newest, given, ids)
-        sql_text = self._searches.get(key)
-        if sql_text is None:
+
+        def compose() -> str:
             raw = sqlbase.load_queries()
-            sql_text = self._searches[key] = self._paramstyle(
-                sqlbase.search_sql(
-                    raw["search_workflows" if newest else "search_workflows_oldest_first"],
-                    raw["search_terms" if newest else "search_terms_oldest_first"],
-                    given,
-                    ids,
-                )
+            return sqlbase.search_sql(
+                raw["search_workflows" if newest else "search_workflows_oldest_first"],
+                raw["search_terms" if newest else "search_terms_oldest_first"],
+                given,
+                ids,
             )
-        return self._execute(sql_text, params)
+
+        return self._execute(self._composed(("search", newest, given, ids), compose), params)
 
     @base.one_read
     def count_by_status(self) -> dict[str, int]:

@@ -887,12 +887,12 @@ VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason,
 -- Finished workflows last changed before :before, but no child whose parent is still
 -- there: a running parent's join reads the child's row, and so does a finished one's
 -- when it is resumed or forked (a child goes in the pass after its parent). A workflow
--- last changed before :before
--- was created before it (but for clocks that disagree: one whose creation is stamped
--- later than its last change waits until the cut passes its creation), which makes the
--- candidates an index range (workflows_by_status) that holds the workflows created
--- before the cut, not every finished one; in no order (an order would sort every
--- candidate, at every batch of a backlog), so the read stops once :limit rows pass. The dialect appends its skip_locked clause (a row another
+-- last changed before :before was created before it (but for clocks that disagree: one
+-- whose creation is stamped later than its last change waits until the cut passes its
+-- creation), which makes the candidates an index range (workflows_by_status) that holds
+-- the workflows created before the cut, not every finished one; in no order (an order
+-- would sort every candidate, at every batch of a backlog), so the read stops once
+-- :limit rows pass. The dialect appends its skip_locked clause (a row another
 -- transaction holds is left for the next batch).
 SELECT workflow_id FROM workflows w
 WHERE status IN ('completed', 'failed', 'cancelled', 'diverged')

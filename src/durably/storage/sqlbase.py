@@ -20,7 +20,7 @@ import importlib.resources
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from durably import errors
@@ -185,10 +185,9 @@ class SqlBase(base.Store):
     def __init__(self, url: str) -> None:
         self.url = url
         self._queries = {name: self._paramstyle(sql) for name, sql in load_queries().items()}
-        #: search_workflows as sent, by (direction, filters given, id slots): few texts.
-        self._searches: dict[tuple[bool, frozenset[str], int], str] = {}
-        #: Queries that list ids (``{ids}``) as sent, by (name, id slots).
-        self._listing: dict[tuple[str, int], str] = {}
+        #: Statements composed from queries.sql at run time (a search's filters, a list of
+        #: ids), as sent, by what they were composed from: few texts (:meth:`_composed`).
+        self._composed_texts: dict[tuple[Any, ...], str] = {}
 
     # --- dialect hooks -----------------------------------------------------------
 
@@ -272,16 +271,21 @@ class SqlBase(base.Store):
     def _q(self, query: str, /, **params: Any) -> Any:
         return self._execute(self._queries[query], params)
 
+    def _composed(self, key: tuple[Any, ...], compose: Callable[[], str]) -> str:
+        """The statement ``compose`` makes (with ``:name`` parameters) in the driver's
+        style, made once per ``key``."""
+        sql_text = self._composed_texts.get(key)
+        if sql_text is None:
+            sql_text = self._composed_texts[key] = self._paramstyle(compose())
+        return sql_text
+
     def _each_listed(self, query: str, ids: Sequence[str]) -> list[Any]:
         """Run ``query``, whose ``{ids}`` lists workflow ids, for every id in ``ids`` (a
         statement per :data:`IDS_PER_STATEMENT`); the rows it returned, if any."""
         found: list[Any] = []
         for slots, params in id_chunks(list(dict.fromkeys(ids))):
-            sql_text = self._listing.get((query, slots))
-            if sql_text is None:
-                raw = id_list(load_queries()[query], slots)
-                sql_text = self._listing[(query, slots)] = self._paramstyle(raw)
-            cursor = self._execute(sql_text, params)
+            listed = functools.partial(id_list, load_queries()[query], slots)
+            cursor = self._execute(self._composed((query, slots), listed), params)
             if cursor.description is not None:
                 found += cursor.fetchall()
         return found
