@@ -962,12 +962,13 @@ def parked_on_signal(db: Verbs, wid: str) -> journal.Entry:
     return wait
 
 
-def test_a_signal_and_the_claim_of_the_parked_workflow_it_wakes_are_three_round_trips(
+def test_a_signal_and_the_claim_of_the_parked_workflow_it_wakes_are_two_round_trips(
     pg_store: Any,
 ) -> None:
     """The sender's commit that takes the workflow it wakes: BEGIN, the signal, the claim
-    and the journal's read pipelined in one round trip; the receive in one statement;
-    COMMIT. What it leaves is what the statements one at a time leave."""
+    and the journal's read pipelined in one round trip; the receive, the op's last
+    statement, pipelined with COMMIT in the second. What it leaves is what the statements
+    one at a time leave."""
     from durably import operations
 
     db = Verbs(pg_store)
@@ -980,7 +981,9 @@ def test_a_signal_and_the_claim_of_the_parked_workflow_it_wakes_are_three_round_
     sent = traced(pg_store, [op])
     assert op.error is None, op.error
     woken = op.result
-    assert len(sent) == 3, sent
+    assert len(sent) == 2, sent
+    assert sent[-1].strip('" ') == "COMMIT", sent  # the receive went in its pipeline
+    assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert woken.sent and woken.taken is not None and woken.taken.owner == "ex-b"
     assert woken.received is not None and woken.received.payload == '"x"'
     assert woken.history == db.load_history("a") == [woken.received]
@@ -1029,7 +1032,8 @@ def test_a_signal_whose_claim_takes_nothing_is_still_kept_and_told(pg_store: Any
 
 def test_a_woken_workflows_claim_and_journal_are_one_round_trip(pg_store: Any) -> None:
     """The recovery loop's direct claim of a workflow woken by another process's signal:
-    BEGIN, the claim and the journal's read in one round trip, the receive, COMMIT."""
+    BEGIN, the claim and the journal's read in one round trip, the receive with COMMIT
+    in the second."""
     from durably import operations
 
     db = Verbs(pg_store)
@@ -1041,11 +1045,97 @@ def test_a_woken_workflows_claim_and_journal_are_one_round_trip(pg_store: Any) -
     op = base.Op(operations.take_woken, (pg_store, "a", NOW, claimer()), True)
     sent = traced(pg_store, [op])
     assert op.error is None, op.error
-    assert len(sent) == 3, sent
+    assert len(sent) == 2, sent
     assert op.result.taken is not None and op.result.received.payload == '"x"'
+    assert [s["consumed_seq"] for s in db.list_signals("a")] == [1]
     parked_on_signal(db, "b")  # nothing sent to it: the claim takes nothing
     nothing = db.run(operations.take_woken, pg_store, "b", NOW, claimer())
     assert nothing.taken is None and db.get_workflow("b").status == "waiting"
+
+
+def test_a_wake_up_whose_receive_finds_nothing_writes_nothing_after_its_commit(
+    pg_store: Any,
+) -> None:
+    """A signal of another name wakes the parked workflow: the claim takes it, the
+    receive (sent with COMMIT) finds nothing, and nothing more is sent: the wait is left
+    as it was, for the run to receive at its wait."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")
+    db.run(operations._send_and_claim, pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    wait = parked_on_signal(db, "a")
+    op = base.Op(
+        operations._send_and_claim, (pg_store, "a", "other", '"x"', None, NOW, claimer()), True
+    )
+    sent = traced(pg_store, [op])
+    assert op.error is None, op.error
+    assert len(sent) == 2 and sent[-1].strip('" ') == "COMMIT", sent
+    woken = op.result
+    assert woken.taken is not None and woken.received is None and woken.history == [wait]
+    assert db.load_history("a") == [wait]
+    assert [(s["name"], s["consumed_seq"]) for s in db.list_signals("a")] == [("other", None)]
+    assert db.get_workflow("a").owner == "ex-b"
+
+
+def test_a_last_statement_that_fails_with_its_commit_leaves_nothing_committed(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """The receive and COMMIT go in one pipeline: when the receive fails (here a lock it
+    waits for past lock_timeout), the COMMIT is not applied. The signal, the claim and
+    the receive are all undone, and the op fails with the error."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")
+    db.run(operations._send_and_claim, pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    wait = parked_on_signal(db, "a")
+    holder = psycopg.connect(postgres_url)  # the wait's journal row, locked elsewhere
+    try:
+        holder.execute(
+            pgsql.SQL("SELECT * FROM {}.journal WHERE workflow_id = 'a' FOR UPDATE").format(
+                pgsql.Identifier(pg_store.schema)
+            )
+        )
+        pg_store.conn.execute("SET lock_timeout = '200ms'")
+        op = base.Op(
+            operations._send_and_claim, (pg_store, "a", "go", '"x"', None, NOW, claimer()), True
+        )
+        sent = traced(pg_store, [op])
+    finally:
+        holder.close()
+        pg_store.conn.execute("RESET lock_timeout")
+    assert isinstance(op.error, errors.StoreError), op.error
+    assert "lock" in str(op.error), op.error
+    assert "ROLLBACK" in [s.strip('" ') for s in sent], sent
+    assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert db.list_signals("a") == [] and db.load_history("a") == [wait]
+    row = db.get_workflow("a")
+    assert (row.status, row.owner) == ("waiting", None)
+
+
+def test_a_statement_after_the_promised_last_one_is_refused(pg_store: Any) -> None:
+    """An op that promised its last verb (``ends_with``) and sends a statement after it
+    fails with a StoreError that says so, instead of sending it outside its transaction."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, None)
+    db.send_signal("wf-1", "go", '"x"', None, NOW)
+
+    @base.calls_first(lambda: [], ends_with="receive_parked_signal")
+    def receive_then_read() -> Any:
+        pg_store.append_entries("wf-1", info.epoch, [step(0)], NOW)
+        got = pg_store.receive_parked_signal("wf-1", info.epoch, wait, NOW)
+        assert got.status == "completed"
+        return pg_store.get_workflow("wf-1")
+
+    op = base.Op(receive_then_read, (), True)
+    traced(pg_store, [op])
+    assert isinstance(op.error, errors.StoreError), op.error
+    assert "after the last one its op promised (receive_parked_signal)" in str(op.error)
+    # what went with COMMIT is committed: the entry before it, the receive
+    assert [e.seq for e in db.load_history("wf-1")] == [0, 1]
+    assert [s["consumed_seq"] for s in db.list_signals("wf-1")] == [1]
 
 
 # --- claims: a recovery pass ---------------------------------------------------------------

@@ -480,7 +480,7 @@ def _send_and_claim_calls(
     return [send, *_take_woken_calls(store, workflow_id, now, claim)]
 
 
-@base.calls_first(_send_and_claim_calls)
+@base.calls_first(_send_and_claim_calls, ends_with="receive_parked_signal")
 def _send_and_claim(
     store: base.Store,
     workflow_id: str,
@@ -503,14 +503,15 @@ def _send_and_claim(
     return woken
 
 
-@base.calls_first(_take_woken_calls)
+@base.calls_first(_take_woken_calls, ends_with="receive_parked_signal")
 def take_woken(store: base.Store, workflow_id: str, now: float, claim: Claimer) -> Woken:
     """``claim_woken`` and, if it took the workflow, its journal: one op, one transaction.
 
     A workflow parked on nothing but a signal wait receives the signal here too
-    (``receive_signal`` at the new epoch), so its re-run replays the wait from the
-    journal instead of committing it: one commit less on a signal's wake-up. It is
-    the state a re-run that received the signal and then crashed would have left.
+    (``receive_parked_signal`` at the new epoch), so its re-run replays the wait from
+    the journal instead of committing it: one commit less on a signal's wake-up. It is
+    the state a re-run that received the signal and then crashed would have left. The
+    receive is the op's last call (``ends_with``): PostgreSQL sends it with COMMIT.
     """
     taken = store.claim_woken(*_claim_args(workflow_id, now, claim))
     if taken is None:
@@ -519,8 +520,8 @@ def take_woken(store: base.Store, workflow_id: str, now: float, claim: Claimer) 
     wait = replay.parked_signal_wait(history)
     if wait is None or cancellation.asked(taken.cancel_requested, taken.deadline_at, now):
         return Woken(True, taken, history)
-    final = store.receive_signal(workflow_id, taken.epoch, wait, (), now)
-    if final.status == journal.EntryStatus.STARTED:  # nothing to receive yet
+    final = store.receive_parked_signal(workflow_id, taken.epoch, wait, now)  # the last call
+    if final.status == journal.EntryStatus.STARTED:  # nothing received here: the run will
         return Woken(True, taken, history)
     return Woken(True, taken, [*history[:-1], final], final)
 

@@ -54,19 +54,31 @@ def is_one_read(fn: Callable[..., Any]) -> bool:
 VerbCall = tuple[str, tuple[Any, ...], dict[str, Any]]
 
 
-def calls_first(planner: Callable[..., list[VerbCall]]) -> Callable[[_Verb], _Verb]:
+def calls_first(
+    planner: Callable[..., list[VerbCall]], *, ends_with: str | None = None
+) -> Callable[[_Verb], _Verb]:
     """Mark a function of verbs (an op that is not one verb) with ``planner``: given the
     op's arguments, the verbs it calls first, in order, when nothing surprises it.
 
     A store whose statements are round trips may send their statements ahead, pipelined
     with BEGIN, and must check each against what the function then sends: the plan is a
-    guess, never an instruction (``pg_ahead.AheadBatches._run_ahead``)."""
+    guess, never an instruction (``pg_ahead.AheadBatches._run_ahead``).
+
+    ``ends_with`` names a verb the function calls last whenever it calls it, a promise,
+    not a guess: alone in its batch, a store may send that verb's statement with COMMIT
+    (``pg_statements.OneStatementVerbs._ending``), and refuses any statement after it."""
 
     def mark(fn: _Verb) -> _Verb:
         fn.calls_first = planner  # type: ignore[attr-defined]
+        fn.ends_with = ends_with  # type: ignore[attr-defined]
         return fn
 
     return mark
+
+
+def ending_verb(fn: Callable[..., Any]) -> str | None:
+    """The verb ``fn`` promises to call last (``calls_first``'s ``ends_with``), if any."""
+    return getattr(fn, "ends_with", None)
 
 
 def planned_calls(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[VerbCall]:
@@ -446,6 +458,19 @@ class Store(abc.ABC):
         when ``wait.wake_at`` (the deadline) has passed, or ``wait`` itself
         (still started) when there is nothing yet.
         """
+
+    def receive_parked_signal(
+        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float
+    ) -> journal.Entry:
+        """``receive_signal`` of the wait a workflow was parked at, by the claim that took
+        it (``operations.take_woken``), with no entries to write first.
+
+        A store may do less: where one statement cannot receive a signal (there is none
+        yet, or the wait's entry is not as expected), it may return ``wait`` as it is
+        and write nothing; the run then receives it at its wait, as it would have
+        without this. PostgreSQL does, so that the statement can go with COMMIT.
+        """
+        return self.receive_signal(workflow_id, epoch, wait, (), now)
 
     @abc.abstractmethod
     def send_signal(

@@ -27,6 +27,8 @@ class Session(pg_statements.Session, Protocol):
     #: The running op's planned statements, sent ahead of its batch, each with the cursor
     #: holding its answer, until the op sends it (``AheadBatches._run_ahead``).
     ahead: list[tuple[pg_statements.Ahead, Any]]
+    #: The op's last statement was sent with COMMIT (``PostgresStore._end_with``).
+    ended: bool
 
 
 class AheadBatches(pg_statements.OneStatementVerbs):
@@ -49,10 +51,17 @@ class AheadBatches(pg_statements.OneStatementVerbs):
         raise NotImplementedError
 
     def run_batch(self, ops: Sequence[base.Op]) -> None:
-        planned = self._plan_ahead(ops)
-        if planned is not None and self._run_ahead(ops, planned):
-            return
-        super().run_batch(ops)
+        session = self._session
+        # An op alone may promise its last verb, whose statement then goes with COMMIT.
+        session.ends_with = base.ending_verb(ops[0].fn) if len(ops) == 1 else None
+        try:
+            planned = self._plan_ahead(ops)
+            if planned is not None and self._run_ahead(ops, planned):
+                return
+            super().run_batch(ops)
+        finally:
+            session.ends_with = None
+            session.ended = False
 
     def _plan_ahead(self, ops: Sequence[base.Op]) -> list[list[pg_statements.Ahead]] | None:
         """The statements to send ahead of each op of the batch, or None for none.

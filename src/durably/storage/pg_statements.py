@@ -51,6 +51,10 @@ class Session(Protocol):
     solo: bool
     skip_begin: bool
     ahead: Any  # the op's statements sent ahead of its batch (pg_ahead.AheadBatches._run_ahead)
+    #: The verb the batch's one op promises to call last (``base.ending_verb``), if any.
+    ends_with: str | None
+    #: The next statement is the op's last: it goes with COMMIT (``_ending``).
+    commit_with: bool
 
 
 class OneStatementVerbs(sql.SqlStore):
@@ -71,6 +75,19 @@ class OneStatementVerbs(sql.SqlStore):
             yield
         finally:
             session.skip_begin = False
+
+    @contextlib.contextmanager
+    def _ending(self, verb: str) -> Iterator[None]:
+        """Around the one statement of ``verb``, where the batch's one op promised to call
+        it last (``base.calls_first``'s ``ends_with``): the statement is sent with COMMIT,
+        pipelined, and the transaction ends with it: a round trip less. If it fails, the
+        COMMIT is not applied and the batch is rolled back as usual."""
+        session = self._session
+        session.commit_with = session.ends_with == verb
+        try:
+            yield
+        finally:
+            session.commit_with = False
 
     def _create_row(
         self,
@@ -265,6 +282,21 @@ class OneStatementVerbs(sql.SqlStore):
             return outcome
         self._fenced_upsert(workflow_id, epoch, [outcome], now, last=True)
         return outcome
+
+    def receive_parked_signal(
+        self, workflow_id: str, epoch: int, wait: journal.Entry, now: float
+    ) -> journal.Entry:
+        # One statement and nothing after it, whatever it finds, so that it can be the
+        # op's last and go with COMMIT (``_ending``): where it received nothing (no signal
+        # yet, or a fence or an entry not as the claim left them, which the claim in the
+        # same transaction rules out) the wait is returned as it is and the run receives
+        # it at its wait, as receive_signal's later statements would have here.
+        with self._alone(True), self._ending("receive_parked_signal"):
+            params = _entry_params(workflow_id, wait)
+            row = self._q("fence_and_receive_signal", now=now, epoch=epoch, **params).fetchone()
+        if row is None or not row[-1]:
+            return wait
+        return replay.signal_outcome(wait, str(row[5]), now)
 
     def _fence_and_look(
         self, workflow_id: str, epoch: int, wait: journal.Entry, now: float

@@ -518,6 +518,8 @@ class PostgresStore(pg_ahead.AheadBatches):
             cursor = self._sent_ahead(sql_text, params)
             if cursor is not None:
                 return cursor
+        if session.ended or session.commit_with:
+            return self._end_with(sql_text, params)
         if not session.begin_pending:
             return self.conn.execute(sql_text, params)
         session.begin_pending = False
@@ -540,6 +542,26 @@ class PostgresStore(pg_ahead.AheadBatches):
             conn = self._connect()
             self._carry_temp_tables(lost)  # what the batch's statements may rely on
             return send(conn, sql_text, params)
+
+    def _end_with(self, sql_text: str, params: Mapping[str, Any] | None) -> Any:
+        """The op's last statement (``OneStatementVerbs._ending``), pipelined with COMMIT;
+        after it, a statement of the same op is refused: its transaction has ended."""
+        session = self._session
+        if session.ended:
+            raise errors.StoreError(
+                f"{self.where}: a statement after the last one its op promised "
+                f"({session.ends_with}), whose COMMIT was sent: {sql_text.split()[0]} ..."
+            )
+        session.commit_with = False
+        session.ended = True
+        if session.begin_pending:  # nothing sent before it: it is the whole transaction
+            session.begin_pending = session.skip_begin = False
+            return self.conn.execute(sql_text, params)
+        conn = self.conn
+        with conn.pipeline():
+            cursor = conn.execute(sql_text, params)
+            conn.execute("COMMIT")
+        return cursor
 
     def _begin(self, write: bool) -> None:
         if not self._open:
@@ -717,7 +739,18 @@ class _Session:
     BEGIN is still to send, whether the batch is one op (``solo``: a one-statement
     verb may skip BEGIN), and whether it is the event loop's thread's (``inline``)."""
 
-    __slots__ = ("ahead", "begin_pending", "conn", "inline", "skip_begin", "solo", "temp")
+    __slots__ = (
+        "ahead",
+        "begin_pending",
+        "commit_with",
+        "conn",
+        "ended",
+        "ends_with",
+        "inline",
+        "skip_begin",
+        "solo",
+        "temp",
+    )
 
     def __init__(self) -> None:
         self.conn: psycopg.Connection[Any] | None = None
@@ -729,6 +762,10 @@ class _Session:
         #: The running op's planned statements, sent ahead of its batch, each with the
         #: cursor holding its answer, until the op sends it (``_run_ahead``).
         self.ahead: list[tuple[pg_statements.Ahead, Any]] = []
+        #: The verb the batch's one op promises to call last (``base.ending_verb``).
+        self.ends_with: str | None = None
+        self.commit_with = False  # the next statement is the op's last: sent with COMMIT
+        self.ended = False  # that statement was sent: the op's transaction has ended
 
 
 class _Elsewhere(Exception):
