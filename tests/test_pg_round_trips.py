@@ -1114,6 +1114,64 @@ def test_a_last_statement_that_fails_with_its_commit_leaves_nothing_committed(
     assert (row.status, row.owner) == ("waiting", None)
 
 
+def test_a_wait_whose_deadline_passed_is_left_to_the_run_by_the_wake_up(
+    pg_store: Any,
+) -> None:
+    """A signal of another name wakes a wait whose deadline has passed: the receive sent
+    with COMMIT times nothing out (it writes nothing it did not receive); the journal
+    keeps the wait started, and the run's own receive times it out."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    info = owned(db, "t")
+    wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, NOW + 1)
+    db.park("t", info.epoch, "waiting", NOW + 1, [wait], ["go"], [], NOW)
+    args = (pg_store, "t", "other", '"x"', None, NOW + 5, claimer())
+    woken = db.run(operations._send_and_claim, *args)
+    assert woken.taken is not None and woken.received is None
+    assert db.load_history("t") == [wait]
+    got = db.receive_signal("t", woken.taken.epoch, wait, [], NOW + 6)
+    assert (got.status, got.finished_at) == ("timed_out", NOW + 6)
+    assert db.load_history("t") == [got]
+
+
+def test_an_inline_wake_up_whose_receive_waits_for_a_lock_runs_again_once(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """On the event loop's own connection a receive that waits for a lock gives up (the
+    loop never waits): nothing of the op is committed, and run again on a store thread
+    it keeps one signal, received once."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")
+    wait = parked_on_signal(db, "a")
+    pg_store._inline_wanted = True
+    pg_store._open_inline()
+    warm = (pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    assert pg_store.run_inline(base.Op(operations._send_and_claim, warm, True))
+    holder = psycopg.connect(postgres_url)  # the wait's journal row, locked elsewhere
+    try:
+        holder.execute(
+            pgsql.SQL("SELECT * FROM {}.journal WHERE workflow_id = 'a' FOR UPDATE").format(
+                pgsql.Identifier(pg_store.schema)
+            )
+        )
+        args = (pg_store, "a", "go", '"x"', None, NOW, claimer())
+        op = base.Op(operations._send_and_claim, args, True)
+        assert pg_store.run_inline(op) is False and op.error is None  # left to a thread
+        inline = pg_store._inline.conn.info.transaction_status
+        assert inline == psycopg.pq.TransactionStatus.IDLE
+    finally:
+        holder.close()
+    assert db.list_signals("a") == [] and db.load_history("a") == [wait]
+    woken = db.run(operations._send_and_claim, *args)
+    assert woken.received is not None and woken.received.payload == '"x"'
+    assert [s["consumed_seq"] for s in db.list_signals("a")] == [1]
+    session = pg_store._inline
+    assert (session.ends_with, session.commit_with, session.ended) == (None, False, False)
+
+
 def test_a_statement_after_the_promised_last_one_is_refused(pg_store: Any) -> None:
     """An op that promised its last verb (``ends_with``) and sends a statement after it
     fails with a StoreError that says so, instead of sending it outside its transaction."""
@@ -1132,7 +1190,8 @@ def test_a_statement_after_the_promised_last_one_is_refused(pg_store: Any) -> No
     op = base.Op(receive_then_read, (), True)
     traced(pg_store, [op])
     assert isinstance(op.error, errors.StoreError), op.error
-    assert "after the last one its op promised (receive_parked_signal)" in str(op.error)
+    assert "transaction was committed, then it failed" in str(op.error)
+    assert "last statement it promised (receive_parked_signal)" in str(op.error)
     # what went with COMMIT is committed: the entry before it, the receive
     assert [e.seq for e in db.load_history("wf-1")] == [0, 1]
     assert [s["consumed_seq"] for s in db.list_signals("wf-1")] == [1]

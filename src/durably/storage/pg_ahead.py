@@ -130,6 +130,9 @@ class AheadBatches(pg_statements.OneStatementVerbs):
                 if any(not a.read for a, _ in session.ahead):
                     raise Unplanned  # a write the op did not send: not what was planned
         except Unplanned:
+            # (raised before anything went with COMMIT: the op's last statement sent with
+            # COMMIT first takes every planned one, ``_sent_ahead``, or raises this)
+            assert not session.ended, "a batch rolled back to run again after its COMMIT"
             self._undo(ops)
             return False
         except Exception as exc:

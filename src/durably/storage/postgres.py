@@ -518,9 +518,15 @@ class PostgresStore(pg_ahead.AheadBatches):
             cursor = self._sent_ahead(sql_text, params)
             if cursor is not None:
                 return cursor
-        if session.ended or session.commit_with:
-            return self._end_with(sql_text, params)
+        if session.ended:
+            raise errors.StoreError(
+                f"{self.where}: the op's transaction was already committed with the last "
+                f"statement it promised ({session.ends_with}); this statement was not "
+                f"sent: {sql_text.split()[0]} ..."
+            )
         if not session.begin_pending:
+            if session.commit_with:
+                return self._end_with(sql_text, params)
             return self.conn.execute(sql_text, params)
         session.begin_pending = False
         send = _alone if session.skip_begin else _begin_with
@@ -544,23 +550,16 @@ class PostgresStore(pg_ahead.AheadBatches):
             return send(conn, sql_text, params)
 
     def _end_with(self, sql_text: str, params: Mapping[str, Any] | None) -> Any:
-        """The op's last statement (``OneStatementVerbs._ending``), pipelined with COMMIT;
-        after it, a statement of the same op is refused: its transaction has ended."""
+        """The op's last statement (``OneStatementVerbs._ending``) in its open transaction,
+        pipelined with COMMIT; after it, a statement of the same op is refused (``_execute``).
+        (One that would begin the transaction goes as usual, and COMMIT after it.)"""
         session = self._session
-        if session.ended:
-            raise errors.StoreError(
-                f"{self.where}: a statement after the last one its op promised "
-                f"({session.ends_with}), whose COMMIT was sent: {sql_text.split()[0]} ..."
-            )
         session.commit_with = False
-        session.ended = True
-        if session.begin_pending:  # nothing sent before it: it is the whole transaction
-            session.begin_pending = session.skip_begin = False
-            return self.conn.execute(sql_text, params)
         conn = self.conn
-        with conn.pipeline():
+        with conn.pipeline():  # raises if either failed: then nothing was committed
             cursor = conn.execute(sql_text, params)
             conn.execute("COMMIT")
+        session.ended = True
         return cursor
 
     def _begin(self, write: bool) -> None:
@@ -683,6 +682,17 @@ class PostgresStore(pg_ahead.AheadBatches):
             {"schema": self.schema},
         ).fetchall()
         return {str(r[0]) for r in rows}
+
+    def _translate(self, exc: Exception) -> BaseException:
+        translated = super()._translate(exc)
+        if not self._session.ended:
+            return translated
+        # The op's last statement went with COMMIT: what it wrote is kept. Its caller must
+        # not take the op for undone (and send a signal again, say).
+        return errors.StoreError(
+            f"{self.where}: the op's transaction was committed, then it failed: "
+            f"{type(translated).__name__}: {translated}"
+        )
 
     def _map_error(self, exc: Exception) -> BaseException:
         if isinstance(exc, errors.DurablyError):
