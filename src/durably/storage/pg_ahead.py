@@ -27,7 +27,7 @@ class Session(pg_statements.Session, Protocol):
     #: The running op's planned statements, sent ahead of its batch, each with the cursor
     #: holding its answer, until the op sends it (``AheadBatches._run_ahead``).
     ahead: list[tuple[pg_statements.Ahead, Any]]
-    #: The op's last statement was sent with COMMIT (``PostgresStore._end_with``).
+    #: The op's last statement and its COMMIT succeeded (``PostgresStore._end_with``).
     ended: bool
 
 

@@ -775,7 +775,7 @@ class _Session:
         #: The verb the batch's one op promises to call last (``base.ending_verb``).
         self.ends_with: str | None = None
         self.commit_with = False  # the next statement is the op's last: sent with COMMIT
-        self.ended = False  # that statement was sent: the op's transaction has ended
+        self.ended = False  # that statement and its COMMIT succeeded: the op's transaction ended
 
 
 class _Elsewhere(Exception):
