@@ -37,6 +37,19 @@ async def run_steps(engine: durably.Engine, n: int) -> None:
     assert await (await engine.start(plain_steps, n)).result(timeout=30) == sum(range(n))
 
 
+async def inline_conn(engine: durably.Engine) -> Any:
+    """The loop's connection, once a store thread has opened it: steps are run until it
+    is (it is opened at a store thread's batch after an inline call asked for it, and
+    tried again at most every ``INLINE_RECONNECT`` seconds if the server refused)."""
+    store: Any = engine._store.store
+    deadline = time.monotonic() + 3 * postgres.INLINE_RECONNECT
+    while store._inline.conn is None or store._inline.conn.closed:
+        assert time.monotonic() < deadline, "the loop's connection was never opened"
+        await run_steps(engine, 3)
+        await asyncio.sleep(0.05)
+    return store._inline.conn
+
+
 def inline_pid(engine: durably.Engine) -> int:
     conn = engine._store.store._inline.conn
     assert conn is not None and not conn.closed
@@ -169,7 +182,7 @@ async def test_the_loops_connection_has_short_limits_and_the_others_keep_theirs(
     async with durably.Engine(postgres_url) as engine:
         await run_steps(engine, 3)
         store: Any = engine._store.store
-        inline = store._inline.conn
+        inline = await inline_conn(engine)
         assert inline.execute("SHOW lock_timeout").fetchone() == (postgres.INLINE_LOCK_TIMEOUT,)
         assert inline.execute("SHOW statement_timeout").fetchone() == (
             postgres.INLINE_STATEMENT_TIMEOUT,
