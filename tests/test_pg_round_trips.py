@@ -380,6 +380,55 @@ def test_a_start_of_an_existing_id_in_a_group_commit_finds_it(pg_store: Any) -> 
     assert (made.owner, made_now) == ("ex-b", True)
 
 
+def test_ops_of_one_query_in_a_group_commit_each_get_their_own_answer(pg_store: Any) -> None:
+    """A group commit sends each query once for all its ops (an ``executemany``): starts,
+    steps and finishes interleaved, one start of an id that exists (no row in its
+    answer, so the verb reads the row after the pipeline) and a step whose fence held
+    over a crash counted: each op gets its own statement's answer, in the batch's order."""
+    db = Verbs(pg_store)
+    steps_of = {wid: owned(db, wid) for wid in "abc"}
+    done_of = {wid: owned(db, wid) for wid in "def"}
+    there = owned(db, "x0", owner="ex-old")
+    with pg_store.conn.transaction():  # b's run crashed once: its new final entry resets it
+        pg_store.conn.execute("UPDATE workflows SET crash_count = 2 WHERE workflow_id = 'b'")
+    start, append, finish = (
+        pg_store.create_workflow,
+        pg_store.append_entries,
+        pg_store.finish_workflow,
+    )
+    ops = [
+        base.Op(start, (new("s1"), "ex-b", NOW + LEASE, NOW + 1), True),
+        base.Op(append, ("a", steps_of["a"].epoch, [step(1, payload='"a"')], NOW), True),
+        base.Op(finish, ("d", done_of["d"].epoch, "completed", '"d"', None, [], NOW), True),
+        base.Op(start, (new("x0"), "ex-b", NOW + LEASE, NOW + 1), True),
+        base.Op(append, ("b", steps_of["b"].epoch, [step(1, payload='"b"')], NOW), True),
+        base.Op(finish, ("e", done_of["e"].epoch, "failed", None, '{"e": 1}', [], NOW), True),
+        base.Op(start, (new("s2"), "ex-b", NOW + LEASE, NOW + 1), True),
+        base.Op(append, ("c", steps_of["c"].epoch, [step(1, payload='"c"')], NOW), True),
+        base.Op(finish, ("f", done_of["f"].epoch, "completed", '"f"', None, [], NOW), True),
+    ]
+    sent = traced(pg_store, ops)
+    assert [op.error for op in ops] == [None] * 9
+    assert not any("SAVEPOINT" in s for s in sent), sent
+    starts = [ops[i].result for i in (0, 3, 6)]
+    assert [(info.workflow_id, info.owner, created) for info, created in starts] == [
+        ("s1", "ex-b", True), ("x0", "ex-old", False), ("s2", "ex-b", True)
+    ]  # fmt: skip
+    assert starts[1][0].epoch == there.epoch
+    assert [db.load_history(w) for w in "abc"] == [
+        [step(1, payload=f'"{w}"')] for w in "abc"
+    ]  # fmt: skip
+    assert [ops[i].result for i in (2, 5, 8)] == [
+        ("completed", None), ("failed", '{"e": 1}'), ("completed", None)
+    ]  # fmt: skip
+    rows = [db.get_workflow(w) for w in "def"]
+    assert [(r.status, r.output, r.error) for r in rows] == [
+        ("completed", '"d"', None), ("failed", None, '{"e": 1}'), ("completed", '"f"', None)
+    ]  # fmt: skip
+    assert [db.get_workflow(w).crash_count for w in "abc"] == [0, 0, 0]
+    assert [(c.epoch, c.reason) for c in db.load_claims("s2")] == [(1, "start")]
+
+
 def test_a_verb_that_sends_another_statement_first_runs_its_batch_as_usual(
     postgres_url: str,
 ) -> None:
