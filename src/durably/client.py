@@ -9,7 +9,6 @@ call is the Engine's too, written once in :mod:`durably.operations`.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -155,8 +154,9 @@ class Client:
         ``timeout`` gives it a deadline, counted from now (see ``Engine.start``).
         """
         seconds = validate.number(delay, "delay")
-        new, _ = operations.new_workflow(wf, args, kwargs, workflow_id, max_recoveries, timeout)
-        new = dataclasses.replace(new, delay=seconds)
+        new, _ = operations.new_workflow(
+            wf, args, kwargs, workflow_id, max_recoveries, timeout, seconds
+        )
         self._run(self._ops.start(new))
         return new.workflow_id
 

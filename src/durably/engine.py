@@ -404,9 +404,8 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             validate.name(wf, "workflow name")
             workflows.definition_of(wf)  # WorkflowNotRegistered, naming what is known
         new, definition = operations.new_workflow(
-            wf, args, kwargs, workflow_id, max_recoveries, timeout
+            wf, args, kwargs, workflow_id, max_recoveries, timeout, seconds
         )
-        new = dataclasses.replace(new, delay=seconds)
         owner = None if definition is None or seconds > 0 else self.executor_id
 
         def committed(found: tuple[journal.WorkflowInfo, bool]) -> None:

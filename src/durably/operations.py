@@ -79,13 +79,15 @@ def new_workflow(
     workflow_id: str | None,
     max_recoveries: int | None = None,
     timeout: float | datetime.timedelta | None = None,
+    delay: float = 0.0,
 ) -> tuple[base.NewWorkflow, workflows.WorkflowDefinition | None]:
     """What ``start`` commits, and the definition behind it if this process has one.
 
     ``wf`` is a decorated workflow or a workflow name; a name registered in no
     module of this process is committed as it is, for a worker that has it.
     ``max_recoveries`` and ``timeout`` (else the decorator's) are recorded with
-    the workflow (the timeout as a deadline, counted from the commit).
+    the workflow (the timeout as a deadline, counted from the commit); ``delay``
+    (seconds, checked) as ``NewWorkflow.delay``.
     """
     if max_recoveries is not None:
         validate.count(max_recoveries, "max_recoveries", low=0)
@@ -107,8 +109,9 @@ def new_workflow(
     if seconds is None and definition is not None:
         seconds = definition.timeout
     new = base.NewWorkflow(
-        wid, name, payload, version, source_hash, max_recoveries=max_recoveries, timeout=seconds
-    )
+        wid, name, payload, version, source_hash, max_recoveries=max_recoveries, timeout=seconds,
+        delay=delay,
+    )  # fmt: skip
     return new, definition
 
 
