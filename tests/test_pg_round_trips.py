@@ -380,6 +380,46 @@ def test_a_start_of_an_existing_id_in_a_group_commit_finds_it(pg_store: Any) -> 
     assert (made.owner, made_now) == ("ex-b", True)
 
 
+def test_an_answer_out_of_a_statement_sent_for_several_reads_as_a_cursor(
+    pg_store: Any,
+) -> None:
+    """Each op reads its part of a statement sent once for several ops (``executemany``)
+    as it would a cursor of its own: its row, its columns by name (``rows.first``), its
+    row count."""
+    from durably.storage import pg_ahead, rows
+
+    db = Verbs(pg_store)
+    a, b = owned(db, "a"), owned(db, "b")
+    planned = [
+        [
+            pg_statements_ahead(
+                pg_store,
+                base.Op(pg_store.append_entries, (w.workflow_id, w.epoch, [step(1)], NOW), True),
+            )
+        ]
+        for w in (a, b)
+    ]
+    conn = pg_store.conn
+    with conn.pipeline():
+        conn.execute("BEGIN")
+        answers = pg_ahead._send(conn, planned)
+    (ahead_a, answer_a), (ahead_b, answer_b) = (sent[0] for sent in answers())
+    conn.execute("ROLLBACK")
+    assert (ahead_a, ahead_b) == (planned[0][0], planned[1][0])
+    first = rows.first(answer_a)
+    assert first == {"cancel_requested": 0, "crash_count": 0, "deadline_at": None, "written": 1}
+    assert answer_a.fetchone() is None and answer_a.rowcount == 1
+    assert answer_b.fetchall() == [(0, 0, None, 1)]
+
+
+def pg_statements_ahead(store: Any, op: base.Op) -> Any:
+    """The statement a group commit sends ahead for ``op``, as ``_plan_ahead`` makes it."""
+    from durably.storage import pg_statements
+
+    _, query, params = store._statement_ahead(op)
+    return pg_statements.Ahead(store._queries[query], params, read=False)
+
+
 def test_ops_of_one_query_in_a_group_commit_each_get_their_own_answer(pg_store: Any) -> None:
     """A group commit sends each query once for all its ops (an ``executemany``): starts,
     steps and finishes interleaved, one start of an id that exists (no row in its
@@ -682,42 +722,73 @@ def test_a_finish_sent_again_finds_its_own_write(pg_store: Any) -> None:
     assert isinstance(later.error, errors.FencedError), later.error
 
 
-def test_the_one_statement_write_refuses_a_stale_epoch_and_writes_nothing(pg_store: Any) -> None:
-    db = Verbs(pg_store)
+def appender(store: Any, grouped: bool) -> Callable[..., Any]:
+    """``append_entries`` as a batch of its own (the step commit's single statement), or
+    with another workflow's step commit in the same group commit (its form for several,
+    ``fence_and_write_entries``): the entry rules below hold for both."""
+    db, pals = Verbs(store), iter(range(1000))
+
+    def append(workflow_id: str, epoch: int, written: list[journal.Entry], now: float) -> Any:
+        if not grouped:
+            return db.append_entries(workflow_id, epoch, written, now)
+        pal = owned(db, f"pal-{next(pals)}")
+        ops = [
+            base.Op(store.append_entries, (pal.workflow_id, pal.epoch, [step(1)], now), True),
+            base.Op(store.append_entries, (workflow_id, epoch, written, now), True),
+        ]
+        store.run_batch(ops)
+        assert ops[0].error is None and db.load_history(pal.workflow_id) == [step(1)]
+        if ops[1].error is not None:
+            raise ops[1].error
+        return ops[1].result
+
+    return append
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["alone", "grouped"])
+def test_the_one_statement_write_refuses_a_stale_epoch_and_writes_nothing(
+    pg_store: Any, grouped: bool
+) -> None:
+    db, append = Verbs(pg_store), appender(pg_store, grouped)
     info = owned(db)
     take_over(db, "wf-1", "ex-b")
     with pytest.raises(durably.FencedError, match="ex-b"):
-        db.append_entries("wf-1", info.epoch, [step(1)], NOW)
+        append("wf-1", info.epoch, [step(1)], NOW)
     assert db.load_history("wf-1") == []
 
 
-def test_the_one_statement_write_refuses_a_parked_or_unknown_workflow(pg_store: Any) -> None:
-    db = Verbs(pg_store)
+@pytest.mark.parametrize("grouped", [False, True], ids=["alone", "grouped"])
+def test_the_one_statement_write_refuses_a_parked_or_unknown_workflow(
+    pg_store: Any, grouped: bool
+) -> None:
+    db, append = Verbs(pg_store), appender(pg_store, grouped)
     info = owned(db)
     sleep = journal.Entry(1, "sleep", "nap", "pending", 1, None, NOW, None, NOW + 60)
     assert db.park("wf-1", info.epoch, "sleeping", NOW + 60, [sleep], [], [], NOW)
     with pytest.raises(durably.FencedError, match="sleeping"):
-        db.append_entries("wf-1", info.epoch, [step(2)], NOW)
+        append("wf-1", info.epoch, [step(2)], NOW)
     with pytest.raises(errors.WorkflowNotFound):
-        db.append_entries("nope", 1, [step(1)], NOW)
+        append("nope", 1, [step(1)], NOW)
     assert db.load_history("wf-1") == [sleep]
 
 
-def test_the_one_statement_write_keeps_the_entry_rules(pg_store: Any) -> None:
+@pytest.mark.parametrize("grouped", [False, True], ids=["alone", "grouped"])
+def test_the_one_statement_write_keeps_the_entry_rules(pg_store: Any, grouped: bool) -> None:
     """Idempotent repeat accepted, a final entry never replaced, progress resets crashes."""
-    db = Verbs(pg_store)
+    db, append = Verbs(pg_store), appender(pg_store, grouped)
     info = owned(db)
-    db.append_entries("wf-1", info.epoch, [step(1)], NOW)
-    db.append_entries("wf-1", info.epoch, [step(1)], NOW)  # the same again: accepted
+    append("wf-1", info.epoch, [step(1)], NOW)
+    append("wf-1", info.epoch, [step(1)], NOW)  # the same again: accepted
     with pytest.raises(errors.StoreError, match="seq 1 already holds"):
-        db.append_entries("wf-1", info.epoch, [step(1, payload='"other"')], NOW)
+        append("wf-1", info.epoch, [step(1, payload='"other"')], NOW)
     db.release("wf-1", info.epoch, NOW, True)  # the run died: a crash is counted
     later = NOW + 2 * LEASE
-    (again,) = db.claim_next("ex-b", [("refund", None)], later + LEASE, later, 10)
+    claimed = db.claim_next("ex-b", [("refund", None)], later + LEASE, later, 10)
+    (again,) = [w for w in claimed if w.workflow_id == "wf-1"]  # (and the pals, grouped)
     assert again.crash_count == 1
-    db.append_entries("wf-1", again.epoch, [step(2, "running")], later)
+    append("wf-1", again.epoch, [step(2, "running")], later)
     assert db.get_workflow("wf-1").crash_count == 1  # an intent is not progress
-    db.append_entries("wf-1", again.epoch, [step(2)], later)
+    append("wf-1", again.epoch, [step(2)], later)
     assert db.get_workflow("wf-1").crash_count == 0
     assert db.load_history("wf-1") == [step(1), step(2)]
 
