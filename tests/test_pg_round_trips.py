@@ -23,7 +23,7 @@ from psycopg import sql as pgsql
 
 import durably
 from durably import errors, journal
-from durably.storage import base, create_store
+from durably.storage import base, create_store, pg_ahead, pg_statements, rows
 from tests.test_store import (
     LEASE,
     NOW,
@@ -50,10 +50,12 @@ def pg_store(postgres_url: str) -> Iterator[Any]:
 def traced(store: Any, ops: list[base.Op]) -> list[str]:
     """Run ``ops`` as one batch; every statement sent, BEGIN and COMMIT included.
 
-    A ``Query`` or a ``Sync`` after a ``Bind`` is one wait for the server (a round
-    trip); a statement sent in the same pipeline as the next one has no ``Sync`` of its
-    own. The store prepares each statement at its first use on a connection, in a round
-    trip of its own (``Parse``, ``Sync``) that is not one of these: it happens once.
+    A ``Query``, or a ``Sync`` or ``Flush`` after a ``Bind``, is one wait for the server
+    (a round trip); a statement sent in the same pipeline as the next one has no wait of
+    its own. A ``Sync`` after a ``Flush`` with nothing bound since is a wait too, listed
+    as ``"Sync"`` (psycopg's ``executemany`` waits for its answers with a ``Flush``). The
+    store prepares each statement at its first use on a connection, in a round trip of
+    its own (``Parse``, ``Sync``) that is not one of these: it happens once.
     """
     fd, path = tempfile.mkstemp(suffix=".trace")
     pgconn = store.conn.pgconn
@@ -71,6 +73,7 @@ def traced(store: Any, ops: list[base.Op]) -> list[str]:
     sent: list[str] = []
     parsing: str | None = None
     bound: str | None = None
+    flushed = False
     for line in trace.splitlines():
         fields = line.split("\t")
         message = fields[2] if len(fields) >= 3 and fields[0] == "F" else None
@@ -83,10 +86,15 @@ def traced(store: Any, ops: list[base.Op]) -> list[str]:
             parsing = None
         elif message == "Query":
             sent.append(fields[3].strip())
-        elif message == "Sync":
+        elif message in ("Sync", "Flush"):
             if bound is not None:  # else the Sync of a preparation: no statement ran
                 text = texts.get(bound, "\0" + bound)
                 sent.append(re.sub(r'"(\s+\d+(\s+NNNN)*)?\s*$', '"', text))  # not its types
+                flushed = message == "Flush"
+            elif message == "Sync":  # (a Flush with nothing bound goes with a Sync: no wait)
+                if flushed:  # the pipeline's end after a Flush's wait
+                    sent.append('"Sync"')
+                flushed = False
             bound = parsing = None
         elif not line.startswith(("F", "B")) and parsing is not None:  # more of a Parse
             texts[parsing] += "\n" + line
@@ -380,93 +388,121 @@ def test_a_start_of_an_existing_id_in_a_group_commit_finds_it(pg_store: Any) -> 
     assert (made.owner, made_now) == ("ex-b", True)
 
 
+#: As many ops of one query as a group commit sends as one ``executemany``.
+MANY = pg_ahead.MANY_AT_LEAST
+
+
 def test_an_answer_out_of_a_statement_sent_for_several_reads_as_a_cursor(
     pg_store: Any,
 ) -> None:
     """Each op reads its part of a statement sent once for several ops (``executemany``)
-    as it would a cursor of its own: its row, its columns by name (``rows.first``), its
-    row count."""
-    from durably.storage import pg_ahead, rows
-
+    as it would a cursor of its own: its own row, its columns by name (``rows.first``),
+    its row count; an op whose fence did not hold finds no row."""
     db = Verbs(pg_store)
-    a, b = owned(db, "a"), owned(db, "b")
-    planned = [
-        [
-            pg_statements_ahead(
-                pg_store,
-                base.Op(pg_store.append_entries, (w.workflow_id, w.epoch, [step(1)], NOW), True),
+    infos = [owned(db, f"w{k}") for k in range(MANY)]
+    with pg_store.conn.transaction():  # w3 claimed again since: its fence fails
+        pg_store.conn.execute("UPDATE workflows SET epoch = epoch + 1 WHERE workflow_id = 'w3'")
+        for k in range(MANY):
+            pg_store.conn.execute(
+                "UPDATE workflows SET deadline_at = %s WHERE workflow_id = %s",
+                (NOW + 1000 + k, f"w{k}"),
             )
-        ]
-        for w in (a, b)
+    ops = [
+        base.Op(pg_store.append_entries, (i.workflow_id, i.epoch, [step(1)], NOW), True)
+        for i in infos
+    ]
+    planned = [
+        [pg_statements.Ahead(pg_store._queries[query], params, read=False)]
+        for _, query, params in map(pg_store._statement_ahead, ops)
     ]
     conn = pg_store.conn
     with conn.pipeline():
         conn.execute("BEGIN")
         answers = pg_ahead._send(conn, planned)
-    (ahead_a, answer_a), (ahead_b, answer_b) = (sent[0] for sent in answers())
+    sent = answers()
     conn.execute("ROLLBACK")
-    assert (ahead_a, ahead_b) == (planned[0][0], planned[1][0])
-    first = rows.first(answer_a)
-    assert first == {"cancel_requested": 0, "crash_count": 0, "deadline_at": None, "written": 1}
-    assert answer_a.fetchone() is None and answer_a.rowcount == 1
-    assert answer_b.fetchall() == [(0, 0, None, 1)]
-
-
-def pg_statements_ahead(store: Any, op: base.Op) -> Any:
-    """The statement a group commit sends ahead for ``op``, as ``_plan_ahead`` makes it."""
-    from durably.storage import pg_statements
-
-    _, query, params = store._statement_ahead(op)
-    return pg_statements.Ahead(store._queries[query], params, read=False)
+    assert [ahead for ((ahead, _),) in sent] == [p[0] for p in planned]
+    read = [rows.first(answer) for ((_, answer),) in sent]
+    assert read[3] is None and sent[3][0][1].rowcount == 0
+    assert [r and (r["deadline_at"], r["written"]) for r in read] == [
+        None if k == 3 else (NOW + 1000 + k, 1) for k in range(MANY)
+    ]
+    assert set(read[0]) == {"cancel_requested", "crash_count", "deadline_at", "written"}
+    assert sent[0][0][1].rowcount == 1 and sent[0][0][1].fetchone() is None
 
 
 def test_ops_of_one_query_in_a_group_commit_each_get_their_own_answer(pg_store: Any) -> None:
-    """A group commit sends each query once for all its ops (an ``executemany``): starts,
-    steps and finishes interleaved, one start of an id that exists (no row in its
-    answer, so the verb reads the row after the pipeline) and a step whose fence held
-    over a crash counted: each op gets its own statement's answer, in the batch's order."""
+    """Starts, steps and finishes interleaved, enough of each to go as one
+    ``executemany`` a query, with answers that differ: a start of an id that exists (no
+    row, so the verb reads the row after the pipeline), steps of workflows asked to
+    cancel (their commit says so). Each op gets its own answer; one wait more per
+    query, no savepoint."""
     db = Verbs(pg_store)
-    steps_of = {wid: owned(db, wid) for wid in "abc"}
-    done_of = {wid: owned(db, wid) for wid in "def"}
-    there = owned(db, "x0", owner="ex-old")
-    with pg_store.conn.transaction():  # b's run crashed once: its new final entry resets it
-        pg_store.conn.execute("UPDATE workflows SET crash_count = 2 WHERE workflow_id = 'b'")
+    steps_of = [owned(db, f"s{k}") for k in range(MANY)]
+    done_of = [owned(db, f"d{k}") for k in range(MANY)]
+    there = owned(db, "n2", owner="ex-old")
+    with pg_store.conn.transaction():
+        pg_store.conn.execute(
+            "UPDATE workflows SET cancel_requested = 1 WHERE workflow_id IN ('s1', 's2')"
+        )
     start, append, finish = (
-        pg_store.create_workflow,
-        pg_store.append_entries,
-        pg_store.finish_workflow,
-    )
+        pg_store.create_workflow, pg_store.append_entries, pg_store.finish_workflow
+    )  # fmt: skip
+    ops = []
+    for k in range(MANY):
+        s, d = steps_of[k], done_of[k]
+        ops += [
+            base.Op(start, (new(f"n{k}"), "ex-b", NOW + LEASE, NOW + 1), True),
+            base.Op(append, (s.workflow_id, s.epoch, [step(1, payload=f'"{k}"')], NOW), True),
+            base.Op(finish, (d.workflow_id, d.epoch, "completed", f'"{k}"', None, [], NOW), True),
+        ]
+    sent = traced(pg_store, ops)
+    assert [op.error for op in ops] == [None] * len(ops)
+    assert not any("SAVEPOINT" in s for s in sent), sent
+    # a wait per query (its executemany), the pipeline's end, n2's row read, COMMIT
+    assert len(sent) == 3 + 1 + 1 + 1 and sent[3] == '"Sync"', sent
+    assert "One workflow's row" in sent[4] and sent[5] == '"COMMIT"', sent
+    starts = [op.result for op in ops[0::3]]
+    assert [(info.workflow_id, created) for info, created in starts] == [
+        (f"n{k}", k != 2) for k in range(MANY)
+    ]
+    assert (starts[2][0].owner, starts[2][0].epoch) == ("ex-old", there.epoch)
+    assert [op.result for op in ops[1::3]] == [k in (1, 2) for k in range(MANY)]
+    assert [db.load_history(f"s{k}") for k in range(MANY)] == [
+        [step(1, payload=f'"{k}"')] for k in range(MANY)
+    ]
+    assert [(r.status, r.output) for r in map(db.get_workflow, (f"d{k}" for k in range(MANY)))] == [
+        ("completed", f'"{k}"') for k in range(MANY)
+    ]
+
+
+def test_a_fenced_finish_among_many_fails_alone(pg_store: Any) -> None:
+    """Finishes sent as one ``executemany``, one of them fenced off (taken over): that
+    one fails, whatever the others' answers; the batch runs again guarded and each
+    other finish is applied once."""
+    db = Verbs(pg_store)
+    done_of = [owned(db, f"d{k}") for k in range(MANY)]
+    with pg_store.conn.transaction():  # d2 claimed again since: its fence fails
+        pg_store.conn.execute("UPDATE workflows SET epoch = epoch + 1 WHERE workflow_id = 'd2'")
     ops = [
-        base.Op(start, (new("s1"), "ex-b", NOW + LEASE, NOW + 1), True),
-        base.Op(append, ("a", steps_of["a"].epoch, [step(1, payload='"a"')], NOW), True),
-        base.Op(finish, ("d", done_of["d"].epoch, "completed", '"d"', None, [], NOW), True),
-        base.Op(start, (new("x0"), "ex-b", NOW + LEASE, NOW + 1), True),
-        base.Op(append, ("b", steps_of["b"].epoch, [step(1, payload='"b"')], NOW), True),
-        base.Op(finish, ("e", done_of["e"].epoch, "failed", None, '{"e": 1}', [], NOW), True),
-        base.Op(start, (new("s2"), "ex-b", NOW + LEASE, NOW + 1), True),
-        base.Op(append, ("c", steps_of["c"].epoch, [step(1, payload='"c"')], NOW), True),
-        base.Op(finish, ("f", done_of["f"].epoch, "completed", '"f"', None, [], NOW), True),
+        base.Op(
+            pg_store.finish_workflow,
+            (d.workflow_id, d.epoch, "completed", f'"{k}"', None, [], NOW),
+            True,
+        )
+        for k, d in enumerate(done_of)
     ]
     sent = traced(pg_store, ops)
-    assert [op.error for op in ops] == [None] * 9
-    assert not any("SAVEPOINT" in s for s in sent), sent
-    starts = [ops[i].result for i in (0, 3, 6)]
-    assert [(info.workflow_id, info.owner, created) for info, created in starts] == [
-        ("s1", "ex-b", True), ("x0", "ex-old", False), ("s2", "ex-b", True)
-    ]  # fmt: skip
-    assert starts[1][0].epoch == there.epoch
-    assert [db.load_history(w) for w in "abc"] == [
-        [step(1, payload=f'"{w}"')] for w in "abc"
-    ]  # fmt: skip
-    assert [ops[i].result for i in (2, 5, 8)] == [
-        ("completed", None), ("failed", '{"e": 1}'), ("completed", None)
-    ]  # fmt: skip
-    rows = [db.get_workflow(w) for w in "def"]
-    assert [(r.status, r.output, r.error) for r in rows] == [
-        ("completed", '"d"', None), ("failed", None, '{"e": 1}'), ("completed", '"f"', None)
-    ]  # fmt: skip
-    assert [db.get_workflow(w).crash_count for w in "abc"] == [0, 0, 0]
-    assert [(c.epoch, c.reason) for c in db.load_claims("s2")] == [(1, "start")]
+    assert '"Sync"' in sent  # the first try went as one executemany
+    assert [type(op.error).__name__ for op in ops] == [
+        "FencedError" if k == 2 else "NoneType" for k in range(MANY)
+    ]
+    assert [db.get_workflow(f"d{k}").status for k in range(MANY)] == [
+        "running" if k == 2 else "completed" for k in range(MANY)
+    ]
+    assert [db.get_workflow(f"d{k}").output for k in range(MANY)] == [
+        None if k == 2 else f'"{k}"' for k in range(MANY)
+    ]
 
 
 def test_a_verb_that_sends_another_statement_first_runs_its_batch_as_usual(
@@ -724,23 +760,27 @@ def test_a_finish_sent_again_finds_its_own_write(pg_store: Any) -> None:
 
 def appender(store: Any, grouped: bool) -> Callable[..., Any]:
     """``append_entries`` as a batch of its own (the step commit's single statement), or
-    with another workflow's step commit in the same group commit (its form for several,
-    ``fence_and_write_entries``): the entry rules below hold for both."""
+    among other workflows' step commits in one group commit, enough of them to go as
+    one ``executemany`` (``pg_ahead._send``): the entry rules below hold for both."""
     db, pals = Verbs(store), iter(range(1000))
 
     def append(workflow_id: str, epoch: int, written: list[journal.Entry], now: float) -> Any:
         if not grouped:
             return db.append_entries(workflow_id, epoch, written, now)
-        pal = owned(db, f"pal-{next(pals)}")
+        others = [owned(db, f"pal-{next(pals)}") for _ in range(pg_ahead.MANY_AT_LEAST - 1)]
         ops = [
-            base.Op(store.append_entries, (pal.workflow_id, pal.epoch, [step(1)], now), True),
-            base.Op(store.append_entries, (workflow_id, epoch, written, now), True),
+            base.Op(store.append_entries, (pal.workflow_id, pal.epoch, [step(1)], now), True)
+            for pal in others
         ]
-        store.run_batch(ops)
-        assert ops[0].error is None and db.load_history(pal.workflow_id) == [step(1)]
-        if ops[1].error is not None:
-            raise ops[1].error
-        return ops[1].result
+        ops.insert(3, base.Op(store.append_entries, (workflow_id, epoch, written, now), True))
+        sent = traced(store, ops)
+        assert '"Sync"' in sent, sent  # the executemany's wait, then the pipeline's end
+        mine = ops.pop(3)
+        assert [op.error for op in ops] == [None] * len(others)
+        assert [db.load_history(pal.workflow_id) for pal in others] == [[step(1)]] * len(others)
+        if mine.error is not None:
+            raise mine.error
+        return mine.result
 
     return append
 
@@ -783,7 +823,7 @@ def test_the_one_statement_write_keeps_the_entry_rules(pg_store: Any, grouped: b
         append("wf-1", info.epoch, [step(1, payload='"other"')], NOW)
     db.release("wf-1", info.epoch, NOW, True)  # the run died: a crash is counted
     later = NOW + 2 * LEASE
-    claimed = db.claim_next("ex-b", [("refund", None)], later + LEASE, later, 10)
+    claimed = db.claim_next("ex-b", [("refund", None)], later + LEASE, later, 1000)
     (again,) = [w for w in claimed if w.workflow_id == "wf-1"]  # (and the pals, grouped)
     assert again.crash_count == 1
     append("wf-1", again.epoch, [step(2, "running")], later)

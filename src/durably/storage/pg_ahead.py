@@ -3,10 +3,11 @@
 Every statement to a server is a round trip. Where a batch's first statements are known
 before its ops run (a group commit's one statement per workflow, or the plan a function
 of verbs carries: ``base.calls_first``), they go with BEGIN in one pipeline, and each op
-then finds its statement's answer waiting instead of sending it. The plan is checked,
-never trusted: an op that sends something else first rolls the batch back, and it runs
-as usual. A part of :class:`~durably.storage.postgres.PostgresStore`, kept apart from
-its connections.
+then finds its statement's answer waiting instead of sending it (a query many ops of a
+group commit share goes as one ``executemany``: a wait more in the pipeline, ``_send``).
+The plan is checked, never trusted: an op that sends something else first rolls the
+batch back, and it runs as usual. A part of
+:class:`~durably.storage.postgres.PostgresStore`, kept apart from its connections.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ class AheadBatches(pg_statements.OneStatementVerbs):
 
     def _run_ahead(self, ops: Sequence[base.Op], planned: list[list[pg_statements.Ahead]]) -> bool:
         """Run a batch with the ``planned`` statements of each op sent ahead, pipelined
-        with BEGIN: two round trips (that and COMMIT) where each statement was one more.
+        with BEGIN: two round trips (that and COMMIT) where each statement was one more
+        (and one per ``executemany``, ``_send``).
 
         Each op must then send its planned statements first, in order (a planned read it
         does not send is dropped); its later statements (rare in a group commit: entries
@@ -173,6 +175,12 @@ class AheadBatches(pg_statements.OneStatementVerbs):
             op.result = None
 
 
+#: The fewest ops of one query a group commit sends as one ``executemany`` (``_send``):
+#: psycopg waits for its answers before it returns, a round trip more for the batch,
+#: which the client time it saves pays for only in a large group (ninth pass of issue 12).
+MANY_AT_LEAST = 8
+
+
 def _send(
     conn: psycopg.Connection[Any], planned: list[list[pg_statements.Ahead]]
 ) -> Callable[[], list[list[tuple[pg_statements.Ahead, Any]]]]:
@@ -180,10 +188,11 @@ def _send(
     op its statements with their answers once the pipeline has synced.
 
     A group commit plans one statement per op, most of them the same query (a step's
-    commit, a start, a finish): each query goes as one ``executemany``, which psycopg
-    converts once and sends as one prepared statement bound for each op, about half the
-    client's time per statement of an ``execute`` each. Its answers, one result set per
-    op, are then read off into an :class:`_Answer` each.
+    commit, a start, a finish). The statements of a query that ``MANY_AT_LEAST`` ops or
+    more share go last, as one ``executemany``, which psycopg converts once and binds
+    for each op: about half its client time a statement, for a round trip more (it
+    waits for the answers). Each op's answer is then read off into an :class:`_Answer`.
+    The others go one by one, in the batch's order.
     """
     if len(planned) < 2 or any(len(statements) != 1 for statements in planned):
         sent = [[(a, conn.execute(a.sql_text, a.params)) for a in statements]
@@ -192,43 +201,41 @@ def _send(
     groups: dict[str, list[int]] = {}
     for i, (ahead,) in enumerate(planned):
         groups.setdefault(ahead.sql_text, []).append(i)
+    many = [members for members in groups.values() if len(members) >= MANY_AT_LEAST]
+    together = {i for members in many for i in members}
+    answered: list[list[tuple[pg_statements.Ahead, Any]]] = [
+        [] if i in together else [(ahead, conn.execute(ahead.sql_text, ahead.params))]
+        for i, (ahead,) in enumerate(planned)
+    ]
     cursors: list[tuple[Any, list[int]]] = []
-    for sql_text, members in groups.items():
-        if len(members) == 1:
-            ahead = planned[members[0]][0]
-            cursors.append((conn.execute(sql_text, ahead.params), members))
-            continue
+    for members in many:
         cursor = conn.cursor()
-        cursor.executemany(sql_text, [planned[i][0].params for i in members], returning=True)
+        params = [planned[i][0].params for i in members]
+        cursor.executemany(planned[members[0]][0].sql_text, params, returning=True)
         cursors.append((cursor, members))
 
     def answers() -> list[list[tuple[pg_statements.Ahead, Any]]]:
-        sent: list[list[tuple[pg_statements.Ahead, Any]]] = [[] for _ in planned]
         for cursor, members in cursors:
-            if len(members) == 1:
-                sent[members[0]] = [(planned[members[0]][0], cursor)]
-                continue
             for n, i in enumerate(members):
                 if n and not cursor.nextset():
                     raise psycopg.InterfaceError("executemany answered fewer statements")
-                sent[i] = [(planned[i][0], _Answer(cursor))]
-        return sent
+                result = cursor.pgresult  # (not ``description``: an object a column each call)
+                rows = cursor.fetchall() if result is not None and result.nfields else []
+                answered[i] = [(planned[i][0], _Answer(rows, cursor.rowcount, result))]
+        return answered
 
     return answers
 
 
 class _Answer:
-    """One statement's answer read off a cursor of several (an ``executemany``'s): what a
-    verb reads of a cursor (its rows, ``rowcount``, and ``pgresult`` for the column names,
+    """One op's answer out of a statement sent for several (``_send``): what a verb reads
+    of a cursor (its rows, ``rowcount``, and ``pgresult`` for the column names,
     :func:`durably.storage.rows.names`)."""
 
     __slots__ = ("_rows", "pgresult", "rowcount")
 
-    def __init__(self, cursor: Any) -> None:
-        self.pgresult = result = cursor.pgresult
-        self.rowcount: int = cursor.rowcount
-        # (not ``cursor.description``: it makes an object per column on every call)
-        self._rows: list[Any] = cursor.fetchall() if result is not None and result.nfields else []
+    def __init__(self, rows: list[Any], rowcount: int, pgresult: Any) -> None:
+        self._rows, self.rowcount, self.pgresult = rows, rowcount, pgresult
 
     def fetchone(self) -> Any:
         return self._rows.pop(0) if self._rows else None
