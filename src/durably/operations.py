@@ -87,7 +87,7 @@ def new_workflow(
     module of this process is committed as it is, for a worker that has it.
     ``max_recoveries`` and ``timeout`` (else the decorator's) are recorded with
     the workflow (the timeout as a deadline, counted from the commit); ``delay``
-    (seconds, checked) as ``NewWorkflow.delay``.
+    (seconds, checked by the caller) as ``NewWorkflow.delay``.
     """
     if max_recoveries is not None:
         validate.count(max_recoveries, "max_recoveries", low=0)
