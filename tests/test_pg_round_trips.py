@@ -47,6 +47,10 @@ def pg_store(postgres_url: str) -> Iterator[Any]:
     store.close()
 
 
+#: As many ops of one query as a group commit sends as one ``executemany``.
+MANY = pg_ahead.MANY_AT_LEAST
+
+
 def traced(store: Any, ops: list[base.Op]) -> list[str]:
     """Run ``ops`` as one batch; every statement sent, BEGIN and COMMIT included.
 
@@ -301,10 +305,15 @@ def test_a_parent_finished_after_its_child_in_a_group_commit_keeps_its_own_time(
     assert db.get_workflow("parent").updated_at == NOW + 9
 
 
-def test_values_refused_in_statements_sent_ahead_fail_their_own_ops(pg_store: Any) -> None:
+@pytest.mark.parametrize("grouped", [False, True], ids=["one-by-one", "executemany"])
+def test_values_refused_in_statements_sent_ahead_fail_their_own_ops(
+    pg_store: Any, grouped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A value psycopg cannot send (a lone surrogate), one the server refuses (a NUL in
     text, a seq past bigint): those ops fail with StorageDataError, the others are
-    applied once, and the connection is left with no transaction open."""
+    applied once, and the connection is left with no transaction open; whether the
+    statements went one by one or as one ``executemany`` (with enough other workflows'
+    steps), which raises in the middle of its ops."""
     db = Verbs(pg_store)
     a, b, c, d = (owned(db, wid) for wid in "abcd")
     surrogate = journal.Entry(1, "step", "get", "completed", 1, '"caf\udce9"', NOW, NOW + 1)
@@ -316,13 +325,34 @@ def test_values_refused_in_statements_sent_ahead_fail_their_own_ops(pg_store: An
         base.Op(pg_store.append_entries, ("c", c.epoch, [nul], NOW), True),
         base.Op(pg_store.append_entries, ("d", d.epoch, [huge], NOW), True),
     ]
+    pals = [owned(db, f"pal{k}") for k in range(MANY)] if grouped else []
+    ops += [
+        base.Op(pg_store.append_entries, (p.workflow_id, p.epoch, [step(1)], NOW), True)
+        for p in pals
+    ]
+    calls: list[int] = []  # the executemany psycopg was asked for: each's size
+    executemany = psycopg.Cursor.executemany
+
+    def counted(cursor: Any, query: Any, params_seq: Any, **kwargs: Any) -> Any:
+        params_seq = list(params_seq)
+        calls.append(len(params_seq))
+        return executemany(cursor, query, params_seq, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "executemany", counted)
     pg_store.run_batch(ops)
-    assert [type(op.error).__name__ for op in ops] == [
-        "NoneType", "StorageDataError", "StorageDataError", "StorageDataError"
-    ]  # fmt: skip
+    assert calls == ([4 + MANY] if grouped else []), calls  # then the guarded run
+    errors_seen = [type(op.error).__name__ for op in ops]
+    assert errors_seen[:4] == [
+        "NoneType",
+        "StorageDataError",
+        "StorageDataError",
+        "StorageDataError",
+    ]
+    assert errors_seen[4:] == ["NoneType"] * len(pals)
     assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert db.load_history("a") == [step(1)]
     assert [db.load_history(w) for w in "bcd"] == [[], [], []]
+    assert [db.load_history(p.workflow_id) for p in pals] == [[step(1)]] * len(pals)
 
 
 def test_a_latin1_database_refuses_what_it_cannot_hold_in_a_group_commit(
@@ -388,10 +418,6 @@ def test_a_start_of_an_existing_id_in_a_group_commit_finds_it(pg_store: Any) -> 
     assert (made.owner, made_now) == ("ex-b", True)
 
 
-#: As many ops of one query as a group commit sends as one ``executemany``.
-MANY = pg_ahead.MANY_AT_LEAST
-
-
 def test_an_answer_out_of_a_statement_sent_for_several_reads_as_a_cursor(
     pg_store: Any,
 ) -> None:
@@ -422,6 +448,7 @@ def test_an_answer_out_of_a_statement_sent_for_several_reads_as_a_cursor(
     sent = answers()
     conn.execute("ROLLBACK")
     assert [ahead for ((ahead, _),) in sent] == [p[0] for p in planned]
+    assert all(isinstance(answer, pg_ahead._Answer) for ((_, answer),) in sent)
     read = [rows.first(answer) for ((_, answer),) in sent]
     assert read[3] is None and sent[3][0][1].rowcount == 0
     assert [r and (r["deadline_at"], r["written"]) for r in read] == [
@@ -432,48 +459,66 @@ def test_an_answer_out_of_a_statement_sent_for_several_reads_as_a_cursor(
 
 
 def test_ops_of_one_query_in_a_group_commit_each_get_their_own_answer(pg_store: Any) -> None:
-    """Starts, steps and finishes interleaved, enough of each to go as one
-    ``executemany`` a query, with answers that differ: a start of an id that exists (no
-    row, so the verb reads the row after the pipeline), steps of workflows asked to
-    cancel (their commit says so). Each op gets its own answer; one wait more per
-    query, no savepoint."""
+    """Starts and steps interleaved, enough of each to go as one ``executemany`` a query,
+    with answers that differ: a start of an id that exists (no row, so the verb reads
+    the row after the pipeline), steps of workflows asked to cancel (their commit says
+    so), one whose crashes counted its commit resets; three finishes among them go one by
+    one, before. Each op gets its own answer; a wait more per grouped query, no
+    savepoint."""
     db = Verbs(pg_store)
     steps_of = [owned(db, f"s{k}") for k in range(MANY)]
-    done_of = [owned(db, f"d{k}") for k in range(MANY)]
+    done_of = [owned(db, f"d{k}") for k in range(3)]
     there = owned(db, "n2", owner="ex-old")
     with pg_store.conn.transaction():
         pg_store.conn.execute(
             "UPDATE workflows SET cancel_requested = 1 WHERE workflow_id IN ('s1', 's2')"
         )
+        pg_store.conn.execute("UPDATE workflows SET crash_count = 2 WHERE workflow_id = 's4'")
     start, append, finish = (
         pg_store.create_workflow, pg_store.append_entries, pg_store.finish_workflow
     )  # fmt: skip
     ops = []
     for k in range(MANY):
-        s, d = steps_of[k], done_of[k]
+        s = steps_of[k]
         ops += [
             base.Op(start, (new(f"n{k}"), "ex-b", NOW + LEASE, NOW + 1), True),
             base.Op(append, (s.workflow_id, s.epoch, [step(1, payload=f'"{k}"')], NOW), True),
-            base.Op(finish, (d.workflow_id, d.epoch, "completed", f'"{k}"', None, [], NOW), True),
         ]
+        if k < 3:
+            d = done_of[k]
+            done = (
+                d.workflow_id,
+                d.epoch,
+                "failed" if k == 1 else "completed",
+                None,
+                None,
+                [],
+                NOW,
+            )
+            ops.append(base.Op(finish, done, True))
     sent = traced(pg_store, ops)
     assert [op.error for op in ops] == [None] * len(ops)
     assert not any("SAVEPOINT" in s for s in sent), sent
-    # a wait per query (its executemany), the pipeline's end, n2's row read, COMMIT
-    assert len(sent) == 3 + 1 + 1 + 1 and sent[3] == '"Sync"', sent
-    assert "One workflow's row" in sent[4] and sent[5] == '"COMMIT"', sent
-    starts = [op.result for op in ops[0::3]]
+    # a wait per grouped query (its executemany), the pipeline's end, n2's row read, COMMIT
+    assert len(sent) == 2 + 1 + 1 + 1 and sent[2] == '"Sync"', sent
+    assert "One workflow's row" in sent[3] and sent[4] == '"COMMIT"', sent
+    starts = [op.result for op in ops if op.fn == start]
     assert [(info.workflow_id, created) for info, created in starts] == [
         (f"n{k}", k != 2) for k in range(MANY)
     ]
     assert (starts[2][0].owner, starts[2][0].epoch) == ("ex-old", there.epoch)
-    assert [op.result for op in ops[1::3]] == [k in (1, 2) for k in range(MANY)]
+    assert [(c.epoch, c.reason) for c in db.load_claims("n5")] == [(1, "start")]
+    assert [op.result for op in ops if op.fn == append] == [k in (1, 2) for k in range(MANY)]
     assert [db.load_history(f"s{k}") for k in range(MANY)] == [
         [step(1, payload=f'"{k}"')] for k in range(MANY)
     ]
-    assert [(r.status, r.output) for r in map(db.get_workflow, (f"d{k}" for k in range(MANY)))] == [
-        ("completed", f'"{k}"') for k in range(MANY)
-    ]
+    assert db.get_workflow("s4").crash_count == 0
+    assert [op.result for op in ops if op.fn == finish] == [
+        ("completed", None), ("failed", None), ("completed", None)
+    ]  # fmt: skip
+    assert [db.get_workflow(f"d{k}").status for k in range(3)] == [
+        "completed", "failed", "completed"
+    ]  # fmt: skip
 
 
 def test_a_fenced_finish_among_many_fails_alone(pg_store: Any) -> None:

@@ -70,7 +70,8 @@ class AheadBatches(pg_statements.OneStatementVerbs):
         A group commit: each op's first statement, where every op's is known from its
         arguments and the ops are of different workflows (``_statement_ahead``). A
         finish's statement here is ``finish_and_wake``, which wakes its parent itself: a
-        parent's row is locked in the batch's order, not after it. One op: the first
+        parent's row is locked with the finish (in the batch's order, or with the other
+        finishes: ``_send``), not after every op. One op: the first
         statements of a function of verbs with a plan (``_statements_ahead``: a signal's
         send, the claim it makes and the journal it reads).
         """
@@ -215,6 +216,7 @@ def _send(
         cursors.append((cursor, members))
 
     def answers() -> list[list[tuple[pg_statements.Ahead, Any]]]:
+        # (called once, after the pipeline: fills in the grouped ops' places)
         for cursor, members in cursors:
             for n, i in enumerate(members):
                 if n and not cursor.nextset():
