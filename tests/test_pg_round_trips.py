@@ -355,6 +355,34 @@ def test_values_refused_in_statements_sent_ahead_fail_their_own_ops(
     assert [db.load_history(p.workflow_id) for p in pals] == [[step(1)]] * len(pals)
 
 
+def test_a_value_the_server_refuses_inside_an_executemany_fails_its_own_op(
+    pg_store: Any,
+) -> None:
+    """A seq past bigint among steps sent as one ``executemany``: the server refuses it
+    while psycopg waits for the answers; that op fails with StorageDataError, the
+    others are applied once, and no transaction is left open."""
+    db = Verbs(pg_store)
+    infos = [owned(db, f"w{k}") for k in range(MANY)]
+    huge = journal.Entry(2**70, "step", "get", "completed", 1, "1", NOW, NOW + 1)
+    ops = [
+        base.Op(
+            pg_store.append_entries,
+            (i.workflow_id, i.epoch, [huge if k == 5 else step(1)], NOW),
+            True,
+        )
+        for k, i in enumerate(infos)
+    ]
+    sent = traced(pg_store, ops)
+    assert any("SAVEPOINT" in s for s in sent)  # the first try failed, the second guarded
+    assert [type(op.error).__name__ for op in ops] == [
+        "StorageDataError" if k == 5 else "NoneType" for k in range(MANY)
+    ]
+    assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert [db.load_history(f"w{k}") for k in range(MANY)] == [
+        [] if k == 5 else [step(1)] for k in range(MANY)
+    ]
+
+
 def test_a_latin1_database_refuses_what_it_cannot_hold_in_a_group_commit(
     pg_cluster: Any,
 ) -> None:
