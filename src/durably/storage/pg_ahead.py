@@ -195,18 +195,15 @@ def _send(
     waits for the answers). Each op's answer is then read off into an :class:`_Answer`.
     The others go one by one, in the batch's order.
     """
-    if len(planned) < 2 or any(len(statements) != 1 for statements in planned):
-        sent = [[(a, conn.execute(a.sql_text, a.params)) for a in statements]
-                for statements in planned]  # fmt: skip
-        return lambda: sent
     groups: dict[str, list[int]] = {}
-    for i, (ahead,) in enumerate(planned):
-        groups.setdefault(ahead.sql_text, []).append(i)
+    if all(len(statements) == 1 for statements in planned):  # a group commit's plan
+        for i, (ahead,) in enumerate(planned):
+            groups.setdefault(ahead.sql_text, []).append(i)
     many = [members for members in groups.values() if len(members) >= MANY_AT_LEAST]
     together = {i for members in many for i in members}
     answered: list[list[tuple[pg_statements.Ahead, Any]]] = [
-        [] if i in together else [(ahead, conn.execute(ahead.sql_text, ahead.params))]
-        for i, (ahead,) in enumerate(planned)
+        [] if i in together else [(a, conn.execute(a.sql_text, a.params)) for a in statements]
+        for i, statements in enumerate(planned)
     ]
     cursors: list[tuple[Any, list[int]]] = []
     for members in many:
