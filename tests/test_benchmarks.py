@@ -153,3 +153,45 @@ def test_the_history_benchmark_prints_every_read_at_both_sizes() -> None:
             assert read in rows, f"{read} missing from:\n{table}"
             assert all(float(cell.rstrip("x")) > 0 for cell in rows[read][1:]), rows[read]
         assert rows["primary-key read"][3].strip() == "1.0"  # the baseline, against itself
+
+
+def test_the_statements_benchmark_times_each_statement_of_a_step_and_a_workflow() -> None:
+    """``python -m benchmarks.statements``: the statements a step and a 1-step workflow
+    send, counted where the store executes them, beside the raw baseline's, and the WAL
+    pages each writes."""
+    proc = subprocess.run(
+        children.python("-m", "benchmarks.statements", "--steps", "100", "--workflows", "20"),
+        env=children.child_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    step, workflow, raw = proc.stdout.split("\n\n")[1:4]
+
+    def counts(table: str) -> dict[str, float]:
+        rows = [line.split() for line in table.splitlines()[2:-1]]
+        return {" ".join(r[:-3]): float(r[-3]) for r in rows}
+
+    # a step is one commit: BEGIN IMMEDIATE, the fence, the journal's upsert, COMMIT
+    # (the workflow's start and finish are shared by its 100 steps)
+    per_step = counts(step)
+    for statement in ("BEGIN IMMEDIATE", "fence", "upsert_entry", "COMMIT"):
+        assert round(per_step[statement]) == 1, step
+    # a 1-step workflow is three: its start (row and claim), its step, its finish
+    per_workflow = counts(workflow)
+    assert per_workflow["COMMIT"] == 3.0 and per_workflow["BEGIN IMMEDIATE"] == 3.0, workflow
+    for statement in ("create_workflow", "insert_claim", "fence", "upsert_entry"):
+        assert per_workflow[statement] == 1.0, workflow
+    assert per_workflow["finish_workflow"] == 1.0, workflow
+    pages = float(step.split(" WAL pages a step")[0].rsplit(" ", 1)[1])
+    assert 1 <= pages < 10, step  # the journal's row and its key, now and then a split
+    lines = raw.splitlines()
+    assert lines[1].split()[:2] == ["tight", "loop"] and lines[2].split()[:2] == [
+        "Python",
+        "between",
+    ]
+    for line in lines[1:3]:
+        assert "BEGIN IMMEDIATE" in line and "INSERT" in line and "COMMIT" in line, raw
