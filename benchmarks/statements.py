@@ -8,13 +8,13 @@ Three measurements, each on a warm file in one temp directory:
   ``--workflows`` 1-step workflows one after another, with every statement the
   store sends timed where it is executed (this instance's ``_execute`` wrapped):
   per statement, how many a step (or a workflow) sends and what each costs, and
-  the WAL pages each commit writes (read from the WAL with its automatic
-  checkpoint off for the measurement);
+  the WAL pages each commit writes (read from the WAL in a second, untimed
+  pass with its automatic checkpoint off);
 - **raw, tight**: the raw baseline of ``python -m benchmarks``, ``BEGIN
   IMMEDIATE; INSERT; COMMIT`` of one row in a loop, each statement timed;
 - **raw, Python between**: the same loop with pure-Python work between the
-  statements (encoding and decoding the step's payload, as much CPU as the
-  engine's own Python per step: the loop's CPU less its statements): the
+  statements (encoding and decoding payloads like the step's, for as long as a
+  step spends outside its statements: the engine's own Python): the
   statements alone then cost what they cost
   inside a program, whose Python evicts SQLite's code and pages from the CPU's
   caches between two commits.
@@ -147,26 +147,29 @@ def _python_work(cpu_us: float) -> Callable[[], None]:
 
 
 async def _engine_side(url: str, steps: int, workflows: int) -> dict[str, Any]:
+    """Statements timed in one pass, WAL pages counted in another: with its checkpoint
+    off the WAL file grows, which makes each commit (a FULL one's fsync) costlier."""
     async with durably.Engine(url, poll_interval=60.0) as engine:
         clock = StatementClock(engine)
         await workloads.step_us(engine, 200)  # warm-up: the file, the WAL, the statements
         await workloads.throughput(engine, 1, 1, 200)
         out: dict[str, Any] = {}
-        pages: list[float] = []
         clock.reset()
-        cpu = time.thread_time()
-        with clock.wal_pages(pages):
-            out["step_us"] = await workloads.step_us(engine, steps)
-        out["step_cpu_us"] = (time.thread_time() - cpu) / steps * 1e6
+        out["step_us"] = await workloads.step_us(engine, steps)
         out["step_rows"] = clock.rows(steps)
-        out["step_pages"] = pages[-1] / steps
+        # outside the statements a sequential step only runs Python: the engine's own
+        out["python_us"] = out["step_us"] - sum(per * us for _, per, us in out["step_rows"])
         clock.reset()
         t0 = time.perf_counter()
-        with clock.wal_pages(pages):
-            await workloads.throughput(engine, 1, 1, workflows)
+        await workloads.throughput(engine, 1, 1, workflows)
         out["wf_us"] = (time.perf_counter() - t0) / workflows * 1e6
         out["wf_rows"] = clock.rows(workflows)
-        out["wf_pages"] = pages[-1] / workflows
+        pages: list[float] = []
+        with clock.wal_pages(pages):
+            await workloads.step_us(engine, steps)
+        with clock.wal_pages(pages):
+            await workloads.throughput(engine, 1, 1, workflows)
+        out["step_pages"], out["wf_pages"] = pages[0] / steps, pages[1] / workflows
         return out
 
 
@@ -180,10 +183,19 @@ def _print_rows(title: str, rows: list[tuple[str, float, float]], total_us: floa
     print(f"  {'all statements':<28} {'':>8} {'':>8} {sql:11.1f}  of {total_us:.1f} us in all")
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=2000, help="steps of the timed workflow")
-    parser.add_argument("--workflows", type=int, default=1000, help="1-step workflows, in turn")
+    parser.add_argument("--steps", type=_positive, default=2000, help="steps of the timed workflow")
+    parser.add_argument(
+        "--workflows", type=_positive, default=1000, help="1-step workflows, in turn"
+    )
     parser.add_argument("--synchronous", choices=("normal", "full"), default="normal")
     parser.add_argument("--dir", help="parent of the temp dir for the SQLite files")
     args = parser.parse_args(argv)
@@ -193,37 +205,37 @@ def main(argv: list[str] | None = None) -> int:
         engine = asyncio.run(_engine_side(url, args.steps, args.workflows))
         n = max(args.steps, 1000)
         tight = _raw(f"{d}/raw-tight.db", mode, n, None)
-        sql_us = sum(per * each for _, per, each in engine["step_rows"])
-        python_us = max(engine["step_cpu_us"] - sql_us, 10.0)  # the engine's own, per step
+        python_us = max(engine["python_us"], 1.0)  # the engine's own, per step
         chore = _python_work(python_us)
         between = _raw(f"{d}/raw-between.db", mode, n, chore)
     print("durably statements (python -m benchmarks.statements)")
     print(
         f"durably {durably.__version__}, Python {platform.python_version()}, "
-        f"SQLite {sqlite3.sqlite_version}, synchronous={mode}, {os.cpu_count()} CPUs, "
+        f"SQLite {sqlite3.sqlite_version}, synchronous={mode},\n{os.cpu_count()} CPUs, "
         f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     print()
     _print_rows(
-        f"a step, in a workflow of {args.steps} (us per step; the loop's CPU "
-        f"{engine['step_cpu_us']:.1f} us; {engine['step_pages']:.2f} WAL pages a step):",
+        f"a step, in a workflow of {args.steps} steps: us per step,\n"
+        f"{engine['python_us']:.1f} us outside the statements, "
+        f"{engine['step_pages']:.2f} WAL pages a step",
         engine["step_rows"],
         engine["step_us"],
     )
     print()
     _print_rows(
-        f"a 1-step workflow, start to result, {args.workflows} in turn "
-        f"(us per workflow; {engine['wf_pages']:.2f} WAL pages a workflow):",
+        f"a 1-step workflow, start to result, {args.workflows} in turn: us per workflow,\n"
+        f"{engine['wf_pages']:.2f} WAL pages a workflow",
         engine["wf_rows"],
         engine["wf_us"],
     )
     print()
     print("the raw baseline's statements, us each (BEGIN IMMEDIATE; INSERT; COMMIT):")
     for label, found in (("tight loop", tight), ("Python between", between)):
-        cells = "  ".join(f"{k} {v:6.1f}" for k, v in found.items())
-        print(f"  {label:<15} {cells}  all {sum(found.values()):6.1f}")
+        cells = " ".join(f"{k} {v:5.1f}" for k, v in found.items())
+        print(f"  {label:<14} {cells} all {sum(found.values()):5.1f}")
     print(f"  (Python between: {python_us:.0f} us of encoding and decoding payloads a commit,")
-    print("  the loop's CPU a step above less its statements: the engine's own Python)")
+    print("  a step's time outside its statements above: the engine's own Python)")
     return 0
 
 

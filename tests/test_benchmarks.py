@@ -172,7 +172,9 @@ def test_the_statements_benchmark_times_each_statement_of_a_step_and_a_workflow(
     step, workflow, raw = proc.stdout.split("\n\n")[1:4]
 
     def counts(table: str) -> dict[str, float]:
-        rows = [line.split() for line in table.splitlines()[2:-1]]
+        lines = table.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["statement"])
+        rows = [line.split() for line in lines[start + 1 : -1]]
         return {" ".join(r[:-3]): float(r[-3]) for r in rows}
 
     # a step is one commit: BEGIN IMMEDIATE, the fence, the journal's upsert, COMMIT
