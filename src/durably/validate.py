@@ -58,6 +58,13 @@ def number(
     The range is ``>= low`` (``> low`` with ``above``) and, with ``high``,
     ``<= high``. Booleans are refused: ``True`` is not a duration.
     """
+    kind = type(value)
+    if kind is float or kind is int:  # the usual value: no ABC check (bool is refused below)
+        f = float(value)  # type: ignore[arg-type]
+        if math.isfinite(f) and not (
+            f < low or (above and f == low) or (high is not None and f > high)
+        ):
+            return f
     rule = f"{'>' if above else '>='} {low:g}" if high is None else f"within [{low:g}, {high:g}]"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise error(f"{what}={value!r}: must be a finite number {rule}")

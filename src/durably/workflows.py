@@ -13,6 +13,7 @@ import datetime
 import functools
 import hashlib
 import inspect
+import os
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Coroutine
@@ -162,12 +163,21 @@ def check_timeout(timeout: object, what: str, error: type[Exception] = ValueErro
 
 
 def new_workflow_id(workflow_id: str | None) -> str:
-    """The given id, checked, or a fresh random one when None."""
+    """The given id, checked, or a fresh random one when None: a version 4 UUID's hex."""
     if workflow_id is None:
-        return _uuid.uuid4().hex
+        return random_uuid_hex()
     if not isinstance(workflow_id, str) or not workflow_id.strip():
         raise errors.InvalidName(f"workflow_id must be a non-empty string, got {workflow_id!r}")
     return validate.name(workflow_id, "workflow id")
+
+
+def random_uuid_hex() -> str:
+    """``uuid.uuid4().hex`` without the UUID object (a quarter of its cost on every start):
+    16 random bytes with the version (4) and RFC 4122 variant bits set."""
+    b = bytearray(os.urandom(16))
+    b[6] = (b[6] & 0x0F) | 0x40
+    b[8] = (b[8] & 0x3F) | 0x80
+    return b.hex()
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
@@ -186,6 +196,30 @@ def _signature_of(fn: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_arity_of(fn: Callable[..., Any]) -> int:
+    """How many arguments ``fn`` takes when each of its parameters is a plain positional
+    one (no default, no ``*args``, no keyword-only): any call with that many positional
+    arguments and no keywords binds. -1 when it has another kind (``bind`` decides)."""
+    signature = _signature_of(fn)
+    if signature is None:
+        return -1
+    params = signature.parameters.values()
+    if all(p.kind in _POSITIONAL and p.default is p.empty for p in params):
+        return len(signature.parameters)
+    return -1
+
+
+def _plain_arity(fn: Callable[..., Any]) -> int:
+    try:
+        return _plain_arity_of(fn)
+    except TypeError:  # an unhashable callable: bind decides
+        return -1
+
+
 def check_arguments(
     definition: WorkflowDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
@@ -194,6 +228,8 @@ def check_arguments(
     Checked before the start is committed: otherwise the workflow would be
     stored and fail at its first line with a TypeError.
     """
+    if not kwargs and len(args) == _plain_arity(definition.fn):
+        return  # the usual call: every parameter, by position
     signature = _signature(definition.fn)
     if signature is None:  # no signature to check against (a builtin, a C function)
         return

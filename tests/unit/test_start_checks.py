@@ -1,0 +1,126 @@
+"""The checks every start makes, on their fast paths and off them: the same answers.
+
+A start checks its arguments against the workflow function, its delay as a number,
+and makes a random id; each has a cheap path for the usual case (issue 12, tenth
+pass). These tests hold each to what the slow path decides.
+"""
+
+from __future__ import annotations
+
+import fractions
+import inspect
+import math
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from durably import errors, validate, workflows
+
+
+def test_a_random_workflow_id_is_the_hex_of_a_version_4_uuid() -> None:
+    ids = [workflows.new_workflow_id(None) for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for wid in ids:
+        parsed = uuid.UUID(hex=wid)
+        assert (parsed.hex, parsed.version, parsed.variant) == (wid, 4, uuid.RFC_4122)
+    # the random bits vary: every hex digit but the version's takes many values
+    for i in range(32):
+        seen = {wid[i] for wid in ids}
+        assert len(seen) >= {12: 1, 16: 4}.get(i, 12), (i, seen)
+    assert {wid[12] for wid in ids} == {"4"}  # the version
+    assert {wid[16] for wid in ids} == set("89ab")  # the variant's two bits, two random
+
+
+async def _plain(a: int, b: int) -> None: ...
+async def _defaults(a: int, b: int = 1) -> None: ...
+async def _star(a: int, *rest: int) -> None: ...
+async def _keyword_only(a: int, *, b: int) -> None: ...
+async def _keywords(a: int, **more: int) -> None: ...
+async def _positional_only(a: int, b: int, /) -> None: ...
+async def _none() -> None: ...
+
+
+_CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+    ((), {}),
+    ((1,), {}),
+    ((1, 2), {}),
+    ((1, 2, 3), {}),
+    ((1,), {"b": 2}),
+    ((), {"a": 1, "b": 2}),
+    ((1, 2), {"c": 3}),
+]
+
+
+@pytest.mark.parametrize(
+    "fn", [_plain, _defaults, _star, _keyword_only, _keywords, _positional_only, _none]
+)
+def test_a_start_accepts_exactly_the_calls_the_function_binds(fn: Callable[..., Any]) -> None:
+    definition = workflows.WorkflowDefinition(
+        fn=fn, name=fn.__name__, version=None, source_hash=None
+    )
+    for args, kwargs in _CALLS:
+        try:
+            inspect.signature(fn).bind(*args, **kwargs)
+            binds = True
+        except TypeError:
+            binds = False
+        if binds:
+            workflows.check_arguments(definition, args, kwargs)
+        else:
+            with pytest.raises(errors.WorkflowArgumentsError, match=fn.__name__):
+                workflows.check_arguments(definition, args, kwargs)
+
+
+class _Int(int):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("value", "bounds", "expected"),
+    [
+        (0, {}, 0.0),
+        (2, {}, 2.0),
+        (2.5, {}, 2.5),
+        (_Int(3), {}, 3.0),
+        (_Float(0.5), {}, 0.5),
+        (fractions.Fraction(1, 4), {}, 0.25),
+        (True, {}, "finite number >= 0"),
+        (False, {}, "finite number >= 0"),
+        ("1", {}, "finite number >= 0"),
+        (None, {}, "finite number >= 0"),
+        (math.nan, {}, "not NaN or infinity"),
+        (math.inf, {}, "not NaN or infinity"),
+        (-math.inf, {"low": -math.inf}, "not NaN or infinity"),
+        (-1, {}, "must be >= 0"),
+        (-0.5, {}, "must be >= 0"),
+        (0, {"above": True}, "must be > 0"),
+        (0.0, {"above": True}, "must be > 0"),
+        (_Int(0), {"above": True}, "must be > 0"),
+        (1e-9, {"above": True}, 1e-9),
+        (5, {"high": 4}, "within [0, 4]"),
+        (4, {"high": 4}, 4.0),
+        (-3, {"low": -math.inf}, -3.0),
+    ],
+)
+def test_a_number_is_taken_or_refused_as_before(
+    value: object, bounds: dict[str, Any], expected: float | str
+) -> None:
+    if isinstance(expected, float):
+        got = validate.number(value, "delay", **bounds)
+        assert got == expected and type(got) is float
+    else:
+        with pytest.raises(ValueError) as caught:
+            validate.number(value, "delay", **bounds)
+        assert str(caught.value).startswith(f"delay={value!r}: must be"), caught.value
+        assert expected in str(caught.value), caught.value
+
+
+def test_a_number_too_large_for_a_float_raises_as_before() -> None:
+    with pytest.raises(OverflowError):
+        validate.number(10**400, "delay")
