@@ -184,16 +184,16 @@ def test_the_statements_benchmark_times_each_statement_of_a_step_and_a_workflow(
         assert round(per_step[statement]) == 1, step
     # a 1-step workflow is three: its start (row and claim), its step, its finish
     per_workflow = counts(workflow)
-    assert per_workflow["COMMIT"] == 3.0 and per_workflow["BEGIN IMMEDIATE"] == 3.0, workflow
+    for statement in ("COMMIT", "BEGIN IMMEDIATE"):
+        assert round(per_workflow[statement], 1) == 3.0, workflow
     for statement in ("create_workflow", "insert_claim", "fence", "upsert_entry"):
         assert per_workflow[statement] == 1.0, workflow
     assert per_workflow["finish_workflow"] == 1.0, workflow
-    pages = float(step.split(" WAL pages a step")[0].rsplit(" ", 1)[1])
+    assert "create_workflow" not in per_step  # the start's, shared by the steps: left out
+    pages = float(step.split(" WAL pages a step")[0].rsplit("\n", 1)[1])
     assert 1 <= pages < 10, step  # the journal's row and its key, now and then a split
-    lines = raw.splitlines()
-    assert lines[1].split()[:2] == ["tight", "loop"] and lines[2].split()[:2] == [
-        "Python",
-        "between",
-    ]
-    for line in lines[1:3]:
-        assert "BEGIN IMMEDIATE" in line and "INSERT" in line and "COMMIT" in line, raw
+    loops = {line.split()[0]: line for line in raw.splitlines() if "BEGIN IMMEDIATE" in line}
+    assert set(loops) == {"tight", "Python"}, raw
+    for line in loops.values():
+        assert "INSERT" in line and "COMMIT" in line, raw
+    assert raw.count(" all ") == 2, raw

@@ -58,12 +58,9 @@ def number(
     The range is ``>= low`` (``> low`` with ``above``) and, with ``high``,
     ``<= high``. Booleans are refused: ``True`` is not a duration.
     """
-    kind = type(value)
-    if kind is float or kind is int:  # the usual value: no ABC check (bool is refused below)
-        f = float(value)  # type: ignore[arg-type]
-        if math.isfinite(f) and not (
-            f < low or (above and f == low) or (high is not None and f > high)
-        ):
+    if type(value) is float or type(value) is int:  # the usual value: no ABC check
+        f = float(value)
+        if math.isfinite(f) and _in_range(f, low, above, high):
             return f
     rule = f"{'>' if above else '>='} {low:g}" if high is None else f"within [{low:g}, {high:g}]"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -71,9 +68,14 @@ def number(
     f = float(value)
     if not math.isfinite(f):
         raise error(f"{what}={value!r}: must be a finite number {rule}, not NaN or infinity")
-    if f < low or (above and f == low) or (high is not None and f > high):
+    if not _in_range(f, low, above, high):
         raise error(f"{what}={value!r}: must be {rule}")
     return f
+
+
+def _in_range(f: float, low: float, above: bool, high: float | None) -> bool:
+    """``f >= low`` (``> low`` with ``above``) and, with ``high``, ``f <= high``."""
+    return not (f < low or (above and f == low) or (high is not None and f > high))
 
 
 def count(

@@ -214,6 +214,7 @@ def _plain_arity_of(fn: Callable[..., Any]) -> int:
 
 
 def _plain_arity(fn: Callable[..., Any]) -> int:
+    """``_plain_arity_of``, or -1 for a callable that cannot be a cache key."""
     try:
         return _plain_arity_of(fn)
     except TypeError:  # an unhashable callable: bind decides
@@ -241,7 +242,8 @@ def check_arguments(
             return_annotation=signature.empty,
         )
         raise errors.WorkflowArgumentsError(
-            f"workflow {definition.name!r} takes {definition.fn.__name__}{signature}; "
+            f"workflow {definition.name!r} takes "
+            f"{getattr(definition.fn, '__name__', definition.name)}{signature}; "
             f"cannot call it with {len(args)} positional argument(s)"
             + (f" and keywords {', '.join(map(repr, kwargs))}" if kwargs else "")
             + f": {exc}"

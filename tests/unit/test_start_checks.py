@@ -8,6 +8,7 @@ pass). These tests hold each to what the slow path decides.
 from __future__ import annotations
 
 import fractions
+import functools
 import inspect
 import math
 import uuid
@@ -42,6 +43,22 @@ async def _positional_only(a: int, b: int, /) -> None: ...
 async def _none() -> None: ...
 
 
+class _Method:
+    async def run(self, a: int, b: int) -> None: ...
+
+
+class _Unhashable:
+    __hash__ = None  # type: ignore[assignment]
+
+    async def __call__(self, a: int, b: int) -> None: ...
+
+
+async def _overridden(*args: Any, **kwargs: Any) -> None: ...
+
+
+_overridden.__signature__ = inspect.signature(_plain)  # type: ignore[attr-defined]
+
+
 _CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
     ((), {}),
     ((1,), {}),
@@ -53,13 +70,31 @@ _CALLS: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    "fn", [_plain, _defaults, _star, _keyword_only, _keywords, _positional_only, _none]
-)
-def test_a_start_accepts_exactly_the_calls_the_function_binds(fn: Callable[..., Any]) -> None:
-    definition = workflows.WorkflowDefinition(
-        fn=fn, name=fn.__name__, version=None, source_hash=None
-    )
+#: Each callable, and how many arguments a call must pass by position for the check to skip
+#: ``Signature.bind`` (-1: never; bind decides).
+_FUNCTIONS: list[tuple[Callable[..., Any], int]] = [
+    (_plain, 2),
+    (_defaults, -1),
+    (_star, -1),
+    (_keyword_only, -1),
+    (_keywords, -1),
+    (_positional_only, 2),
+    (_none, 0),
+    (functools.partial(_plain, 1), 1),
+    (functools.partial(_plain, b=1), -1),
+    (_Method().run, 2),  # its self is not counted
+    (_Unhashable(), -1),  # not cached: bind decides
+    (_overridden, 2),  # its __signature__, as inspect.signature reads it
+]
+
+
+@pytest.mark.parametrize(("fn", "arity"), _FUNCTIONS, ids=[str(i) for i in range(len(_FUNCTIONS))])
+def test_a_start_accepts_exactly_the_calls_the_function_binds(
+    fn: Callable[..., Any], arity: int
+) -> None:
+    assert workflows._plain_arity(fn) == arity  # the fast path is taken where it can be
+    name = getattr(fn, "__name__", "partial")
+    definition = workflows.WorkflowDefinition(fn=fn, name=name, version=None, source_hash=None)
     for args, kwargs in _CALLS:
         try:
             inspect.signature(fn).bind(*args, **kwargs)
@@ -69,7 +104,7 @@ def test_a_start_accepts_exactly_the_calls_the_function_binds(fn: Callable[..., 
         if binds:
             workflows.check_arguments(definition, args, kwargs)
         else:
-            with pytest.raises(errors.WorkflowArgumentsError, match=fn.__name__):
+            with pytest.raises(errors.WorkflowArgumentsError, match=name):
                 workflows.check_arguments(definition, args, kwargs)
 
 
@@ -106,6 +141,12 @@ class _Float(float):
         (5, {"high": 4}, "within [0, 4]"),
         (4, {"high": 4}, 4.0),
         (-3, {"low": -math.inf}, -3.0),
+        (-0.0, {}, -0.0),
+        (-0.0, {"above": True}, "must be > 0"),
+        (math.nan, {"low": -math.inf}, "not NaN or infinity"),
+        (math.nan, {"high": 4}, "within [0, 4], not NaN or infinity"),
+        (_Float(math.nan), {}, "not NaN or infinity"),
+        (_Int(5), {"high": 4}, "within [0, 4]"),
     ],
 )
 def test_a_number_is_taken_or_refused_as_before(
