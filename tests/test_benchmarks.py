@@ -14,10 +14,13 @@ from tests import children, pgcluster
 REPO = Path(__file__).resolve().parent.parent
 
 
-def benchmarks(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python -m benchmarks ARGS`` in a child process, from the repository."""
+def benchmarks(
+    *args: str, timeout: float, module: str = "benchmarks"
+) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks ARGS`` (or another ``module``) in a child process, from the
+    repository."""
     return subprocess.run(
-        children.python("-m", "benchmarks", *args),
+        children.python("-m", module, *args),
         env=children.child_env(),
         cwd=REPO,
         capture_output=True,
@@ -132,15 +135,7 @@ def test_the_history_benchmark_prints_every_read_at_both_sizes() -> None:
     and N finished workflows beside a primary-key read, on SQLite and PostgreSQL."""
     pg = not pgcluster.missing_tools() or os.environ.get("DURABLY_REQUIRE_POSTGRES") == "1"
     args = ("--finished", "2000") if pg else ("--finished", "2000", "--no-postgres")
-    proc = subprocess.run(
-        children.python("-m", "benchmarks.history", *args),
-        env=children.child_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = benchmarks(*args, timeout=300, module="benchmarks.history")
     assert proc.returncode == 0, proc.stderr[-3000:]
     tables = proc.stdout.split("\nread ")[1:]
     assert len(tables) == (2 if pg else 1), proc.stdout
@@ -159,15 +154,8 @@ def test_the_statements_benchmark_times_each_statement_of_a_step_and_a_workflow(
     """``python -m benchmarks.statements``: the statements a step and a 1-step workflow
     send, counted where the store executes them, beside the raw baseline's, and the WAL
     pages each writes."""
-    proc = subprocess.run(
-        children.python("-m", "benchmarks.statements", "--steps", "100", "--workflows", "20"),
-        env=children.child_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    args = ("--steps", "100", "--workflows", "20")
+    proc = benchmarks(*args, timeout=300, module="benchmarks.statements")
     assert proc.returncode == 0, proc.stderr[-3000:]
     step, workflow, raw = proc.stdout.split("\n\n")[1:4]
 
