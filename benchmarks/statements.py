@@ -249,12 +249,16 @@ def _directory(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure, then print the three measurements (80 columns)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.statements", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--steps", type=_positive, default=2000, help="steps of the timed workflow")
     parser.add_argument(
         "--workflows", type=_positive, default=1000, help="1-step workflows, in turn"
     )
-    parser.add_argument("--synchronous", choices=("normal", "full"), default="normal")
+    parser.add_argument(
+        "--synchronous", choices=("normal", "full"), default="normal", help="SQLite's (normal)"
+    )
     parser.add_argument(
         "--dir", type=_directory, help="parent of the temp dir for the SQLite files"
     )
