@@ -199,26 +199,15 @@ def _signature_of(fn: Callable[..., Any]) -> inspect.Signature | None:
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-@functools.lru_cache(maxsize=1024)
-def _plain_arity_of(fn: Callable[..., Any]) -> int:
-    """How many arguments ``fn`` takes when each of its parameters is a plain positional
-    one (no default, no ``*args``, no keyword-only): any call with that many positional
-    arguments and no keywords binds. -1 when it has another kind (``bind`` decides)."""
-    signature = _signature_of(fn)
-    if signature is None:
-        return -1
+def _plain_arity(signature: inspect.Signature) -> int:
+    """How many arguments a function of ``signature`` takes when each of its parameters
+    is a plain positional one (no default, no ``*args``, no keyword-only): any call with
+    that many positional arguments and no keywords binds. -1 when it has another kind
+    (``bind`` decides)."""
     params = signature.parameters.values()
     if all(p.kind in _POSITIONAL and p.default is p.empty for p in params):
         return len(signature.parameters)
     return -1
-
-
-def _plain_arity(fn: Callable[..., Any]) -> int:
-    """``_plain_arity_of``, or -1 for a callable that cannot be a cache key."""
-    try:
-        return _plain_arity_of(fn)
-    except TypeError:  # an unhashable callable: bind decides
-        return -1
 
 
 def check_arguments(
@@ -229,11 +218,11 @@ def check_arguments(
     Checked before the start is committed: otherwise the workflow would be
     stored and fail at its first line with a TypeError.
     """
-    if not kwargs and len(args) == _plain_arity(definition.fn):
-        return  # the usual call: every parameter, by position
     signature = _signature(definition.fn)
     if signature is None:  # no signature to check against (a builtin, a C function)
         return
+    if not kwargs and len(args) == _plain_arity(signature):
+        return  # the usual call: every parameter, by position
     try:
         signature.bind(*args, **kwargs)
     except TypeError as exc:
