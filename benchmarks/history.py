@@ -43,6 +43,15 @@ READS: dict[str, Callable[[Any, Any], Any]] = {
     "50 by id": lambda store, _: store.search_workflows(
         WorkflowQuery(ids=tuple(f"done-{i}" for i in range(1, 51)))
     ),
+    "50 by id prefix (rare)": lambda store, _: store.search_workflows(
+        WorkflowQuery(limit=50, id_prefix="done-1234")
+    ),
+    "50 by id prefix (none)": lambda store, _: store.search_workflows(
+        WorkflowQuery(limit=50, id_prefix="gone-")
+    ),
+    "50 by id prefix (all)": lambda store, _: store.search_workflows(
+        WorkflowQuery(limit=50, id_prefix="done-")
+    ),
     "unfinished counts": lambda store, _: store.count_unfinished(),
     "prune, none old enough": lambda store, _: _prune(store, 0.0),
     "200 prunable (backlog)": lambda store, _: store._execute(

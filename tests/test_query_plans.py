@@ -155,7 +155,17 @@ PAGES = {
     "on a queue": WorkflowQuery(queue="q"),
     "children": WorkflowQuery(parent_id="live-3"),
     "created between": WorkflowQuery(created_after=15_000.0, created_before=15_040.0),
+    # an id prefix few workflows have is read as the prefix's range of the primary key; one
+    # most have, newest first until the page is full
+    "by a rare id prefix": WorkflowQuery(limit=50, id_prefix="done-1234"),
+    "by an id prefix, oldest first": WorkflowQuery(limit=50, id_prefix="done-1234", order="asc"),
+    "by an id prefix none has": WorkflowQuery(limit=50, id_prefix="gone-"),
+    "by an id prefix all the finished have": WorkflowQuery(limit=50, id_prefix="done-"),
 }
+
+
+def ids(found: list[Any]) -> list[str]:
+    return [w.workflow_id for w in found]
 
 
 def _work(store: Any, postgres: bool, call: Callable[[], Any]) -> int:
@@ -202,6 +212,11 @@ def test_a_page_of_workflows_and_the_dashboards_look_read_a_page_not_the_history
     assert [w.workflow_id for w in pages["by ids, children"]] == ["child-3"]
     assert len(pages["on a queue"]) == 20 and len(pages["children"]) == 20
     assert len(pages["created between"]) == 40
+    rare = ["done-12349", "done-12348"]  # done-1234 and done-12340 to done-12349
+    assert len(pages["by a rare id prefix"]) == 11 and ids(pages["by a rare id prefix"])[:2] == rare
+    assert ids(pages["by an id prefix, oldest first"])[:2] == ["done-1234", "done-12340"]
+    assert pages["by an id prefix none has"] == []
+    assert ids(pages["by an id prefix all the finished have"])[:1] == ["done-20000"]
     assert store.count_unfinished() == {"pending": 40, "running": 20, "sleeping": 20}
     work = {
         name: _work(store, postgres, lambda q=q: store.search_workflows(q))

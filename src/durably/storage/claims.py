@@ -20,6 +20,12 @@ from durably.storage import base, bulk, rows, sqlbase
 #: (search_terms' *_listed terms), so that the ids are read through the primary key.
 _LISTED = frozenset({"status", "queue", "parent_id"})
 
+#: A search by id prefix reads the prefix's range of the primary key when it holds fewer
+#: ids than ID_RANGE_CAP, or than ID_RANGE_PER_ROW times the page's end, whichever is
+#: more (``ClaimVerbs._id_range``).
+ID_RANGE_CAP = 500
+ID_RANGE_PER_ROW = 10
+
 
 def _same_start(row: journal.WorkflowInfo, owner: str, now: float) -> bool:
     """True if ``row`` is what a start by ``owner`` at ``now`` created (not yet claimed again)."""
@@ -188,6 +194,8 @@ class ClaimVerbs(bulk.BulkVerbs):
             "offset": query.offset,
         }
         if query.ids is None:
+            if query.id_prefix:
+                params.update(self._id_range(query.id_prefix, query.limit + query.offset))
             return [rows.workflow(r) for r in rows.every(self._search(query.order, params))]
         # Given ids: one statement per IDS_PER_STATEMENT of them (each read through the
         # primary key), then ordered and paged here; there are at most as many rows as ids.
@@ -200,6 +208,26 @@ class ClaimVerbs(bulk.BulkVerbs):
         found.sort(key=lambda w: w.workflow_id)
         found.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
         return found[query.offset : query.offset + query.limit]
+
+    def _id_range(self, prefix: str, wanted: int) -> dict[str, str]:
+        """The range parameters (``id_from``, ``id_below``) of a search by id ``prefix``
+        that few workflows match, else none.
+
+        Few: fewer ids in the range than ``ID_RANGE_CAP`` (or ``ID_RANGE_PER_ROW``
+        times ``wanted``, the page's end), counted off the primary key's index.
+        Those are read through it and sorted, where the search scanned workflows
+        newest first until the page was full: every workflow when none matched.
+        Many are left to that scan, which then fills the page soon; the range would
+        sort them all.
+        """
+        below = sqlbase.prefix_end(prefix)
+        if not self.ids_in_code_point_order or below is None:
+            return {}
+        cap = max(ID_RANGE_CAP, ID_RANGE_PER_ROW * wanted)
+        found = self._q("count_id_range", id_from=prefix, id_below=below, cap=cap).fetchone()
+        if found is None or int(found[0]) >= cap:
+            return {}
+        return {"id_from": prefix, "id_below": below}
 
     def _search(self, order: str, params: Mapping[str, Any]) -> Any:
         """Run search_workflows with the terms of the filters ``params`` gives (not None;

@@ -234,6 +234,15 @@ def redact(url: str) -> str:
     return shown + (f"#{parts.fragment}" if parts.fragment else "")
 
 
+#: Strings a language's collation sorts otherwise than by code point (case, spaces,
+#: punctuation, accents, digits, CJK and an emoji): a collation that sorts them all as
+#: Python does is taken to compare ids by code point.
+TEXT_ORDER_PROBE = (
+    "a", "B", "b", "A", "a b", "a-b", "a.c", "a_b", "ab", "aB", "Ab", "a~", "~",
+    "é", "e", "f", "E", "Z", "0", "9", "10", "a\u00ff", "a\u0100", "\u4e00", "\U0001f600",
+)  # fmt: skip
+
+
 class PostgresStore(pg_ahead.AheadBatches):
     """A Store in one schema of a PostgreSQL database (``durably`` unless the URL names one)."""
 
@@ -311,6 +320,7 @@ class PostgresStore(pg_ahead.AheadBatches):
                 self._settle_schema(conn)
                 pg_listener.use_schema(conn, self.schema)
             self.migrate()
+            self.ids_in_code_point_order = self._ids_in_code_point_order(conn)
         except psycopg.Error as exc:
             mapped = self._map_error(exc)
             self.close()
@@ -489,6 +499,18 @@ class PostgresStore(pg_ahead.AheadBatches):
                 self.channel = channel_for(self.schema, legacy=True)
                 log.info("%s: durably's tables are in schema %r (old layout)", self.url, default)
         self._schema_settled = True
+
+    def _ids_in_code_point_order(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether this database sorts text by code point: a UTF-8 database whose
+        collation sorts ``TEXT_ORDER_PROBE`` as Python does. "C" and "POSIX" do (byte
+        order, in UTF-8 that of code points), as glibc's C.UTF-8 does; a language's
+        collation (en_US, ICU) does not, and a search by id prefix then scans."""
+        encoding = conn.execute(self._queries["pg_server_encoding"]).fetchone()
+        if encoding is None or str(encoding[0]).upper() not in ("UTF8", "UTF-8"):
+            return False  # another encoding's bytes are not in code point order
+        probe = list(TEXT_ORDER_PROBE)
+        found = conn.execute(self._queries["pg_text_order"], {"probe": probe}).fetchone()
+        return found is not None and list(found[0]) == sorted(probe)
 
     def _drop(self) -> None:
         conn = self._session.conn

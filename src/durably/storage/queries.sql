@@ -80,6 +80,9 @@ LIMIT :limit OFFSET :offset
 -- workflow of that status, queue or parent.
 -- A page after another starts past the (created_at, workflow_id) of the other's last
 -- row, written as a range of created_at and a tie-break (an index serves the range).
+-- An id prefix matched by few workflows (count_id_range) is also the range of ids that
+-- start with it, [:id_from, :id_below), which the primary key serves; its SUBSTR term
+-- stays, exact whatever the range holds.
 status          status = :status
 status_listed   COALESCE(status, '') = :status
 name            name = :name
@@ -89,10 +92,29 @@ parent_id       parent_id = :parent_id
 parent_id_listed COALESCE(parent_id, '') = :parent_id
 ids             workflow_id IN ({ids})
 id_prefix       SUBSTR(workflow_id, 1, LENGTH(CAST(:id_prefix AS TEXT))) = :id_prefix
+id_from         workflow_id >= :id_from AND workflow_id < :id_below
 created_after   created_at >= :created_after
 created_before  created_at < :created_before
 after_created   created_at {past}= :after_created
                 AND (created_at {past} :after_created OR workflow_id > :after_id)
+
+-- name: count_id_range
+-- How many workflows, up to :cap, have an id in [:id_from, :id_below): read off the
+-- primary key's index and no further, to choose how a search by id prefix reads
+-- (ClaimVerbs.search_workflows).
+SELECT COUNT(*) FROM (
+    SELECT 1 FROM workflows WHERE workflow_id >= :id_from AND workflow_id < :id_below
+    LIMIT :cap
+) AS ranged
+
+-- name: pg_server_encoding
+-- PostgreSQL only: the server's encoding (PostgresStore._ids_in_code_point_order).
+SELECT current_setting('server_encoding')
+
+-- name: pg_text_order
+-- PostgreSQL only: the :probe strings as the database's collation sorts them, to learn
+-- whether text sorts by code point (PostgresStore._ids_in_code_point_order).
+SELECT ARRAY(SELECT x FROM unnest(CAST(:probe AS TEXT[])) AS x ORDER BY x)
 
 -- name: count_unfinished
 -- How many unfinished workflows are in each status: one index range over the live and

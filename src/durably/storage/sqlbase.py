@@ -19,6 +19,7 @@ import functools
 import importlib.resources
 import json
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -73,8 +74,26 @@ def load_queries() -> dict[str, str]:
 #: statements (:func:`id_chunks`).
 IDS_PER_STATEMENT = 256
 
-#: The parameters of a search that are not filters: no term of search_terms reads them.
-_PAGING = frozenset({"limit", "offset", "after_id"})
+#: The parameters of a search that are not filters of their own: paging, or a parameter
+#: that another filter's term reads too (``after_id``, ``id_below``).
+_PAGING = frozenset({"limit", "offset", "after_id", "id_below"})
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The least string after every string that starts with ``prefix``, in code point
+    order: its last character the next code point (surrogates skipped), or None when
+    there is none (every character is U+10FFFF, or there are none).
+
+    ``[prefix, prefix_end(prefix))`` is then the range of the ids starting with it,
+    where text sorts by code point (SQLite's BINARY on UTF-8, a "C" collation).
+    """
+    head = prefix.rstrip(chr(sys.maxunicode))
+    if not head:
+        return None
+    following = ord(head[-1]) + 1
+    if 0xD800 <= following <= 0xDFFF:
+        following = 0xE000
+    return head[:-1] + chr(following)
 
 
 def id_chunks(ids: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -181,6 +200,10 @@ class SqlBase(base.Store):
 
     #: The NOTIFY channel this store's wake-ups go out on (PostgreSQL: one per schema).
     channel: str = CHANNEL
+
+    #: Whether the database compares workflow ids by code point (then the ids that start
+    #: with a prefix are one range of the primary key: ``prefix_end``). Learnt by ``open``.
+    ids_in_code_point_order: bool = False
 
     def __init__(self, url: str) -> None:
         self.url = url

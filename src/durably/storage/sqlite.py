@@ -109,6 +109,10 @@ class SqliteStore(sql.SqlStore):
             # whereas switching to WAL rewrites the file header.
             self.migrate()
             self._use_wal()
+            # BINARY compares the stored bytes: code point order in UTF-8 (durably's
+            # files), not in a UTF-16 file made elsewhere.
+            encoding = self._execute("PRAGMA encoding").fetchone()[0]
+            self.ids_in_code_point_order = str(encoding).upper() == "UTF-8"
         except sqlite3.Error as exc:
             self.close()
             raise self._map_error(exc) from exc
