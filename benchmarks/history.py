@@ -58,6 +58,7 @@ READS: dict[str, Callable[[Any, Any], Any]] = {
         store._queries["prunable"], {"status": None, "before": 1e12, "limit": 200}
     ).fetchall(),
     "counts by status": lambda store, _: store.count_by_status(),
+    "counts up to 10,000": lambda store, _: store.count_by_status(10_000),
 }
 
 

@@ -223,6 +223,14 @@ def test_a_page_of_workflows_and_the_dashboards_look_read_a_page_not_the_history
         for name, q in PAGES.items()
     }
     work["unfinished counts"] = _work(store, postgres, store.count_unfinished)
+    # the dashboard's counts: every status, up to a cap (the exact ones read every workflow)
+    assert store.count_by_status(100) == {
+        "completed": 100,
+        "pending": 40,
+        "running": 20,
+        "sleeping": 20,
+    }
+    work["counts up to 100"] = _work(store, postgres, lambda: store.count_by_status(100))
     _light(work, postgres)
 
 

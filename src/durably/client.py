@@ -111,9 +111,15 @@ class Client:
         """One page of workflows, newest first, matching ``query`` (for paging dashboards)."""
         return self._run(self._ops.search_workflows(query))
 
-    def count_by_status(self) -> dict[str, int]:
-        """How many workflows each status has."""
-        return self._run(self._ops.count_by_status())
+    def count_by_status(self, cap: int | None = None) -> dict[str, int]:
+        """How many workflows each status has (a status with none is absent).
+
+        Exact, it reads an index entry per workflow, which grows with history.
+        With ``cap`` (at least 1) no count goes past it, and a count of ``cap``
+        means at least that many: a read that stays as cheap however many have
+        finished (the dashboard's counts).
+        """
+        return self._run(self._ops.count_by_status(cap))
 
     def count_unfinished(self) -> dict[str, int]:
         """How many workflows each unfinished status has (a read of those workflows only,

@@ -238,8 +238,10 @@ class Operations:
                 query, after=(page[-1].created_at, page[-1].workflow_id), offset=0
             )
 
-    def count_by_status(self) -> Plan[dict[str, int]]:
-        counts: dict[str, int] = yield Call(self.store.count_by_status, ())
+    def count_by_status(self, cap: int | None = None) -> Plan[dict[str, int]]:
+        if cap is not None:
+            cap = validate.count(cap, "count_by_status(cap)", high=validate.BIGINT[1])
+        counts: dict[str, int] = yield Call(self.store.count_by_status, (cap,))
         return counts
 
     def count_unfinished(self) -> Plan[dict[str, int]]:

@@ -20,7 +20,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from durably import client as client_module
-from durably import errors, journal
+from durably import errors, journal, validate
 from durably.agents import decisions
 from durably.server import routing, views
 from durably.server.api_changes import CANCELLED_BY, cancel_as, resolution
@@ -113,10 +113,40 @@ async def list_workflows(request: Request, ctx: Context) -> Any:
     }
 
 
-@route(Spec("GET", "/api/summary", "How many workflows each status has"))
+#: No count the dashboard shows goes past this (it then shows "10000+"): a count reads
+#: at most this many index entries a status, where an exact one reads every workflow's
+#: (14 ms on SQLite, 40 ms on PostgreSQL at 200,000 finished), and an open page's
+#: stream reads the counts again whenever what it shows changed.
+COUNT_CAP = 10_000
+
+
+@route(
+    Spec(
+        "GET",
+        "/api/summary",
+        "How many workflows each status has",
+        query=(
+            Param(
+                "cap",
+                "integer",
+                "Count no further than this (at least 1): 'capped' lists the statuses "
+                "that have at least this many; without it every count is exact, a read "
+                "that grows with history",
+            ),
+        ),
+        errors=(422,),
+    )
+)
 async def summary(request: Request, ctx: Context) -> Any:
-    counts = await call(ctx.client.count_by_status)
-    return {"counts": {s: counts.get(s, 0) for s in STATUSES}, "total": sum(counts.values())}
+    cap = query_number(request, "cap", int)
+    if cap is not None and not 1 <= cap <= validate.BIGINT[1]:
+        raise BadInput("the query parameter 'cap' must be at least 1")
+    counts = await call(ctx.client.count_by_status, cap)
+    return {
+        "counts": {s: counts.get(s, 0) for s in STATUSES},
+        "total": sum(counts.values()),
+        "capped": [s for s in STATUSES if cap is not None and counts.get(s, 0) >= cap],
+    }
 
 
 @route(Spec("GET", WORKFLOW_PATH, "One workflow's row", errors=(404,)))
@@ -292,9 +322,10 @@ async def _event_stream(
 
 
 def finished_counts(client: client_module.Client) -> dict[str, int]:
-    """How many workflows each finished status has (a read that grows with history)."""
+    """How many workflows each finished status has, as the list page shows them (up to
+    ``COUNT_CAP``: a read that does not grow with history past it)."""
     finished = frozenset(journal.FINISHED_STATUSES)
-    return {s: n for s, n in client.count_by_status().items() if s in finished}
+    return {s: n for s, n in client.count_by_status(COUNT_CAP).items() if s in finished}
 
 
 def looked_at(client: client_module.Client, workflow_id: str | None) -> list[Any]:

@@ -179,7 +179,7 @@ async def list_page(request: Request) -> Response:
         rows = await run_in_threadpool(_client(request).search_workflows, query)
     except ValueError as exc:
         rows, message = [], str(exc)
-    counts = await run_in_threadpool(_client(request).count_by_status)
+    counts = await run_in_threadpool(_client(request).count_by_status, api.COUNT_CAP)
     page = rows[:PAGE_SIZE]
     next_cursor = views.encode_cursor(page[-1]) if len(rows) > PAGE_SIZE else None
     next_url = None
@@ -192,9 +192,9 @@ async def list_page(request: Request) -> Response:
         "list.html",
         identity,
         workflows=page,
-        counts=counts,
+        counts={s: _count(n) for s, n in counts.items()},
         statuses=api.STATUSES,
-        total=sum(counts.values()),
+        total=_count(sum(counts.values()), any(n >= api.COUNT_CAP for n in counts.values())),
         filters=filters,
         next_url=next_url,
         message=message,
@@ -409,3 +409,9 @@ def _seconds(s: float | None) -> str:
     if s < 7200:
         return f"{s / 60:.0f} min"
     return f"{s / 3600:.1f} h"
+
+
+def _count(n: int, capped: bool = False) -> str:
+    """A count as the list page shows it: ``10000+`` for one that reached the cap, or a
+    total with such a count in it (``api.COUNT_CAP``)."""
+    return f"{n}+" if capped or n >= api.COUNT_CAP else str(n)

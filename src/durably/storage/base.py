@@ -299,8 +299,12 @@ class Store(abc.ABC):
         """One page of workflows matching ``query``, in its order (one read)."""
 
     @abc.abstractmethod
-    def count_by_status(self) -> dict[str, int]:
-        """How many workflows each status has (one read)."""
+    def count_by_status(self, cap: int | None = None) -> dict[str, int]:
+        """How many workflows each status has (one read; a status with none is absent).
+
+        With ``cap``, no count goes past it (``cap`` then means at least that many):
+        a read of at most ``cap`` index entries a status, however long the history.
+        """
 
     @abc.abstractmethod
     def count_unfinished(self) -> dict[str, int]:

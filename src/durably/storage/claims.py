@@ -253,8 +253,15 @@ class ClaimVerbs(bulk.BulkVerbs):
         return self._execute(self._composed(("search", newest, given, ids), compose), params)
 
     @base.one_read
-    def count_by_status(self) -> dict[str, int]:
-        return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
+    def count_by_status(self, cap: int | None = None) -> dict[str, int]:
+        if cap is None:
+            return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
+        counts = {}
+        for status in journal.Status:
+            (n,) = self._q("count_status_capped", status=status.value, cap=cap).fetchone()
+            if n:
+                counts[status.value] = int(n)
+        return counts
 
     @base.one_read
     def count_unfinished(self) -> dict[str, int]:
