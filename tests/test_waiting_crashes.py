@@ -209,7 +209,8 @@ def test_cancel_from_the_cli_while_a_worker_process_runs_it(kit: Kit, kind: str)
 
     out = child.output(timeout=15)
     assert (out["ok"], out["error_type"]) == (False, "Cancelled"), out
-    assert child.ended is not None and child.ended - asked < 5.0  # not after the 30 s sleep
+    # not after the 30 s sleep (the slow step, 4 s, ends first and keeps its receipt)
+    assert child.ended is not None and child.ended - asked < 10.0
     assert kit.status("c") == "cancelled"
     labels = kit.labels("c")
     assert labels[f"cleanup {kind}"] == 1  # the finally block's step ran once

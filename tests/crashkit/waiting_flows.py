@@ -143,7 +143,9 @@ async def wc_cancellable(kind: str, marker: str) -> str:
         elif kind == "wait":
             await durably.wait_for_signal("never")
         else:
-            await wc_slow(marker, 1.0)
+            # long enough for the test's `durably cancel` process to start on a loaded
+            # machine (at 1 s the step ended first under the full suite on 2 CPUs)
+            await wc_slow(marker, 4.0)
             await wc_mark("after the slow step")
         return "finished"
     finally:
