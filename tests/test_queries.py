@@ -90,6 +90,13 @@ def test_status_lists_in_sql_are_the_sets_journal_defines() -> None:
     assert set(STATUS_IS.findall(QUERIES)) <= known
 
 
+def test_the_capped_counts_list_every_status() -> None:
+    sql = sqlbase.load_queries()["count_by_status_capped"]
+    listed = STATUS_IS.findall(sql)
+    assert sorted(listed) == sorted(s.value for s in journal.Status)
+    assert sql.count("LIMIT :cap") == len(listed)
+
+
 class Verbs:
     """Each verb in a batch of its own, as the store thread runs it."""
 

@@ -25,6 +25,7 @@ _LISTED = frozenset({"status", "queue", "parent_id"})
 #: more (``ClaimVerbs._id_range``).
 ID_RANGE_CAP = 500
 ID_RANGE_PER_ROW = 10
+_BIGINT_MAX = 2**63 - 1  # the largest LIMIT either database takes
 
 
 def _same_start(row: journal.WorkflowInfo, owner: str, now: float) -> bool:
@@ -223,7 +224,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         below = sqlbase.prefix_end(prefix)
         if not self.ids_in_code_point_order or below is None:
             return {}
-        cap = max(ID_RANGE_CAP, ID_RANGE_PER_ROW * wanted)
+        cap = min(max(ID_RANGE_CAP, ID_RANGE_PER_ROW * wanted), _BIGINT_MAX)  # a huge offset
         found = self._q("count_id_range", id_from=prefix, id_below=below, cap=cap).fetchone()
         if found is None or int(found[0]) >= cap:
             return {}
@@ -256,12 +257,8 @@ class ClaimVerbs(bulk.BulkVerbs):
     def count_by_status(self, cap: int | None = None) -> dict[str, int]:
         if cap is None:
             return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
-        counts = {}
-        for status in journal.Status:
-            (n,) = self._q("count_status_capped", status=status.value, cap=cap).fetchone()
-            if n:
-                counts[status.value] = int(n)
-        return counts
+        found = self._q("count_by_status_capped", cap=cap).fetchall()
+        return {str(status): int(n) for status, n in found if n}
 
     @base.one_read
     def count_unfinished(self) -> dict[str, int]:
