@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from durably import cancellation, codec, errors, journal
+from durably import cancellation, codec, errors, journal, validate
 from durably.storage import base, bulk, rows, sqlbase
 
 #: The filters written, beside a list of ids, on an expression no index serves
@@ -25,7 +25,6 @@ _LISTED = frozenset({"status", "queue", "parent_id"})
 #: more (``ClaimVerbs._id_range``).
 ID_RANGE_CAP = 500
 ID_RANGE_PER_ROW = 10
-_BIGINT_MAX = 2**63 - 1  # the largest LIMIT either database takes
 
 
 def _count_capped() -> str:
@@ -230,7 +229,8 @@ class ClaimVerbs(bulk.BulkVerbs):
         below = sqlbase.prefix_end(prefix)
         if not self.ids_in_code_point_order or below is None:
             return {}
-        cap = min(max(ID_RANGE_CAP, ID_RANGE_PER_ROW * wanted), _BIGINT_MAX)  # a huge offset
+        # the largest LIMIT either database takes, for a page far past the end
+        cap = min(max(ID_RANGE_CAP, ID_RANGE_PER_ROW * wanted), validate.BIGINT[1])
         found = self._q("count_id_range", id_from=prefix, id_below=below, cap=cap).fetchone()
         if found is None or int(found[0]) >= cap:
             return {}
