@@ -77,8 +77,7 @@ async def test_without_inline_commits_no_connection_of_its_own_is_opened(
 
 async def test_the_loops_thread_never_connects_a_lost_connection_again(postgres_url: str) -> None:
     async with durably.Engine(postgres_url) as engine:
-        await run_steps(engine, 3)
-        lost = inline_pid(engine)
+        lost = int((await inline_conn(engine)).info.backend_pid)  # opened, however loaded
         with psycopg.connect(postgres_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (lost,))
         seen = commit_threads(engine)
