@@ -47,6 +47,7 @@ FROZEN = [
     "ExecutorInfo",
     "FencedError",
     "Found",
+    "HistoryMark",
     "InvalidName",
     "MaxTurnsExceeded",
     "NonDeterminismError",

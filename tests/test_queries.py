@@ -25,6 +25,7 @@ NAMED_SETS = {
     "TIMED_STATUSES": frozenset(s.value for s in journal.TIMED_STATUSES),
     "UNFINISHED_STATUSES": frozenset(s.value for s in journal.UNFINISHED_STATUSES),
     "FINAL_ENTRY_STATUSES": frozenset(s.value for s in journal.FINAL_ENTRY_STATUSES),
+    "OPEN_ENTRY_STATUSES": frozenset(s.value for s in journal.OPEN_ENTRY_STATUSES),
 }
 # also COALESCE(status, '') IN (...), a status check no index serves
 STATUS_IN = re.compile(r"status(?:, ''\))?\s+(?:NOT\s+)?IN\s*\(([^)]*)\)", re.IGNORECASE)

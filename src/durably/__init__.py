@@ -43,7 +43,15 @@ from durably.errors import (
     WorkflowNotFound,
     WorkflowNotRegistered,
 )
-from durably.journal import Claim, Entry, ExecutorInfo, Review, Status, WorkflowInfo
+from durably.journal import (
+    Claim,
+    Entry,
+    ExecutorInfo,
+    HistoryMark,
+    Review,
+    Status,
+    WorkflowInfo,
+)
 from durably.messages import get_event, send_signal
 from durably.queues import Queue
 from durably.races import wait, wait_first
@@ -123,6 +131,7 @@ __all__ = [
     "ExecutorInfo",
     "FencedError",
     "Found",
+    "HistoryMark",
     "InvalidName",
     "MaxTurnsExceeded",
     "NonDeterminismError",

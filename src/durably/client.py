@@ -130,6 +130,12 @@ class Client:
         """The workflow's journal in seq order."""
         return self._run(self._ops.history(workflow_id))
 
+    def history_mark(self, workflow_id: str) -> journal.HistoryMark:
+        """What tells this state of the workflow's journal and signals from another, read
+        through indexes: its cost does not grow with the journal's payloads, for a page
+        that looks again and again. Unlike ``history``, an unknown id is not an error."""
+        return self._run(self._ops.history_mark(workflow_id))
+
     def claims(self, workflow_id: str) -> list[journal.Claim]:
         """Every change of owner of the workflow."""
         return self._run(self._ops.claims(workflow_id))

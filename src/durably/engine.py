@@ -463,6 +463,11 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         """The workflow's journal, in seq order."""
         return await self._run(self._ops.history(workflow_id))
 
+    async def history_mark(self, workflow_id: str) -> journal.HistoryMark:
+        """What tells this state of the workflow's journal and signals from another, read
+        through indexes (``Client.history_mark``)."""
+        return await self._run(self._ops.history_mark(workflow_id))
+
     async def claims(self, workflow_id: str) -> list[journal.Claim]:
         """Every change of owner of the workflow: starts, recoveries, resumes."""
         return await self._run(self._ops.claims(workflow_id))

@@ -77,6 +77,9 @@ class EntryStatus(enum.StrEnum):
 #: The entry statuses a call never leaves: the upsert refuses to change such an entry,
 #: and replay returns (or raises) it as it is.
 FINAL_ENTRY_STATUSES = frozenset({EntryStatus.COMPLETED, EntryStatus.FAILED, EntryStatus.TIMED_OUT})
+#: The others: a call still open (an intent without its receipt, a retry to come). Only
+#: these entries ever change, so they, the count and the last seq tell a journal's state.
+OPEN_ENTRY_STATUSES = frozenset(EntryStatus) - FINAL_ENTRY_STATUSES
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -148,6 +151,20 @@ class WorkflowInfo:
     def finished(self) -> bool:
         """True once the workflow reached a final status."""
         return Status(self.status).finished
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HistoryMark:
+    """What tells one state of a workflow's journal and signals from another, read without
+    reading every entry: a final entry never changes, so a journal changed only if its
+    count, its last seq or an open entry's (seq, status, attempt) did. For pages that
+    look again and again (the dashboard's stream), at the cost of two index ranges."""
+
+    entries: int
+    last_seq: int | None
+    #: (seq, status, attempt) of each entry in OPEN_ENTRY_STATUSES, in seq order.
+    open: tuple[tuple[int, str, int], ...]
+    signals: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -253,6 +253,11 @@ class Operations:
         entries: list[journal.Entry] = yield Call(self.store.load_history, (workflow_id,))
         return entries
 
+    def history_mark(self, workflow_id: str) -> Plan[journal.HistoryMark]:
+        _workflow_id(workflow_id)
+        mark: journal.HistoryMark = yield Call(self.store.history_mark, (workflow_id,))
+        return mark
+
     def claims(self, workflow_id: str) -> Plan[list[journal.Claim]]:
         _workflow_id(workflow_id)
         claims: list[journal.Claim] = yield Call(self.store.load_claims, (workflow_id,))

@@ -329,17 +329,14 @@ def finished_counts(client: client_module.Client) -> dict[str, int]:
 
 def looked_at(client: client_module.Client, workflow_id: str | None) -> list[Any]:
     """What a page shows, read in reads that do not grow with history: the unfinished
-    workflows' counts, the newest workflow or the page's own, open reviews, approvals."""
+    workflows' counts, the newest workflow or the page's own (its row and its journal's
+    mark, not its entries), open reviews, approvals."""
     parts: list[Any] = [sorted(client.count_unfinished().items())]
     if workflow_id is not None:
         info = client.get_workflow(workflow_id)
-        entries = client.history(workflow_id)
-        parts += [
-            info.status,
-            info.updated_at,
-            [(e.seq, e.status, e.attempt) for e in entries],
-            len(client.signals(workflow_id)),
-        ]
+        # not the journal itself: a long agent's entries are megabytes, read every half second
+        mark = client.history_mark(workflow_id)
+        parts += [info.status, info.updated_at, dataclasses.astuple(mark)]
     else:
         latest = client.search_workflows(WorkflowQuery(limit=1))
         parts.append([(w.workflow_id, w.status, w.updated_at) for w in latest])

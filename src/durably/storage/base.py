@@ -390,6 +390,12 @@ class Store(abc.ABC):
         """The whole journal of the workflow in seq order, in one query."""
 
     @abc.abstractmethod
+    def history_mark(self, workflow_id: str) -> journal.HistoryMark:
+        """What tells this state of the workflow's journal and signals from another, read
+        through indexes, never every entry (``HistoryMark``); an unknown workflow has an
+        empty one."""
+
+    @abc.abstractmethod
     def append_entries(
         self, workflow_id: str, epoch: int, entries: Sequence[journal.Entry], now: float
     ) -> bool:

@@ -63,6 +63,17 @@ class EntryVerbs(claims.ClaimVerbs):
     def load_history(self, workflow_id: str) -> list[journal.Entry]:
         return [rows.entry(r) for r in rows.every(self._q("load_history", workflow_id=workflow_id))]
 
+    @base.one_read
+    def history_mark(self, workflow_id: str) -> journal.HistoryMark:
+        found = self._q("history_mark", workflow_id=workflow_id).fetchall()
+        (_, entries, last_seq, _), (_, signals, _, _) = found[:2]
+        opened = tuple(
+            (int(seq), str(status), int(attempt)) for _, seq, attempt, status in found[2:]
+        )
+        return journal.HistoryMark(
+            int(entries), None if last_seq is None else int(last_seq), opened, int(signals)
+        )
+
     def _fence(self, workflow_id: str, epoch: int, now: float) -> Fence:
         """Check the epoch still owns the workflow (locking its row); return what it found.
 

@@ -424,6 +424,19 @@ SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_
        args_digest
 FROM journal WHERE workflow_id = :workflow_id AND seq = :seq
 
+-- name: history_mark
+-- What tells one state of a workflow's journal and signals from another (HistoryMark),
+-- through indexes only: a row of the journal's count and last seq (part 0), one of the
+-- signals' count (part 1), then the open entries (part 2, the partial index journal_open).
+SELECT 0 AS part, COUNT(*) AS seq, MAX(seq) AS attempt, NULL AS status
+FROM journal WHERE workflow_id = :workflow_id
+UNION ALL
+SELECT 1, COUNT(*), NULL, NULL FROM signals WHERE workflow_id = :workflow_id
+UNION ALL
+SELECT 2, seq, attempt, status FROM journal
+WHERE workflow_id = :workflow_id AND status IN ('started', 'retrying')
+ORDER BY 1, 2
+
 -- name: load_history
 -- A workflow's journal, in seq order.
 SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
