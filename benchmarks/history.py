@@ -9,7 +9,10 @@ a few live ones), and times each read an operator or a dashboard makes, best of
 7: pages of workflows (``search_workflows``), the counts by status, a batch of
 retention's pruning with nothing old enough and the candidates of one in a
 backlog (``prunable``), and the dashboard's look at every half second
-(``durably.server.api.looked_at``). The baseline, measured in the same run, is
+(``durably.server.api.looked_at``), of the list page and of a running agent's page
+whose journal holds N/100, then N/10 entries of 1.5 KB model answers (beside it, that
+journal read whole, as the agent page's look read it before ``history_mark``). The
+baseline, measured in the same run, is
 a primary-key read of one workflow: a read that does not grow with history
 costs the same multiple of it at both sizes, and its last column (the growth
 from N/10 to N) stays near 1.
@@ -73,18 +76,56 @@ def _prune(store: Any, before: float) -> list[str]:
     return pruned
 
 
-def _look() -> Callable[[Any, Any], Any] | None:
-    """The dashboard's look (its server extra installed), else None."""
+def _looks() -> dict[str, Callable[[Any, Any], Any]]:
+    """The dashboard's looks (its server extra installed), else none."""
     if importlib.util.find_spec("starlette") is None:
-        return None
+        return {}
     from durably.server import api
 
-    def look(_: Any, client: durably.Client) -> Any:
+    return {
         # as an open page's stream looks while nothing changes (the finished workflows'
         # counts are read again on a change, or every 10 s)
-        return api.looked_at(client, None)
+        "the dashboard's look": lambda _, client: api.looked_at(client, None),
+        # the page of the long agent (its journal a tenth as long as the history)
+        "agent page's look": lambda _, client: api.looked_at(client, "agent"),
+    }
 
-    return look
+
+#: Characters of each of the long agent's results (a model's answer).
+ANSWER = 1_500
+
+
+def _fill_journal(store: Any, first: int, last: int) -> None:
+    """Entries FIRST..LAST of the running workflow ``agent``: model answers of ``ANSWER``
+    characters that no database compresses away."""
+    postgres_url = store.url.startswith("postgres")
+    if first == 1:
+        store._execute(
+            "INSERT INTO workflows (workflow_id, name, status, input, created_at, updated_at) "
+            "VALUES ('agent', 'agent', 'running', '[]', 0, 0)",
+            {},
+        )
+    answer = (
+        "(SELECT string_agg(md5(CAST(random() AS TEXT) || CAST(g AS TEXT)), '') "
+        f"FROM generate_series(1, {ANSWER // 32}) g)"
+        if postgres_url
+        else f"hex(randomblob({ANSWER // 2}))"
+    )
+    rows = (
+        "INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, "
+        f"started_at, finished_at) SELECT 'agent', i, 'step', 'model', 'completed', 1, "
+        f"{answer}, i, i FROM "
+    )
+    if postgres_url:
+        sql = rows + f"generate_series({first}, {last}) AS n(i)"
+    else:
+        sql = (
+            f"WITH RECURSIVE n(i) AS (SELECT {first} UNION ALL SELECT i + 1 FROM n "
+            f"WHERE i < {last}) " + rows + "n"
+        )
+    store._begin(True)
+    store._execute(sql, {})
+    store._commit()
 
 
 def _fill(store: Any, first: int, last: int, status: str = "completed") -> None:
@@ -128,14 +169,18 @@ def measure(url: str, finished: int) -> dict[str, tuple[float, float]]:
         done = 0
         for size in (finished // 10, finished):
             _fill(store, done + 1, size)
+            _fill_journal(store, done // 10 + 1, size // 10)
             done = size
             reads: dict[str, Callable[[Any, Any], Any]] = {
                 "primary-key read": lambda s, _: s.get_workflow("done-7"),
                 **READS,
+                **_looks(),
+                # what the agent page's look read before the history mark (issue 12)
+                "agent's whole journal": lambda _, client: (
+                    client.history("agent"),
+                    client.signals("agent"),
+                ),
             }
-            look = _look()
-            if look is not None:
-                reads["the dashboard's look"] = look
             for name, read in reads.items():
                 ms = _best_ms(lambda read=read: read(store, client))  # type: ignore[misc]
                 found.setdefault(name, []).append(ms)
