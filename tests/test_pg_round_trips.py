@@ -969,6 +969,8 @@ def test_a_one_statement_read_alone_is_one_round_trip(pg_store: Any) -> None:
     reads: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
         (pg_store.get_workflow, ("wf-1",)),
         (pg_store.load_history, ("wf-1",)),
+        (pg_store.history_mark, ("wf-1",)),
+        (pg_store.live_events, ("approvals:pending", 10)),
         (pg_store.next_wake, ()),
         (pg_store.list_executors, ()),
         (pg_store.list_workflows, (None, None, 10)),

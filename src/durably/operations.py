@@ -294,6 +294,16 @@ class Operations:
             yield Pause(min(delay, left))
         raise AssertionError("unreachable: delays() never ends")
 
+    def live_events(self, key: str, limit: int) -> Plan[list[tuple[str, Any]]]:
+        """``(workflow_id, value)`` of event ``key`` in the waiting and running workflows
+        that published it (``Store.live_events``), each value decoded."""
+        validate.name(key, "event key")
+        limit = validate.count(limit, "limit")
+        found: list[tuple[str, str]] = yield Call(self.store.live_events, (key, limit))
+        return [
+            (wid, codec.decode(value, where=f"event {key!r} of {wid!r}")) for wid, value in found
+        ]
+
     # --- changing -----------------------------------------------------------------------
 
     def start(

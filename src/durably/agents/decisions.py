@@ -35,6 +35,11 @@ def _pending_of(
         index = yield from ops.get_event(workflow_id, INDEX_EVENT, None)
     except TimeoutError:  # nothing published yet: nothing pending
         index = None
+    return _pending_in(index)
+
+
+def _pending_in(index: Any) -> list[PendingApproval]:
+    """The pending approvals of a workflow's ``approvals:pending`` event value."""
     records = index if isinstance(index, list) else []
     return [
         PendingApproval.from_record(r)
@@ -46,15 +51,14 @@ def _pending_of(
 def list_plan(
     ops: operations.Operations, workflow_id: str | None, limit: int
 ) -> operations.Plan[list[PendingApproval]]:
-    """The pending approvals of one workflow, or of every waiting or running workflow."""
-    ids = [workflow_id] if workflow_id else []
-    if not workflow_id:
-        for status in ("waiting", "running"):
-            infos = yield from ops.list_workflows(status, None, limit)
-            ids += [info.workflow_id for info in infos]
+    """The pending approvals of one workflow, or of every waiting or running workflow
+    (up to ``limit`` of each status that published approvals, newest first, in one read)."""
+    if workflow_id:
+        pending: list[PendingApproval] = yield from _pending_of(ops, workflow_id)
+        return pending
     found: list[PendingApproval] = []
-    for wid in ids:
-        found += yield from _pending_of(ops, wid)
+    for _, index in (yield from ops.live_events(INDEX_EVENT, limit)):
+        found += _pending_in(index)
     return found
 
 
@@ -121,7 +125,8 @@ def list_approvals(
 ) -> Any:
     """Pending approvals of one workflow, or of every waiting or running workflow.
 
-    Scans up to ``limit`` workflows of each status and reads one event each.
+    Reads up to ``limit`` workflows of each status that published approvals, newest
+    first, in one statement however many workflows are live.
     """
     return target.list_approvals(workflow_id, limit=limit)
 

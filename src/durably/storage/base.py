@@ -529,6 +529,11 @@ class Store(abc.ABC):
     def get_event(self, workflow_id: str, key: str) -> str | None:
         """The value the workflow last published under ``key``, or None."""
 
+    @abc.abstractmethod
+    def live_events(self, key: str, limit: int) -> list[tuple[str, str]]:
+        """``(workflow_id, value)`` of event ``key`` in the waiting, then the running
+        workflows that published it, newest first, up to ``limit`` of each: one read."""
+
     # --- messaging from workflow code (fenced like the journal) -------------------------
 
     @abc.abstractmethod

@@ -194,6 +194,11 @@ class SignalVerbs(entries.EntryVerbs):
         row = self._q("get_event", workflow_id=workflow_id, key=key).fetchone()
         return None if row is None else str(row[0])
 
+    @base.one_read
+    def live_events(self, key: str, limit: int) -> list[tuple[str, str]]:
+        found = self._q("live_events", key=key, limit=limit).fetchall()
+        return [(str(workflow_id), str(value)) for workflow_id, value in found]
+
     def add_warning(self, workflow_id: str, text: str) -> None:
         row = self._q("warnings_of", workflow_id=workflow_id).fetchone()
         if row is None:
