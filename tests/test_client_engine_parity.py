@@ -112,6 +112,11 @@ async def test_unknown_ids_raise_the_same_error(both: Any) -> None:
     calls: list[tuple[Callable[[], Any], Callable[[], Awaitable[Any]]]] = [
         (lambda: client.get_workflow("nope"), lambda: engine.get_workflow("nope")),
         (lambda: client.history("nope"), lambda: engine.history("nope")),
+        (
+            lambda: client.history_page("nope", limit=5),
+            lambda: engine.history_page("nope", limit=5),
+        ),
+        (lambda: client.history_steps("nope"), lambda: engine.history_steps("nope")),
         (lambda: client.send_signal("nope", "go", 1), lambda: engine.send_signal("nope", "go", 1)),
         (lambda: client.get_event("nope", "k"), lambda: engine.get_event("nope", "k")),
         (
@@ -158,6 +163,31 @@ async def test_list_filters_and_reads_match(both: Any) -> None:
     )
     assert kind == "ValueError"
     await same(lambda: client.history("l-done"), lambda: engine.history("l-done"))
+    pages: list[dict[str, Any]] = [
+        {"limit": 1},
+        {"limit": 5},
+        {"after_seq": 0, "limit": 1},
+        {"after_seq": 1, "limit": 5},
+        {"before_seq": 2, "limit": 5},
+        {"after_seq": 99, "limit": 5},
+    ]
+    for kwargs in pages:
+        kind, _ = await same(
+            lambda: client.history_page("l-done", **kwargs),  # noqa: B023
+            lambda: engine.history_page("l-done", **kwargs),  # noqa: B023
+        )
+        assert kind == "returned"
+    for kwargs in ({"limit": 0}, {"limit": 1, "after_seq": 0, "before_seq": 2}):
+        kind, _ = await same(
+            lambda: client.history_page("l-done", **kwargs),  # noqa: B023
+            lambda: engine.history_page("l-done", **kwargs),  # noqa: B023
+        )
+        assert kind == "ValueError"
+    kind, steps = await same(
+        lambda: client.history_steps("l-done", "parity_"),
+        lambda: engine.history_steps("l-done", "parity_"),
+    )
+    assert kind == "returned" and [e.name for e in steps] == ["parity_add", "parity_add"]
     await same(lambda: client.claims("l-done"), lambda: engine.claims("l-done"))
     await same(lambda: client.reviews(), lambda: engine.reviews())
     await same(lambda: client.list_approvals(), lambda: engine.list_approvals())

@@ -969,6 +969,9 @@ def test_a_one_statement_read_alone_is_one_round_trip(pg_store: Any) -> None:
     reads: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
         (pg_store.get_workflow, ("wf-1",)),
         (pg_store.load_history, ("wf-1",)),
+        (pg_store.history_page, ("wf-1", None, None, 10)),
+        (pg_store.history_page, ("wf-1", 0, None, 10)),
+        (pg_store.history_steps, ("wf-1", "ge")),
         (pg_store.history_mark, ("wf-1",)),
         (pg_store.live_events, ("approvals:pending", 10)),
         (pg_store.next_wake, ()),

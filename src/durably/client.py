@@ -130,6 +130,33 @@ class Client:
         """The workflow's journal in seq order."""
         return self._run(self._ops.history(workflow_id))
 
+    def history_page(
+        self,
+        workflow_id: str,
+        *,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+        limit: int,
+    ) -> list[journal.Entry]:
+        """One page of the workflow's journal, in seq order: the first ``limit`` entries
+        after ``after_seq``, else the last ``limit`` before ``before_seq``, or the newest
+        ``limit`` without either (seqs start at 1: ``after_seq=0`` is the first page).
+
+        Read through the journal's primary key, so a page costs its own rows however
+        long the journal (``history`` reads every entry). Paging on from a page's last
+        seq (``after_seq``) or its first (``before_seq``) reads every entry exactly once.
+        WorkflowNotFound for an unknown id; ValueError for a ``limit`` below 1, a seq
+        that is not an int, or both seqs given.
+        """
+        return self._run(self._ops.history_page(workflow_id, after_seq, before_seq, limit))
+
+    def history_steps(self, workflow_id: str, name_prefix: str = "") -> list[journal.Entry]:
+        """The workflow's step entries whose name starts with ``name_prefix``, in seq order,
+        chosen by the database: a journal's model calls
+        (``durably.agents.usage.MODEL_STEP_PREFIX``) without reading its every payload.
+        WorkflowNotFound for an unknown id, as ``history``."""
+        return self._run(self._ops.history_steps(workflow_id, name_prefix))
+
     def history_mark(self, workflow_id: str) -> journal.HistoryMark:
         """What tells this state of the workflow's journal and signals from another, read
         through indexes: its cost does not grow with the journal's payloads, for a page

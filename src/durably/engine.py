@@ -463,6 +463,23 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         """The workflow's journal, in seq order."""
         return await self._run(self._ops.history(workflow_id))
 
+    async def history_page(
+        self,
+        workflow_id: str,
+        *,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+        limit: int,
+    ) -> list[journal.Entry]:
+        """One page of the workflow's journal, in seq order, read through its primary key
+        (``Client.history_page``)."""
+        return await self._run(self._ops.history_page(workflow_id, after_seq, before_seq, limit))
+
+    async def history_steps(self, workflow_id: str, name_prefix: str = "") -> list[journal.Entry]:
+        """The workflow's step entries whose name starts with ``name_prefix``, in seq order,
+        chosen by the database (``Client.history_steps``)."""
+        return await self._run(self._ops.history_steps(workflow_id, name_prefix))
+
     async def history_mark(self, workflow_id: str) -> journal.HistoryMark:
         """What tells this state of the workflow's journal and signals from another, read
         through indexes (``Client.history_mark``)."""

@@ -253,6 +253,35 @@ class Operations:
         entries: list[journal.Entry] = yield Call(self.store.load_history, (workflow_id,))
         return entries
 
+    def history_page(
+        self, workflow_id: str, after_seq: int | None, before_seq: int | None, limit: int
+    ) -> Plan[list[journal.Entry]]:
+        """One page of the journal in seq order (``Store.history_page``), its arguments
+        checked first; WorkflowNotFound for an unknown id, as ``history``."""
+        _workflow_id(workflow_id)
+        size = validate.count(limit, "limit", high=validate.BIGINT[1])
+        if after_seq is not None and before_seq is not None:
+            raise ValueError(
+                f"after_seq={after_seq!r} and before_seq={before_seq!r}: give one of them "
+                "(a page after a seq, or before one), or neither (the newest page)"
+            )
+        for seq, what in ((after_seq, "after_seq"), (before_seq, "before_seq")):
+            if seq is not None:
+                validate.count(seq, what, low=validate.BIGINT[0], high=validate.BIGINT[1])
+        yield from self.get_workflow(workflow_id)
+        page: list[journal.Entry] = yield Call(
+            self.store.history_page, (workflow_id, after_seq, before_seq, size)
+        )
+        return page
+
+    def history_steps(self, workflow_id: str, name_prefix: str) -> Plan[list[journal.Entry]]:
+        validate.name(name_prefix, "name_prefix")
+        yield from self.get_workflow(workflow_id)
+        steps: list[journal.Entry] = yield Call(
+            self.store.history_steps, (workflow_id, name_prefix)
+        )
+        return steps
+
     def history_mark(self, workflow_id: str) -> Plan[journal.HistoryMark]:
         _workflow_id(workflow_id)
         mark: journal.HistoryMark = yield Call(self.store.history_mark, (workflow_id,))

@@ -31,19 +31,44 @@ class Gap:
 Row = journal.Entry | Gap
 
 
-def receipts(entries: Sequence[journal.Entry], claims: Sequence[journal.Claim]) -> list[Row]:
-    """The journal in seq order with a Gap before the first entry written after each recovery."""
+def receipts(
+    entries: Sequence[journal.Entry],
+    claims: Sequence[journal.Claim],
+    *,
+    prior: journal.Entry | None = None,
+    to_end: bool = True,
+) -> list[Row]:
+    """The journal in seq order with a Gap before the first entry written after each recovery.
+
+    ``entries`` may be one page of the journal: ``prior`` is then the entry just before
+    it (None when the page starts the journal) and ``to_end`` whether the page reaches
+    the journal's end. The page holds the gaps the whole journal's receipts put among
+    its entries: a recovery claimed before ``prior`` was written has its gap on an
+    earlier page, and one after the page's last entry on a later page (at the end only
+    when ``to_end``). Exact when entries are written in seq order; concurrent steps
+    finishing out of order around a recovery could move its gap across a page's edge.
+    """
     recoveries = sorted((c for c in claims if c.reason == "recovery"), key=lambda c: c.claimed_at)
     claim_times = sorted(c.claimed_at for c in claims)
+    seen = list(entries)
+    if prior is not None:  # placed by the pages before, whose last entry was written then
+        recoveries = [c for c in recoveries if c.claimed_at > _written(prior)]
+        seen.insert(0, prior)  # the last sign of life before a gap at the page's top
     rows: list[Row] = []
     pending = list(recoveries)
     for entry in entries:
-        written = entry.finished_at or entry.started_at or 0.0
+        written = _written(entry)
         while pending and written >= pending[0].claimed_at:
-            rows.append(_gap(pending.pop(0), entries, claim_times))
+            rows.append(_gap(pending.pop(0), seen, claim_times))
         rows.append(entry)
-    rows.extend(_gap(claim, entries, claim_times) for claim in pending)
+    if to_end:
+        rows.extend(_gap(claim, seen, claim_times) for claim in pending)
     return rows
+
+
+def _written(entry: journal.Entry) -> float:
+    """When the entry was last written (how receipts order it against the claims)."""
+    return entry.finished_at or entry.started_at or 0.0
 
 
 def _gap(
@@ -71,5 +96,10 @@ def preview(payload: str | None, width: int = 60) -> str:
     """A one-line preview of a JSON payload."""
     if payload is None:
         return ""
-    text = " ".join(payload.split())
+    # A head's whitespace collapsed is the start of the whole payload's: a long one (a
+    # model's answer) is split whole only when its head collapses to less than the line.
+    head = width * 4
+    text = " ".join(payload[:head].split())
+    if len(text) <= width and len(payload) > head:
+        text = " ".join(payload.split())
     return text if len(text) <= width else text[: width - 1] + "…"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -176,13 +175,11 @@ def show(database: str, workflow_id: str, as_json: bool) -> None:
     if as_json:
         from durably.server import views  # late: `durably --help` does not load the server
 
+        # the keys it shares with GET /api/workflows/{id}/history, built by the same function
         document = {
             "workflow": views.workflow(info),
             "notes": notes,
-            "timeline": views.timeline(entries, claims),
-            "usage": views.usage_line(entries, claims),
-            "entries": [views.entry(e) for e in entries],
-            "claims": [dataclasses.asdict(c) for c in claims],
+            **views.journal_document(entries, claims),
         }
         click.echo(json.dumps(document, sort_keys=True, default=str))
         return

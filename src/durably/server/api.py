@@ -22,7 +22,7 @@ from starlette.routing import Route
 from durably import client as client_module
 from durably import errors, journal
 from durably.agents import decisions
-from durably.server import routing, views
+from durably.server import journal_pages, routing, views
 from durably.server.api_changes import CANCELLED_BY, cancel_as, resolution
 from durably.server.routing import (
     MAX_LIMIT,
@@ -157,23 +157,74 @@ async def get_workflow(request: Request, ctx: Context) -> Any:
     Spec(
         "GET",
         WORKFLOW_PATH + "/history",
-        "The journal, its timeline, claims and signals",
-        errors=(404,),
+        "The journal, its timeline, claims and signals: the whole journal, or with any of "
+        "limit, after_seq and before_seq one page of it (the newest unless a seq says "
+        "which) and a 'page' object saying how to fetch the next",
+        query=(
+            Param(
+                "limit",
+                "integer",
+                f"Entries per page, 1 to {MAX_LIMIT} (default {journal_pages.TIMELINE_PAGE} "
+                "when a seq is given)",
+            ),
+            Param(
+                "after_seq",
+                "integer",
+                "The page of the entries after this seq, oldest first (0: the first page); "
+                "a page's page.later_after_seq names the next",
+            ),
+            Param(
+                "before_seq",
+                "integer",
+                "The page of the entries before this seq; a page's page.earlier_before_seq "
+                "names the one before it",
+            ),
+        ),
+        errors=(404, 422),
     )
 )
 async def history(request: Request, ctx: Context) -> Any:
+    """Without paging parameters the whole journal, as it always was (a long agent's is
+    megabytes: page it); with any, one page, its usage line still the whole journal's."""
     wid = request.path_params["workflow_id"]
-    entries = await call(ctx.client.history, wid)
+    limit = query_number(request, "limit", int)
+    after_seq = query_number(request, "after_seq", int)
+    before_seq = query_number(request, "before_seq", int)
+    page: journal_pages.Page | None = None
+    if limit is None and after_seq is None and before_seq is None:
+        entries = await call(ctx.client.history, wid)
+        calls: list[journal.Entry] | None = None
+    else:
+        limit = journal_pages.TIMELINE_PAGE if limit is None else limit
+        if not 1 <= limit <= MAX_LIMIT:
+            raise BadInput(f"the query parameter 'limit' must be between 1 and {MAX_LIMIT}")
+        page = await call(
+            journal_pages.read,
+            ctx.client,
+            wid,
+            after_seq=after_seq,
+            before_seq=before_seq,
+            limit=limit,
+        )
+        entries = page.entries
+        calls = await call(journal_pages.model_calls, ctx.client, wid)
     claims = await call(ctx.client.claims, wid)
     signals = await call(ctx.client.signals, wid)
-    return {
+    shown = views.journal_document(
+        entries,
+        claims,
+        calls=calls,
+        prior=None if page is None else page.prior,
+        to_end=page is None or page.ends_journal,
+    )
+    document = {
         "workflow_id": wid,
-        "entries": [views.entry(e) for e in entries],
-        "timeline": views.timeline(entries, claims),
-        "usage": views.usage_line(entries, claims),
-        "claims": [dataclasses.asdict(c) for c in claims],
+        **shown,
         "signals": [{**s, "payload": views.payload(s.get("payload"))} for s in signals],
     }
+    if page is not None:
+        document["page"] = page.describe()
+    return document
 
 
 @route(

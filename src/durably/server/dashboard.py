@@ -23,7 +23,7 @@ from starlette.routing import Route
 from durably import client as client_module
 from durably import errors
 from durably.agents import decisions
-from durably.server import api, auth, views
+from durably.server import api, auth, journal_pages, views
 from durably.storage.base import WorkflowQuery
 
 PAGE_SIZE = 50
@@ -66,7 +66,9 @@ def routes() -> list[Route]:
 # --- rendering ----------------------------------------------------------------------------
 
 
-def _render(request: Request, name: str, identity: auth.Identity, **data: Any) -> HTMLResponse:
+def _render(
+    request: Request, name: str, identity: auth.Identity, status: int = 200, **data: Any
+) -> HTMLResponse:
     env: jinja2.Environment = request.app.state.templates
     partial = request.headers.get("x-partial") == "1"
     html = env.get_template(name).render(
@@ -77,7 +79,7 @@ def _render(request: Request, name: str, identity: auth.Identity, **data: Any) -
         poll_for=data.pop("poll_for", ""),
         **data,
     )
-    return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
 
 
 def _who(request: Request) -> auth.Identity | None:
@@ -207,28 +209,92 @@ async def workflow_page(request: Request) -> Response:
         return _to_login(request)
     wid = request.path_params["workflow_id"]
     try:
-        data = await run_in_threadpool(_workflow_data, _client(request), wid)
+        after, before = (_seq_param(request, key) for key in ("after", "before"))
+        data = await run_in_threadpool(_workflow_data, _client(request), wid, after, before)
     except errors.WorkflowNotFound as exc:
         return _render(request, "missing.html", identity, message=str(exc))
-    return _render(request, "workflow.html", identity, poll_for=wid, **data)
+    except BadPage as exc:  # a page the query names wrongly: say so, with the way back
+        return _render(
+            request,
+            "missing.html",
+            identity,
+            title="Bad request",
+            message=str(exc),
+            back=f"/workflows/{urllib.parse.quote(wid, safe='')}",
+            status=400,
+        )
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return _render(request, "workflow.html", identity, poll_for=wid, here=here, **data)
 
 
-def _workflow_data(client: client_module.Client, wid: str) -> dict[str, Any]:
+class BadPage(ValueError):
+    """The query names no page of the timeline (a 400 that says why)."""
+
+
+def _seq_param(request: Request, key: str) -> int | None:
+    """The seq a query parameter names (``?before=SEQ``, ``?after=SEQ``), or None."""
+    value = request.query_params.get(key)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise BadPage(f"?{key}= takes the seq of a journal entry, not {value!r}") from None
+
+
+def _workflow_data(
+    client: client_module.Client, wid: str, after: int | None = None, before: int | None = None
+) -> dict[str, Any]:
+    """What the workflow page shows: one page of its timeline (the newest, unless
+    ``after`` or ``before`` a seq), the usage line of its whole journal, read from the
+    model calls alone, and the rest of the workflow."""
     info = client.get_workflow(wid)
-    entries = client.history(wid)
+    try:
+        page = journal_pages.read(
+            client, wid, after_seq=after, before_seq=before, limit=journal_pages.TIMELINE_PAGE
+        )
+    except ValueError as exc:  # the seqs: out of range, or both given
+        raise BadPage(str(exc)) from exc
     claims = client.claims(wid)
+    calls = journal_pages.model_calls(client, wid)
     signals = client.signals(wid)
     return {
         "wf": info,
         "input": views.preview_json(info.input),
         "output": views.preview_json(info.output),
         "error": views.preview_json(info.error),
-        "timeline": views.timeline(entries, claims),
-        "usage": views.usage_line(entries, claims),
+        "timeline": views.timeline(
+            page.entries, claims, prior=page.prior, to_end=page.ends_journal
+        ),
+        "paging": _paging(wid, page),
+        "usage": views.usage_line(calls, claims),
         "signals": [{**s, "payload": views.preview_json(s.get("payload"))} for s in signals],
         "approvals": [views.approval(p) for p in decisions.list_approvals(client, wid)],
         "reviews": [views.review(r) for r in client.reviews(wid) if r.decision is None],
         "claims": claims,
+    }
+
+
+def _paging(wid: str, page: journal_pages.Page) -> dict[str, Any] | None:
+    """The line above and below the timeline when it is a page of the journal: which
+    entries it shows out of how many, and links to the pages around it. None when the
+    page is the whole journal."""
+    asked = page.after_seq is not None or page.before_seq is not None
+    if not asked and page.prior is None and not page.later:
+        return None
+    at = f"/workflows/{urllib.parse.quote(wid, safe='')}"
+    earlier, later = page.earlier_before_seq, page.later_after_seq
+    if page.entries:
+        first, last = page.entries[0].seq, page.entries[-1].seq
+        shown = f"{len(page.entries):,} of {page.count:,} entries (seq {first:,} to {last:,})"
+    else:
+        shown = f"no entries here, of {page.count:,}"
+    return {
+        "shown": shown,
+        "oldest": f"{at}?after=0" if earlier is not None else None,
+        "earlier": f"{at}?before={earlier}" if earlier is not None else None,
+        "later": f"{at}?after={later}" if later is not None else None,
+        "newest": at if asked else None,
     }
 
 

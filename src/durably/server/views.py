@@ -19,6 +19,9 @@ from durably.agents import approvals as approvals_module
 from durably.agents import usage as agent_usage
 
 PREVIEW = 120
+#: The longest payload a preview decodes, looking for a value the codec tagged (a
+#: datetime, a UUID: far shorter); a model's answer is not decoded for one line.
+_TAGGED = 200
 # Calls that record a value and take no time worth showing.
 _INSTANT = frozenset({"now", "random", "uuid4", "event", "child", "cancel"})
 # Values the engine journals for its own replay: shown quieter than the work itself.
@@ -71,17 +74,23 @@ def executor(e: journal.ExecutorInfo, now: float) -> dict[str, Any]:
 
 
 def timeline(
-    entries: Sequence[journal.Entry], claims: Sequence[journal.Claim]
+    entries: Sequence[journal.Entry],
+    claims: Sequence[journal.Claim],
+    *,
+    prior: journal.Entry | None = None,
+    to_end: bool = True,
 ) -> list[dict[str, Any]]:
     """The receipts of ``durably show`` as data: each entry or a gap where the process was dead.
 
     Entries written before the last recovery were replayed, not run again, by
     the executor that recovered the workflow; they are marked ``replayed``.
+    ``entries`` may be a page of the journal (``prior``, ``to_end``: as
+    :func:`durably.receipts.receipts` takes them).
     """
     recovered = [c.claimed_at for c in claims if c.reason == "recovery"]
     last_recovery = max(recovered, default=None)
     rows: list[dict[str, Any]] = []
-    for row in receipts.receipts(entries, claims):
+    for row in receipts.receipts(entries, claims, prior=prior, to_end=to_end):
         if isinstance(row, receipts.Gap):
             rows.append(
                 {
@@ -114,10 +123,30 @@ def timeline(
     return rows
 
 
+def journal_document(
+    entries: Sequence[journal.Entry],
+    claims: Sequence[journal.Claim],
+    *,
+    calls: Sequence[journal.Entry] | None = None,
+    prior: journal.Entry | None = None,
+    to_end: bool = True,
+) -> dict[str, Any]:
+    """What ``durably show --json`` and the API's history route both return about a
+    journal: its timeline, usage line, entries and claims. ``entries`` may be a page of
+    it (``prior``, ``to_end``: as :func:`timeline` takes them); ``calls`` are then the
+    whole journal's model calls, which the usage line sums (without, ``entries``')."""
+    return {
+        "timeline": timeline(entries, claims, prior=prior, to_end=to_end),
+        "usage": usage_line(entries if calls is None else calls, claims),
+        "entries": [entry(e) for e in entries],
+        "claims": [dataclasses.asdict(c) for c in claims],
+    }
+
+
 def readable_preview(text: str | None, width: int = PREVIEW) -> str:
     """A one-line preview of a journaled payload; a value the codec tagged (a datetime,
     a UUID) shows as its text rather than as the tag."""
-    value = payload(text)
+    value = payload(text) if text is not None and len(text) <= _TAGGED else None
     if isinstance(value, dict) and isinstance(value.get("__durably__"), str):
         shown = value.get("iso") or value.get("hex")
         if isinstance(shown, str):

@@ -390,6 +390,21 @@ class Store(abc.ABC):
         """The whole journal of the workflow in seq order, in one query."""
 
     @abc.abstractmethod
+    def history_page(
+        self, workflow_id: str, after_seq: int | None, before_seq: int | None, limit: int
+    ) -> list[journal.Entry]:
+        """One page of the workflow's journal in seq order, in one query through its
+        primary key, so that it costs the page's rows however long the journal: the first
+        ``limit`` entries after ``after_seq``; else the last ``limit`` before ``before_seq``,
+        or the newest ``limit`` without either. An unknown workflow has no entries."""
+
+    @abc.abstractmethod
+    def history_steps(self, workflow_id: str, name_prefix: str) -> list[journal.Entry]:
+        """The workflow's step entries whose name starts with ``name_prefix``, in seq
+        order, in one query: the database passes over the other entries (the model calls
+        of a long journal, without sending its every payload)."""
+
+    @abc.abstractmethod
     def history_mark(self, workflow_id: str) -> journal.HistoryMark:
         """What tells this state of the workflow's journal and signals from another, read
         through indexes, never every entry (``HistoryMark``); an unknown workflow has an

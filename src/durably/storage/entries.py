@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from durably import cancellation, codec, errors, journal
+from durably import cancellation, codec, errors, journal, validate
 from durably.storage import base, claims, rows
 
 
@@ -62,6 +62,25 @@ class EntryVerbs(claims.ClaimVerbs):
     @base.one_read
     def load_history(self, workflow_id: str) -> list[journal.Entry]:
         return [rows.entry(r) for r in rows.every(self._q("load_history", workflow_id=workflow_id))]
+
+    @base.one_read
+    def history_page(
+        self, workflow_id: str, after_seq: int | None, before_seq: int | None, limit: int
+    ) -> list[journal.Entry]:
+        if after_seq is not None:
+            found = self._q(
+                "history_page_oldest_first", workflow_id=workflow_id, seq=after_seq, limit=limit
+            )
+            return [rows.entry(r) for r in rows.every(found)]
+        # the newest: before the largest seq a BIGINT holds, which no run's count of calls reaches
+        seq = validate.BIGINT[1] if before_seq is None else before_seq
+        found = self._q("history_page", workflow_id=workflow_id, seq=seq, limit=limit)
+        return [rows.entry(r) for r in reversed(rows.every(found))]
+
+    @base.one_read
+    def history_steps(self, workflow_id: str, name_prefix: str) -> list[journal.Entry]:
+        found = self._q("history_steps", workflow_id=workflow_id, name_prefix=name_prefix)
+        return [rows.entry(r) for r in rows.every(found)]
 
     @base.one_read
     def history_mark(self, workflow_id: str) -> journal.HistoryMark:

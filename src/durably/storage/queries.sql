@@ -443,6 +443,30 @@ SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_
        args_digest
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
+-- name: history_page
+-- One page of a workflow's journal, read through its primary key (workflow_id, seq), so
+-- it costs the page's rows however long the journal: the :limit entries just before
+-- :seq, newest first. Written once, its direction left open; the loader
+-- (sqlbase.load_queries) makes it oldest first too, the :limit entries just after :seq,
+-- as history_page_oldest_first.
+SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
+       args_digest
+FROM journal WHERE workflow_id = :workflow_id AND seq {past} :seq
+ORDER BY seq {order}
+LIMIT :limit
+
+-- name: history_steps
+-- A workflow's step entries whose name starts with :name_prefix, in seq order (the model
+-- calls, whose usage a dashboard sums over the whole journal): the journal's other
+-- entries are passed over by the database, not sent. A prefix compared as SUBSTR, not
+-- LIKE: exact in both dialects, whatever the prefix holds (SQLite's LIKE ignores case).
+SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
+       args_digest
+FROM journal
+WHERE workflow_id = :workflow_id AND kind = 'step'
+  AND SUBSTR(name, 1, LENGTH(CAST(:name_prefix AS TEXT))) = :name_prefix
+ORDER BY seq
+
 -- name: wake_if_waiting
 -- (A part of wake_parent and finish_and_wake.) Wake the rows it picks that wait.
 UPDATE workflows
