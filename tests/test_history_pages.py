@@ -276,7 +276,13 @@ def _paged_timeline(client: durably.Client, wid: str, limit: int, forwards: bool
     page = journal_pages.read(client, wid, after_seq=0 if forwards else None, limit=limit)
     while True:
         claims = client.claims(wid)
-        rows = views.timeline(page.entries, claims, prior=page.prior, to_end=page.ends_journal)
+        rows = views.timeline(
+            page.entries,
+            claims,
+            before=page.before,
+            after=page.after,
+            to_end=page.ends_journal,
+        )
         pages.append(rows)
         if forwards and page.later_after_seq is not None:
             page = journal_pages.read(client, wid, after_seq=page.later_after_seq, limit=limit)
@@ -308,6 +314,36 @@ def test_a_page_s_gap_lines_are_the_whole_timeline_s_cut_at_its_edges(store_url:
         assert line == views.usage_line(entries, claims)
         assert line is not None and line.startswith("model usage: 3 model calls")
         assert "recovery replayed 3 model calls" in line  # all before the last recovery
+
+
+def test_a_gap_before_an_entry_written_out_of_order_is_on_one_page(store_url: str) -> None:
+    """Calls in flight together finish out of seq order: entry 5 was cut off by the crash
+    and written again after the recovery at T+6.5 (at T+8), entry 6 before it (at T+6).
+    The gap goes before 5 in the whole timeline; a page starting after 5 must not show
+    it again although the entry just before that page (6) is older than the recovery."""
+    store = create_store(store_url)
+    store.open()
+    try:
+        db = Verbs(store)
+        new = base.NewWorkflow("late", NAME, '{"args": [], "kwargs": {}}', None, None)
+        info, created = db.create_workflow(new, "ex-a", T + 6, T)
+        assert created
+        db.append_entries("late", info.epoch, [_entry(s) for s in (1, 2, 3, 4, 6)], T + 6)
+        (b,) = db.claim_next("ex-b", [(NAME, None)], T + 12, T + 6.5, 10)
+        again = [_entry(5, T + 8), *(_entry(s) for s in range(7, 13))]
+        db.append_entries("late", b.epoch, again, T + 12)
+    finally:
+        store.close()
+    with durably.Client(store_url) as client:
+        whole = views.timeline(client.history("late"), client.claims("late"))
+        shape = [r["seq"] if not r["gap"] else "gap" for r in whole]
+        assert shape == [1, 2, 3, 4, "gap", 5, 6, 7, 8, 9, 10, 11, 12]
+        for limit in range(1, 14):
+            for forwards in (True, False):
+                assert _paged_timeline(client, "late", limit, forwards) == whole, (
+                    limit,
+                    forwards,
+                )
 
 
 # --- the dashboard -------------------------------------------------------------------------
@@ -398,7 +434,7 @@ def test_a_short_journal_is_one_page_without_a_pager(agent: tuple[str, durably.C
         ("before=abc", "?before= takes the seq of a journal entry, not &#39;abc&#39;"),
         ("after=1.5", "?after= takes the seq"),
         ("after=1&before=9", "give one of them"),
-        (f"after={2**64}", "after_seq="),
+        (f"after={2**64}", "?after="),  # the page's parameter, not the store's after_seq
     ],
 )
 def test_a_page_named_wrongly_is_a_400_that_says_why(

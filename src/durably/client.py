@@ -160,7 +160,9 @@ class Client:
     def history_mark(self, workflow_id: str) -> journal.HistoryMark:
         """What tells this state of the workflow's journal and signals from another, read
         through indexes: its cost does not grow with the journal's payloads, for a page
-        that looks again and again. Unlike ``history``, an unknown id is not an error."""
+        that looks again and again. With the workflow's ``updated_at`` (which a resume
+        that rewrites entries changes) it changes whenever ``history`` would read
+        differently. Unlike ``history``, an unknown id is not an error."""
         return self._run(self._ops.history_mark(workflow_id))
 
     def claims(self, workflow_id: str) -> list[journal.Claim]:

@@ -156,9 +156,12 @@ class WorkflowInfo:
 @dataclasses.dataclass(frozen=True, slots=True)
 class HistoryMark:
     """What tells one state of a workflow's journal and signals from another, read without
-    reading every entry: a final entry never changes, so a journal changed only if its
-    count, its last seq or an open entry's (seq, status, attempt) did. For pages that
-    look again and again (the dashboard's stream), at the cost of two index ranges."""
+    reading every entry: a final entry never changes as a run writes, so the journal a
+    run wrote changed only if its count, its last seq or an open entry's (seq, status,
+    attempt) did. An operator's resume rewrites entries (drops those from a seq on, makes
+    a failed one retrying) and changes the workflow's ``updated_at``: read that with the
+    mark, as the dashboard's stream does, to see every change. For pages that look again
+    and again, at the cost of two index ranges."""
 
     entries: int
     last_seq: int | None

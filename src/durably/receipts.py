@@ -35,30 +35,33 @@ def receipts(
     entries: Sequence[journal.Entry],
     claims: Sequence[journal.Claim],
     *,
-    prior: journal.Entry | None = None,
+    before: Sequence[journal.Entry] = (),
+    after: Sequence[journal.Entry] = (),
     to_end: bool = True,
 ) -> list[Row]:
     """The journal in seq order with a Gap before the first entry written after each recovery.
 
-    ``entries`` may be one page of the journal: ``prior`` is then the entry just before
-    it (None when the page starts the journal) and ``to_end`` whether the page reaches
-    the journal's end. The page holds the gaps the whole journal's receipts put among
-    its entries: a recovery claimed before ``prior`` was written has its gap on an
-    earlier page, and one after the page's last entry on a later page (at the end only
-    when ``to_end``). Exact when entries are written in seq order; concurrent steps
-    finishing out of order around a recovery could move its gap across a page's edge.
+    ``entries`` may be one page of the journal: ``before`` and ``after`` are then entries
+    just before and after it in seq order (not shown), and ``to_end`` whether the page
+    reaches the journal's end. The page holds the gaps the whole journal's receipts put
+    among its entries, as long: a gap goes before the first entry in seq order written
+    after its recovery, so one claimed before an entry of ``before`` was written is on
+    an earlier page, and one after the page's last entry on a later page (at the end
+    only when ``to_end``); its length is from the last sign of life of any entry seen.
+    Calls in flight together finish out of seq order: ``before`` and ``after`` must
+    hold as many entries as may have been in flight together around a recovery.
     """
     recoveries = sorted((c for c in claims if c.reason == "recovery"), key=lambda c: c.claimed_at)
     claim_times = sorted(c.claimed_at for c in claims)
-    seen = list(entries)
-    if prior is not None:  # placed by the pages before, whose last entry was written then
-        recoveries = [c for c in recoveries if c.claimed_at > _written(prior)]
-        seen.insert(0, prior)  # the last sign of life before a gap at the page's top
+    seen = [*before, *entries, *after]
+    if before:  # placed by the pages before, as late as they were written
+        since = max(written(e) for e in before)
+        recoveries = [c for c in recoveries if c.claimed_at > since]
     rows: list[Row] = []
     pending = list(recoveries)
     for entry in entries:
-        written = _written(entry)
-        while pending and written >= pending[0].claimed_at:
+        at = written(entry)
+        while pending and at >= pending[0].claimed_at:
             rows.append(_gap(pending.pop(0), seen, claim_times))
         rows.append(entry)
     if to_end:
@@ -66,7 +69,7 @@ def receipts(
     return rows
 
 
-def _written(entry: journal.Entry) -> float:
+def written(entry: journal.Entry) -> float:
     """When the entry was last written (how receipts order it against the claims)."""
     return entry.finished_at or entry.started_at or 0.0
 

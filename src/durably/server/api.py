@@ -214,7 +214,8 @@ async def history(request: Request, ctx: Context) -> Any:
         entries,
         claims,
         calls=calls,
-        prior=None if page is None else page.prior,
+        before=() if page is None else page.before,
+        after=() if page is None else page.after,
         to_end=page is None or page.ends_journal,
     )
     document = {

@@ -254,7 +254,9 @@ def _workflow_data(
             client, wid, after_seq=after, before_seq=before, limit=journal_pages.TIMELINE_PAGE
         )
     except ValueError as exc:  # the seqs: out of range, or both given
-        raise BadPage(str(exc)) from exc
+        # the store's words name its arguments; the page's query says after= and before=
+        said = str(exc).replace("after_seq", "?after").replace("before_seq", "?before")
+        raise BadPage(said) from exc
     claims = client.claims(wid)
     calls = journal_pages.model_calls(client, wid)
     signals = client.signals(wid)
@@ -264,7 +266,11 @@ def _workflow_data(
         "output": views.preview_json(info.output),
         "error": views.preview_json(info.error),
         "timeline": views.timeline(
-            page.entries, claims, prior=page.prior, to_end=page.ends_journal
+            page.entries,
+            claims,
+            before=page.before,
+            after=page.after,
+            to_end=page.ends_journal,
         ),
         "paging": _paging(wid, page),
         "usage": views.usage_line(calls, claims),

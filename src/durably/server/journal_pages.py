@@ -20,6 +20,12 @@ from durably.agents import usage as agent_usage
 
 #: Entries on a page of the dashboard's timeline (its newest, unless asked for another).
 TIMELINE_PAGE = 200
+#: Entries read on each side of a page to place and measure its gap lines: calls in
+#: flight together finish out of seq order, and a recovery's gap goes before the first
+#: entry in seq order written after it, which may be before the page even when the entry
+#: just before it is older; its length runs from the last sign of life of any entry.
+#: Exact unless more calls than this were in flight together around a recovery.
+GAP_WINDOW = 200
 
 _LOWEST, _HIGHEST = validate.BIGINT
 
@@ -32,13 +38,23 @@ class Page:
     #: How many entries the whole journal holds (as its mark counted them).
     count: int
     limit: int
-    #: The entry just before the page (its gap lines need it), None when none is.
-    prior: journal.Entry | None
-    #: Whether entries follow the page.
-    later: bool
+    #: Up to ``GAP_WINDOW`` entries just before the page and after it, in seq order, not
+    #: shown: its gap lines are placed and measured against them.
+    before: list[journal.Entry]
+    after: list[journal.Entry]
     #: What was asked: the page after this seq, or before it (neither: the newest).
     after_seq: int | None = None
     before_seq: int | None = None
+
+    @property
+    def prior(self) -> journal.Entry | None:
+        """The entry just before the page, None when none is."""
+        return self.before[-1] if self.before else None
+
+    @property
+    def later(self) -> bool:
+        """Whether entries follow the page."""
+        return bool(self.after)
 
     @property
     def ends_journal(self) -> bool:
@@ -86,30 +102,26 @@ def read(
     limit: int,
 ) -> Page:
     """The page of ``workflow_id``'s journal that the arguments name (as
-    ``Client.history_page`` takes them), with one entry more on each side, read to
-    tell whether the page has neighbours and what its top gap line follows.
+    ``Client.history_page`` takes them), with up to ``GAP_WINDOW`` entries on each side
+    for its gap lines, which also tell whether the page has neighbours.
     WorkflowNotFound for an unknown id; ValueError for arguments it refuses."""
+    size = validate.count(limit, "limit")
     if after_seq is None:
-        found = client.history_page(
-            workflow_id, before_seq=before_seq, limit=validate.count(limit, "limit") + 1
-        )
-        prior = found[0] if len(found) > limit else None
-        entries = found[1:] if prior is not None else found
-        mark = client.history_mark(workflow_id)
-        later = before_seq is not None and mark.last_seq is not None and mark.last_seq >= before_seq
+        found = client.history_page(workflow_id, before_seq=before_seq, limit=size + GAP_WINDOW)
+        entries, before = found[-size:], found[:-size]
+        after: list[journal.Entry] = []
+        if before_seq is not None:  # entries may follow: the page does not end at the newest
+            start = entries[-1].seq if entries else max(before_seq - 1, _LOWEST)
+            after = client.history_page(workflow_id, after_seq=start, limit=GAP_WINDOW)
     else:
         found = client.history_page(  # with both seqs it refuses them, as it should
-            workflow_id,
-            after_seq=after_seq,
-            before_seq=before_seq,
-            limit=validate.count(limit, "limit") + 1,
+            workflow_id, after_seq=after_seq, before_seq=before_seq, limit=size + GAP_WINDOW
         )
-        entries, later = found[:limit], len(found) > limit
+        entries, after = found[:size], found[size:]
         edge = entries[0].seq if entries else min(after_seq + 1, _HIGHEST)
-        before = client.history_page(workflow_id, before_seq=edge, limit=1)
-        prior = before[0] if before else None
-        mark = client.history_mark(workflow_id)
-    return Page(entries, mark.entries, limit, prior, later, after_seq, before_seq)
+        before = client.history_page(workflow_id, before_seq=edge, limit=GAP_WINDOW)
+    mark = client.history_mark(workflow_id)
+    return Page(entries, mark.entries, limit, before, after, after_seq, before_seq)
 
 
 def model_calls(client: client_module.Client, workflow_id: str) -> list[journal.Entry]:

@@ -77,20 +77,21 @@ def timeline(
     entries: Sequence[journal.Entry],
     claims: Sequence[journal.Claim],
     *,
-    prior: journal.Entry | None = None,
+    before: Sequence[journal.Entry] = (),
+    after: Sequence[journal.Entry] = (),
     to_end: bool = True,
 ) -> list[dict[str, Any]]:
     """The receipts of ``durably show`` as data: each entry or a gap where the process was dead.
 
     Entries written before the last recovery were replayed, not run again, by
     the executor that recovered the workflow; they are marked ``replayed``.
-    ``entries`` may be a page of the journal (``prior``, ``to_end``: as
+    ``entries`` may be a page of the journal (``before``, ``after``, ``to_end``: as
     :func:`durably.receipts.receipts` takes them).
     """
     recovered = [c.claimed_at for c in claims if c.reason == "recovery"]
     last_recovery = max(recovered, default=None)
     rows: list[dict[str, Any]] = []
-    for row in receipts.receipts(entries, claims, prior=prior, to_end=to_end):
+    for row in receipts.receipts(entries, claims, before=before, after=after, to_end=to_end):
         if isinstance(row, receipts.Gap):
             rows.append(
                 {
@@ -128,15 +129,17 @@ def journal_document(
     claims: Sequence[journal.Claim],
     *,
     calls: Sequence[journal.Entry] | None = None,
-    prior: journal.Entry | None = None,
+    before: Sequence[journal.Entry] = (),
+    after: Sequence[journal.Entry] = (),
     to_end: bool = True,
 ) -> dict[str, Any]:
     """What ``durably show --json`` and the API's history route both return about a
     journal: its timeline, usage line, entries and claims. ``entries`` may be a page of
-    it (``prior``, ``to_end``: as :func:`timeline` takes them); ``calls`` are then the
+    it (``before``, ``after``, ``to_end``: as :func:`timeline` takes them);
+    ``calls`` are then the
     whole journal's model calls, which the usage line sums (without, ``entries``')."""
     return {
-        "timeline": timeline(entries, claims, prior=prior, to_end=to_end),
+        "timeline": timeline(entries, claims, before=before, after=after, to_end=to_end),
         "usage": usage_line(entries if calls is None else calls, claims),
         "entries": [entry(e) for e in entries],
         "claims": [dataclasses.asdict(c) for c in claims],

@@ -751,22 +751,24 @@ SELECT value FROM events WHERE workflow_id = :workflow_id AND key = :key
 -- One event key's value in each waiting and running workflow that published it, newest
 -- first, up to :limit of each status (the pending approvals of a dashboard's look, every
 -- half second: one statement, where it was two reads for each live workflow). Each status
--- reads workflows_by_status from its end and the events' primary key for each.
-SELECT workflow_id, value FROM (
-    SELECT w.workflow_id, e.value FROM workflows w
+-- reads workflows_by_status from its end and the events' primary key for each; the ties
+-- of a batch started at once are broken by id, so a look sees the same order each time.
+SELECT part, workflow_id, value, created_at FROM (
+    SELECT 0 AS part, w.workflow_id, e.value, w.created_at FROM workflows w
     JOIN events e ON e.workflow_id = w.workflow_id AND e.key = :key
     WHERE w.status = 'waiting'
-    ORDER BY w.created_at DESC
+    ORDER BY w.created_at DESC, w.workflow_id DESC
     LIMIT :limit
 ) AS waiting
 UNION ALL
-SELECT workflow_id, value FROM (
-    SELECT w.workflow_id, e.value FROM workflows w
+SELECT part, workflow_id, value, created_at FROM (
+    SELECT 1 AS part, w.workflow_id, e.value, w.created_at FROM workflows w
     JOIN events e ON e.workflow_id = w.workflow_id AND e.key = :key
     WHERE w.status = 'running'
-    ORDER BY w.created_at DESC
+    ORDER BY w.created_at DESC, w.workflow_id DESC
     LIMIT :limit
 ) AS running
+ORDER BY part, created_at DESC, workflow_id DESC
 
 -- name: wake_parent
 -- A child ended: wake its parent if it waits.

@@ -197,7 +197,7 @@ class SignalVerbs(entries.EntryVerbs):
     @base.one_read
     def live_events(self, key: str, limit: int) -> list[tuple[str, str]]:
         found = self._q("live_events", key=key, limit=limit).fetchall()
-        return [(str(workflow_id), str(value)) for workflow_id, value in found]
+        return [(str(workflow_id), str(value)) for _, workflow_id, value, _ in found]
 
     def add_warning(self, workflow_id: str, text: str) -> None:
         row = self._q("warnings_of", workflow_id=workflow_id).fetchone()
