@@ -204,3 +204,55 @@ def test_list_filters_and_a_fork_s_origin_in_a_real_browser(
         page.click(".forked a")
         page.wait_for_url(base + "/workflows/order-P1")
         assert page.locator(".forked").count() == 0
+
+
+def test_a_long_journal_pages_and_stays_on_its_page_when_it_grows_in_a_real_browser(
+    chromium: None, artifacts: Path, sqlite_url: str
+) -> None:
+    """A running workflow of 450 entries shows its newest 200; 'earlier' goes back a page;
+    ten more entries journaled meanwhile update the count on that page, live, without
+    leaving it; 'newest' shows them."""
+    from durably.storage import base, create_store
+    from tests.test_history_pages import NAME, T, Verbs, _entry
+
+    store = create_store(sqlite_url)
+    store.open()
+    db = Verbs(store)
+    new = base.NewWorkflow("long", NAME, '{"args": [], "kwargs": {}}', None, None)
+    info, _ = db.create_workflow(new, "ex-a", T + 1e9, T)
+    db.append_entries("long", info.epoch, [_entry(s) for s in range(1, 451)], T + 1)
+    try:
+        with harness.server(sqlite_url) as base_url, launched() as browser:
+            page = browser.new_page(viewport={"width": 1360, "height": 900})
+            page.set_default_timeout(20_000)
+            page.goto(base_url + "/")
+            page.fill("input[name=token]", harness.SECRET)
+            page.click("button[type=submit]")
+            page.wait_for_url(base_url + "/")
+
+            def seqs() -> list[int]:
+                cells = page.locator("table.timeline tr[class^=st-] td.num:first-child")
+                return [int(t) for t in cells.all_inner_texts()]
+
+            def pager() -> str:
+                return page.locator("p.pager").first.inner_text()
+
+            page.goto(base_url + "/workflows/long")
+            assert "200 of 450 entries (seq 251 to 450)" in pager()
+            assert seqs() == list(range(251, 451))
+            page.locator("p.pager").first.get_by_text("earlier").click()
+            page.wait_for_url("**/workflows/long?before=251")
+            assert seqs() == list(range(51, 251))
+            page.screenshot(path=str(artifacts / "10-journal-page.png"), full_page=True)
+
+            later = [_entry(s) for s in range(451, 461)]
+            db.append_entries("long", info.epoch, later, T + 2)
+            harness.until(lambda: "of 460 entries" in pager(), "the page's live update")
+            assert page.url.endswith("/workflows/long?before=251")
+            assert seqs() == list(range(51, 251))
+            page.locator("p.pager").first.get_by_text("newest").click()
+            page.wait_for_url(base_url + "/workflows/long")
+            assert "200 of 460 entries (seq 261 to 460)" in pager()
+            assert seqs()[-1] == 460
+    finally:
+        store.close()
