@@ -116,12 +116,18 @@ def _fill_journal(store: Any, first: int, last: int) -> None:
         f"started_at, finished_at) SELECT 'agent', i, 'step', 'model', 'completed', 1, "
         f"{answer}, i, i FROM "
     )
-    if postgres_url:
-        sql = rows + f"generate_series({first}, {last}) AS n(i)"
+    _insert_series(store, first, last, rows)
+
+
+def _insert_series(store: Any, first: int, last: int, insert: str) -> None:
+    """Run ``insert`` (an ``INSERT ... SELECT ... FROM`` left open) over the numbers
+    ``i`` from FIRST to LAST, in one committed transaction, in either dialect."""
+    if store.url.startswith("postgres"):
+        sql = insert + f"generate_series({first}, {last}) AS n(i)"
     else:
         sql = (
             f"WITH RECURSIVE n(i) AS (SELECT {first} UNION ALL SELECT i + 1 FROM n "
-            f"WHERE i < {last}) " + rows + "n"
+            f"WHERE i < {last}) " + insert + "n"
         )
     store._begin(True)
     store._execute(sql, {})
@@ -135,16 +141,7 @@ def _fill(store: Any, first: int, last: int, status: str = "completed") -> None:
         "INSERT INTO workflows (workflow_id, name, status, input, created_at, updated_at) "
         f"SELECT '{prefix}' || CAST(i AS TEXT), 'n', '{status}', '[]', i, i FROM "
     )
-    if store.url.startswith("postgres"):
-        sql = insert + f"generate_series({first}, {last}) AS n(i)"
-    else:
-        sql = (
-            f"WITH RECURSIVE n(i) AS (SELECT {first} UNION ALL SELECT i + 1 FROM n "
-            f"WHERE i < {last}) " + insert + "n"
-        )
-    store._begin(True)
-    store._execute(sql, {})
-    store._commit()
+    _insert_series(store, first, last, insert)
     if store.url.startswith("postgres"):
         store._execute("VACUUM ANALYZE workflows", {})  # as autovacuum would, after a while
 

@@ -24,7 +24,9 @@ import durably
 from durably import journal
 from durably.server import app, auth, journal_pages, views
 from durably.storage import base, create_store
+from tests import test_query_plans
 from tests.serverkit import harness
+from tests.test_queries import Verbs
 
 BIGINT = 2**63 - 1
 
@@ -219,23 +221,6 @@ def _entry(seq: int, at: float | None = None) -> journal.Entry:
             seq, "step", "llm:chat", "completed", 1, ANSWER, written - 0.5, written
         )
     return journal.Entry(seq, "step", f"s{seq}", "completed", 1, str(seq), written - 0.5, written)
-
-
-class Verbs:
-    """Each verb in a batch of its own, as the store thread runs it."""
-
-    def __init__(self, store: base.Store) -> None:
-        self.store = store
-
-    def __getattr__(self, verb: str) -> Any:
-        def call(*args: Any) -> Any:
-            op = base.Op(getattr(self.store, verb), args, write=True)
-            self.store.run_batch([op])
-            if op.error is not None:
-                raise op.error
-            return op.result
-
-        return call
 
 
 def _crafted(url: str, wid: str = "g") -> None:
@@ -562,48 +547,10 @@ def _fill_long(store: Any, postgres: bool) -> None:
     store._execute("VACUUM ANALYZE" if postgres else "VACUUM", {})  # as autovacuum would
 
 
-def _journal_rows(store: Any, sql: str, params: Any) -> int:
-    """How many journal rows PostgreSQL reads for the statement, filtered out or not."""
-    (plan,) = store._execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()
-    plan = json.loads(plan) if isinstance(plan, str) else plan
-    read = 0
-    nodes = [plan[0]["Plan"]]
-    while nodes:
-        node = nodes.pop()
-        nodes.extend(node.get("Plans", ()))
-        if node.get("Relation Name") == "journal":
-            read += node.get("Actual Loops", 1) * (
-                node.get("Actual Rows", 0)
-                + node.get("Rows Removed by Filter", 0)
-                + node.get("Rows Removed by Index Recheck", 0)
-            )
-    return read
-
-
 def _work(store: Any, postgres: bool, call: Callable[[], Any]) -> int:
-    """The work of what ``call`` sends: journal rows read (PostgreSQL, by EXPLAIN ANALYZE
-    of each statement again) or virtual machine instructions run (SQLite)."""
-    if not postgres:
-        steps = [0]
-
-        def count() -> int:
-            steps[0] += 100
-            return 0
-
-        store._conn.set_progress_handler(count, 100)
-        try:
-            call()
-        finally:
-            store._conn.set_progress_handler(None, 0)
-        return steps[0]
-    sent: list[tuple[str, Any]] = []
-    execute = store._execute
-    store._execute = lambda sql, params=None: sent.append((sql, params)) or execute(sql, params)
-    try:
-        call()
-    finally:
-        del store._execute
-    return sum(_journal_rows(store, sql, params) for sql, params in sent)
+    """The work of what ``call`` sends: journal rows read (PostgreSQL) or virtual machine
+    instructions run (SQLite), as test_query_plans counts them."""
+    return test_query_plans._work(store, postgres, call, relation="journal")
 
 
 def test_a_page_of_a_long_journal_does_a_page_s_work_not_the_journal_s(store_url: str) -> None:

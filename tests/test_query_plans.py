@@ -80,8 +80,9 @@ def _fill(store: Any) -> None:
     store._execute(runnable, {})
 
 
-def _postgres_rows(store: Any, sql: str, params: Any = PARAMS) -> int:
-    """How many rows of workflows the server reads for the statement, filtered out or not."""
+def _postgres_rows(store: Any, sql: str, params: Any = PARAMS, relation: str = "workflows") -> int:
+    """How many rows of ``relation`` the server reads for the statement, filtered out or
+    not."""
     (plan,) = store._execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()
     plan = json.loads(plan) if isinstance(plan, str) else plan
     read = 0
@@ -89,7 +90,7 @@ def _postgres_rows(store: Any, sql: str, params: Any = PARAMS) -> int:
     while nodes:
         node = nodes.pop()
         nodes.extend(node.get("Plans", ()))
-        if node.get("Relation Name") == "workflows":
+        if node.get("Relation Name") == relation:
             loops = node.get("Actual Loops", 1)
             read += loops * (
                 node.get("Actual Rows", 0)
@@ -168,9 +169,9 @@ def ids(found: list[Any]) -> list[str]:
     return [w.workflow_id for w in found]
 
 
-def _work(store: Any, postgres: bool, call: Callable[[], Any]) -> int:
-    """The work of every statement ``call`` sends: rows read (PostgreSQL, by EXPLAIN
-    ANALYZE of each again) or instructions run (SQLite)."""
+def _work(store: Any, postgres: bool, call: Callable[[], Any], relation: str = "workflows") -> int:
+    """The work of every statement ``call`` sends: rows of ``relation`` read (PostgreSQL,
+    by EXPLAIN ANALYZE of each again) or instructions run (SQLite)."""
     if not postgres:
         conn = store._conn
         steps = [0]
@@ -194,7 +195,7 @@ def _work(store: Any, postgres: bool, call: Callable[[], Any]) -> int:
         call()
     finally:
         del store._execute
-    return sum(_postgres_rows(store, sql, params) for sql, params in sent)
+    return sum(_postgres_rows(store, sql, params, relation) for sql, params in sent)
 
 
 def test_a_page_of_workflows_and_the_dashboards_look_read_a_page_not_the_history(

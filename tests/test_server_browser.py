@@ -213,7 +213,8 @@ def test_a_long_journal_pages_and_stays_on_its_page_when_it_grows_in_a_real_brow
     ten more entries journaled meanwhile update the count on that page, live, without
     leaving it; 'newest' shows them."""
     from durably.storage import base, create_store
-    from tests.test_history_pages import NAME, T, Verbs, _entry
+    from tests.test_history_pages import NAME, T, _entry
+    from tests.test_queries import Verbs
 
     store = create_store(sqlite_url)
     store.open()
