@@ -143,7 +143,8 @@ def test_the_history_benchmark_prints_every_read_at_both_sizes() -> None:
         assert "200 ms" in table.splitlines()[0] and "2,000 ms" in table.splitlines()[0]
         rows = {ln.split(" | ")[0].strip(): ln.split(" | ") for ln in table.splitlines()[1:]}
         reads = ("primary-key read", "newest 50", "50 by id", "unfinished counts",
-                 "counts by status", "the dashboard's look")  # fmt: skip
+                 "counts by status", "the dashboard's look", "agent page's look",
+                 "agent's whole journal")  # fmt: skip
         for read in reads:
             assert read in rows, f"{read} missing from:\n{table}"
             assert all(float(cell.rstrip("x")) > 0 for cell in rows[read][1:]), rows[read]
