@@ -117,6 +117,10 @@ async def test_unknown_ids_raise_the_same_error(both: Any) -> None:
             lambda: engine.history_page("nope", limit=5),
         ),
         (lambda: client.history_steps("nope"), lambda: engine.history_steps("nope")),
+        (
+            lambda: client.signals_page("nope", limit=5),
+            lambda: engine.signals_page("nope", limit=5),
+        ),
         (lambda: client.send_signal("nope", "go", 1), lambda: engine.send_signal("nope", "go", 1)),
         (lambda: client.get_event("nope", "k"), lambda: engine.get_event("nope", "k")),
         (
@@ -206,6 +210,15 @@ async def test_signals_are_deduplicated_alike(both: Any) -> None:
     assert await engine.send_signal("sig", "go", 6) is True
     _, signals = await same(lambda: client.signals("sig"), lambda: engine.signals("sig"))
     assert [s["payload"] for s in signals] == ["1", "3", "5", "6"]
+    _, page = await same(
+        lambda: client.signals_page("sig", before_num=4, limit=2),
+        lambda: engine.signals_page("sig", before_num=4, limit=2),
+    )
+    assert [s["payload"] for s in page] == ["3", "5"]
+    kind, _ = await same(
+        lambda: client.signals_page("sig", limit=0), lambda: engine.signals_page("sig", limit=0)
+    )
+    assert kind == "ValueError"
     kind, _ = await same(
         lambda: client.send_signal("sig", "go", object()),
         lambda: engine.send_signal("sig", "go", object()),

@@ -974,6 +974,8 @@ def test_a_one_statement_read_alone_is_one_round_trip(pg_store: Any) -> None:
         (pg_store.history_steps, ("wf-1", "ge")),
         (pg_store.history_mark, ("wf-1",)),
         (pg_store.live_events, ("approvals:pending", 10)),
+        (pg_store.signals_page, ("wf-1", None, 10)),
+        (pg_store.signals_page, ("wf-1", 5, 10)),
         (pg_store.next_wake, ()),
         (pg_store.list_executors, ()),
         (pg_store.list_workflows, (None, None, 10)),

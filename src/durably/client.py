@@ -282,6 +282,21 @@ class Client:
         """Every signal sent to the workflow, consumed or not."""
         return self._run(self._ops.signals(workflow_id))
 
+    def signals_page(
+        self, workflow_id: str, *, before_num: int | None = None, limit: int
+    ) -> list[dict[str, Any]]:
+        """One page of the signals sent to the workflow, consumed or not, in num order (the
+        dicts of ``signals``): the last ``limit`` before ``before_num``, or the newest
+        ``limit`` without it.
+
+        Read through the signals' primary key, so a page costs its own rows however many
+        were sent (``signals`` reads them all). Paging on from a page's first num
+        (``before_num``) reads every signal exactly once; ``history_mark`` counts them.
+        WorkflowNotFound for an unknown id; ValueError for a ``limit`` below 1 or a num
+        that is not an int.
+        """
+        return self._run(self._ops.signals_page(workflow_id, before_num, limit))
+
     # --- the review queue -----------------------------------------------------------
 
     def reviews(self, workflow_id: str | None = None) -> list[journal.Review]:

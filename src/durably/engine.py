@@ -497,6 +497,13 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         """Every signal sent to the workflow, consumed or not."""
         return await self._run(self._ops.signals(workflow_id))
 
+    async def signals_page(
+        self, workflow_id: str, *, before_num: int | None = None, limit: int
+    ) -> list[dict[str, Any]]:
+        """One page of the signals sent to the workflow, in num order, read through their
+        primary key (``Client.signals_page``)."""
+        return await self._run(self._ops.signals_page(workflow_id, before_num, limit))
+
     # --- signals, events, cancel, resume, fork -------------------------------------------
 
     async def send_signal(

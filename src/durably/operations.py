@@ -297,6 +297,23 @@ class Operations:
         signals: list[dict[str, Any]] = yield Call(self.store.list_signals, (workflow_id,))
         return signals
 
+    def signals_page(
+        self, workflow_id: str, before_num: int | None, limit: int
+    ) -> Plan[list[dict[str, Any]]]:
+        """One page of the signals in num order (``Store.signals_page``), its arguments
+        checked first; WorkflowNotFound for an unknown id, as ``history_page``."""
+        _workflow_id(workflow_id)
+        size = validate.count(limit, "limit", high=validate.BIGINT[1])
+        if before_num is not None:
+            validate.count(
+                before_num, "before_num", low=validate.BIGINT[0], high=validate.BIGINT[1]
+            )
+        yield from self.get_workflow(workflow_id)
+        page: list[dict[str, Any]] = yield Call(
+            self.store.signals_page, (workflow_id, before_num, size)
+        )
+        return page
+
     def executors(self) -> Plan[list[journal.ExecutorInfo]]:
         executors: list[journal.ExecutorInfo] = yield Call(self.store.list_executors, ())
         return executors

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from durably import client as client_module
 from durably import errors, journal
 from durably.agents import decisions
-from durably.server import journal_pages, routing, views
+from durably.server import journal_pages, routing, signal_pages, views
 from durably.server.api_changes import CANCELLED_BY, cancel_as, resolution
 from durably.server.routing import (
     MAX_LIMIT,
@@ -157,9 +157,11 @@ async def get_workflow(request: Request, ctx: Context) -> Any:
     Spec(
         "GET",
         WORKFLOW_PATH + "/history",
-        "The journal, its timeline, claims and signals: the whole journal, or with any of "
-        "limit, after_seq and before_seq one page of it (the newest unless a seq says "
-        "which) and a 'page' object saying how to fetch the next",
+        "The journal, its timeline, claims and signals: the whole journal and every "
+        "signal, or with any of limit, after_seq and before_seq one page of it (the newest "
+        "unless a seq says which) and a 'page' object saying how to fetch the next, the "
+        f"newest {signal_pages.SIGNALS_PAGE} signals only and 'signals_count' saying how "
+        "many there are (GET .../signals pages through the rest)",
         query=(
             Param(
                 "limit",
@@ -184,8 +186,9 @@ async def get_workflow(request: Request, ctx: Context) -> Any:
     )
 )
 async def history(request: Request, ctx: Context) -> Any:
-    """Without paging parameters the whole journal, as it always was (a long agent's is
-    megabytes: page it); with any, one page, its usage line still the whole journal's."""
+    """Without paging parameters the whole journal and every signal, as it always was (a
+    long agent's are megabytes: page them); with any, one page, its usage line still the
+    whole journal's, and the newest signals with their count."""
     wid = request.path_params["workflow_id"]
     limit = query_number(request, "limit", int)
     after_seq = query_number(request, "after_seq", int)
@@ -209,7 +212,11 @@ async def history(request: Request, ctx: Context) -> Any:
         entries = page.entries
         calls = await call(journal_pages.model_calls, ctx.client, wid)
     claims = await call(ctx.client.claims, wid)
-    signals = await call(ctx.client.signals, wid)
+    signals: signal_pages.Page | list[dict[str, Any]]
+    if page is None:
+        signals = await call(ctx.client.signals, wid)
+    else:
+        signals = await call(signal_pages.read, ctx.client, wid)
     shown = views.journal_document(
         entries,
         claims,
@@ -218,13 +225,52 @@ async def history(request: Request, ctx: Context) -> Any:
         after=() if page is None else page.after,
         to_end=page is None or page.ends_journal,
     )
+    sent = signals if isinstance(signals, list) else signals.signals
     document = {
         "workflow_id": wid,
         **shown,
-        "signals": [{**s, "payload": views.payload(s.get("payload"))} for s in signals],
+        "signals": [{**s, "payload": views.payload(s.get("payload"))} for s in sent],
     }
     if page is not None:
         document["page"] = page.describe()
+    if isinstance(signals, signal_pages.Page):
+        document["signals_count"] = signals.count
+    return document
+
+
+@route(
+    Spec(
+        "GET",
+        WORKFLOW_PATH + "/signals",
+        "One page of the signals sent to the workflow, consumed or not, in num order: the "
+        "newest unless before_num says which, with 'count' (how many there are) and "
+        "'earlier_before_num' (the before_num of the page before it; null at the first)",
+        query=(
+            Param(
+                "limit",
+                "integer",
+                f"Signals per page, 1 to {MAX_LIMIT} (default {signal_pages.SIGNALS_PAGE})",
+            ),
+            Param(
+                "before_num",
+                "integer",
+                "The page of the signals before this num; a page's earlier_before_num "
+                "names the one before it",
+            ),
+        ),
+        errors=(404, 422),
+    )
+)
+async def signals(request: Request, ctx: Context) -> Any:
+    wid = request.path_params["workflow_id"]
+    limit = query_number(request, "limit", int)
+    limit = signal_pages.SIGNALS_PAGE if limit is None else limit
+    if not 1 <= limit <= MAX_LIMIT:
+        raise BadInput(f"the query parameter 'limit' must be between 1 and {MAX_LIMIT}")
+    before_num = query_number(request, "before_num", int)
+    page = await call(signal_pages.read, ctx.client, wid, before_num=before_num, limit=limit)
+    document = page.describe()
+    document["signals"] = [{**s, "payload": views.payload(s.get("payload"))} for s in page.signals]
     return document
 
 

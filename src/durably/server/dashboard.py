@@ -23,7 +23,7 @@ from starlette.routing import Route
 from durably import client as client_module
 from durably import errors
 from durably.agents import decisions
-from durably.server import api, auth, journal_pages, views
+from durably.server import api, auth, journal_pages, signal_pages, views
 from durably.storage.base import WorkflowQuery
 
 PAGE_SIZE = 50
@@ -210,7 +210,10 @@ async def workflow_page(request: Request) -> Response:
     wid = request.path_params["workflow_id"]
     try:
         after, before = (_seq_param(request, key) for key in ("after", "before"))
-        data = await run_in_threadpool(_workflow_data, _client(request), wid, after, before)
+        signals_before = _seq_param(request, "signals_before", "the num of a signal")
+        data = await run_in_threadpool(
+            _workflow_data, _client(request), wid, after, before, signals_before
+        )
     except errors.WorkflowNotFound as exc:
         return _render(request, "missing.html", identity, message=str(exc))
     except BadPage as exc:  # a page the query names wrongly: say so, with the way back
@@ -228,26 +231,38 @@ async def workflow_page(request: Request) -> Response:
 
 
 class BadPage(ValueError):
-    """The query names no page of the timeline (a 400 that says why)."""
+    """The query names no page of the timeline or the signals (a 400 that says why)."""
 
 
-def _seq_param(request: Request, key: str) -> int | None:
-    """The seq a query parameter names (``?before=SEQ``, ``?after=SEQ``), or None."""
+def _seq_param(request: Request, key: str, what: str = "the seq of a journal entry") -> int | None:
+    """The number a query parameter names (``?before=SEQ``, ``?after=SEQ``,
+    ``?signals_before=NUM``), or None."""
     value = request.query_params.get(key)
     if value is None or value == "":
         return None
     try:
         return int(value)
     except ValueError:
-        raise BadPage(f"?{key}= takes the seq of a journal entry, not {value!r}") from None
+        raise BadPage(f"?{key}= takes {what}, not {value!r}") from None
+
+
+def _href(at: str, **params: int | None) -> str:
+    """``at`` with the query parameters given a value, in the order given."""
+    given = {key: value for key, value in params.items() if value is not None}
+    return f"{at}?{urllib.parse.urlencode(given)}" if given else at
 
 
 def _workflow_data(
-    client: client_module.Client, wid: str, after: int | None = None, before: int | None = None
+    client: client_module.Client,
+    wid: str,
+    after: int | None = None,
+    before: int | None = None,
+    signals_before: int | None = None,
 ) -> dict[str, Any]:
     """What the workflow page shows: one page of its timeline (the newest, unless
     ``after`` or ``before`` a seq), the usage line of its whole journal, read from the
-    model calls alone, and the rest of the workflow."""
+    model calls alone, one page of its signals (the newest, unless ``signals_before`` a
+    num), and the rest of the workflow. Each pager's links keep the other's page."""
     info = client.get_workflow(wid)
     try:
         page = journal_pages.read(
@@ -257,9 +272,12 @@ def _workflow_data(
         # the store's words name its arguments; the page's query says after= and before=
         said = str(exc).replace("after_seq", "?after").replace("before_seq", "?before")
         raise BadPage(said) from exc
+    try:
+        signals = signal_pages.read(client, wid, before_num=signals_before)
+    except ValueError as exc:  # the num: out of range
+        raise BadPage(str(exc).replace("before_num", "?signals_before")) from exc
     claims = client.claims(wid)
     calls = journal_pages.model_calls(client, wid)
-    signals = client.signals(wid)
     return {
         "wf": info,
         "input": views.preview_json(info.input),
@@ -272,19 +290,24 @@ def _workflow_data(
             after=page.after,
             to_end=page.ends_journal,
         ),
-        "paging": _paging(wid, page),
+        "paging": _paging(wid, page, signals_before),
         "usage": views.usage_line(calls, claims),
-        "signals": [{**s, "payload": views.preview_json(s.get("payload"))} for s in signals],
+        "signals": [
+            {**s, "payload": views.preview_json(s.get("payload"))} for s in signals.signals
+        ],
+        "signal_paging": _signal_paging(wid, signals, after, before),
         "approvals": [views.approval(p) for p in decisions.list_approvals(client, wid)],
         "reviews": [views.review(r) for r in client.reviews(wid) if r.decision is None],
         "claims": claims,
     }
 
 
-def _paging(wid: str, page: journal_pages.Page) -> dict[str, Any] | None:
+def _paging(
+    wid: str, page: journal_pages.Page, signals_before: int | None = None
+) -> dict[str, Any] | None:
     """The line above and below the timeline when it is a page of the journal: which
-    entries it shows out of how many, and links to the pages around it. None when the
-    page is the whole journal."""
+    entries it shows out of how many, and links to the pages around it (on the page of
+    signals shown, ``signals_before``). None when the page is the whole journal."""
     asked = page.after_seq is not None or page.before_seq is not None
     if not asked and page.prior is None and not page.later:
         return None
@@ -295,12 +318,40 @@ def _paging(wid: str, page: journal_pages.Page) -> dict[str, Any] | None:
         shown = f"{len(page.entries):,} of {page.count:,} entries (seq {first:,} to {last:,})"
     else:
         shown = f"no entries here, of {page.count:,}"
+    keep = signals_before
     return {
         "shown": shown,
-        "oldest": f"{at}?after=0" if earlier is not None else None,
-        "earlier": f"{at}?before={earlier}" if earlier is not None else None,
-        "later": f"{at}?after={later}" if later is not None else None,
-        "newest": at if asked else None,
+        "oldest": _href(at, after=0, signals_before=keep) if earlier is not None else None,
+        "earlier": _href(at, before=earlier, signals_before=keep) if earlier is not None else None,
+        "later": _href(at, after=later, signals_before=keep) if later is not None else None,
+        "newest": _href(at, signals_before=keep) if asked else None,
+    }
+
+
+def _signal_paging(
+    wid: str, page: signal_pages.Page, after: int | None, before: int | None
+) -> dict[str, Any] | None:
+    """The line below the signals when they are a page of them: which it shows out of
+    how many, and links to the earlier page and the newest (on the page of the timeline
+    shown, ``after`` or ``before``). None when the page holds every signal."""
+    asked = page.before_num is not None
+    if not asked and page.earlier_before_num is None:
+        return None
+    at = f"/workflows/{urllib.parse.quote(wid, safe='')}"
+    if page.signals:
+        first, last = page.signals[0]["num"], page.signals[-1]["num"]
+        shown = f"{len(page.signals):,} of {page.count:,} signals (num {first:,} to {last:,})"
+    else:
+        shown = f"no signals here, of {page.count:,}"
+    earlier = page.earlier_before_num
+    return {
+        "shown": shown,
+        "oldest": None,
+        "earlier": None
+        if earlier is None
+        else _href(at, after=after, before=before, signals_before=earlier),
+        "later": None,
+        "newest": _href(at, after=after, before=before) if asked else None,
     }
 
 

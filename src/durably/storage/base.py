@@ -702,6 +702,15 @@ class Store(abc.ABC):
     def list_signals(self, workflow_id: str) -> list[dict[str, Any]]:
         """Every signal sent to the workflow, consumed or not."""
 
+    @abc.abstractmethod
+    def signals_page(
+        self, workflow_id: str, before_num: int | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """One page of the signals sent to the workflow, consumed or not, in num order, in
+        one query through their primary key, so that it costs the page's rows however many
+        were sent: the last ``limit`` before ``before_num``, or the newest ``limit``
+        without it (the dicts of :meth:`list_signals`). An unknown workflow has none."""
+
     # --- executors ---------------------------------------------------------------
 
     @abc.abstractmethod

@@ -736,6 +736,15 @@ WITH consumed AS (
 SELECT num, name, payload, idempotency_key, sent_at, consumed_seq
 FROM signals WHERE workflow_id = :workflow_id ORDER BY num
 
+-- name: signals_page
+-- One page of a workflow's signals, read through their primary key (workflow_id, num), so
+-- it costs the page's rows however many signals were sent: the :limit signals just before
+-- :num, newest first.
+SELECT num, name, payload, idempotency_key, sent_at, consumed_seq
+FROM signals WHERE workflow_id = :workflow_id AND num < :num
+ORDER BY num DESC
+LIMIT :limit
+
 -- name: publish_event
 -- Set the value of a workflow's event key.
 INSERT INTO events (workflow_id, key, value, seq, updated_at)

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from durably import errors, journal, replay
+from durably import errors, journal, replay, validate
 from durably.storage import base, entries
 
 
@@ -294,5 +294,17 @@ class SignalVerbs(entries.EntryVerbs):
 
     def list_signals(self, workflow_id: str) -> list[dict[str, Any]]:
         rows = self._q("list_signals", workflow_id=workflow_id).fetchall()
-        keys = ("num", "name", "payload", "idempotency_key", "sent_at", "consumed_seq")
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+        return [dict(zip(_SIGNAL_KEYS, r, strict=True)) for r in rows]
+
+    @base.one_read
+    def signals_page(
+        self, workflow_id: str, before_num: int | None, limit: int
+    ) -> list[dict[str, Any]]:
+        # the newest: before the largest num a BIGINT holds, which no count of signals reaches
+        num = validate.BIGINT[1] if before_num is None else before_num
+        rows = self._q("signals_page", workflow_id=workflow_id, num=num, limit=limit).fetchall()
+        return [dict(zip(_SIGNAL_KEYS, r, strict=True)) for r in reversed(rows)]
+
+
+#: The fields of a signal as list_signals and signals_page return it, in the queries' order.
+_SIGNAL_KEYS = ("num", "name", "payload", "idempotency_key", "sent_at", "consumed_seq")
