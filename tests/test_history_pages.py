@@ -585,3 +585,34 @@ def test_a_page_of_a_long_journal_does_a_page_s_work_not_the_journal_s(store_url
         assert whole >= LONG if postgres else whole > 50 * max(work.values())
     finally:
         store.close()
+
+
+def test_a_page_reads_the_gap_window_only_for_a_recovered_workflow(store_url: str) -> None:
+    """A page reads one entry on each side of it; 200 only where recoveries left gap lines
+    to place (the reads are the page's rows with their payloads)."""
+    _crafted(store_url)  # "g": recovered twice
+    store = create_store(store_url)
+    store.open()
+    try:
+        db = Verbs(store)
+        new = base.NewWorkflow("calm", NAME, '{"args": [], "kwargs": {}}', None, None)
+        info, _ = db.create_workflow(new, "ex-a", T + 1e9, T)
+        db.append_entries("calm", info.epoch, [_entry(s) for s in range(1, 13)], T + 13)
+    finally:
+        store.close()
+    with durably.Client(store_url) as client:
+        asked: list[int] = []
+        history_page = client.history_page
+
+        def counted(*args: Any, **kwargs: Any) -> list[journal.Entry]:
+            asked.append(kwargs["limit"])
+            return history_page(*args, **kwargs)
+
+        client.history_page = counted  # type: ignore[method-assign]
+        for wid, window in (("calm", 1), ("g", journal_pages.GAP_WINDOW)):
+            asked.clear()
+            journal_pages.read(client, wid, limit=5)  # the newest: nothing after it
+            assert asked == [5 + window], (wid, asked)
+            asked.clear()
+            journal_pages.read(client, wid, after_seq=3, limit=5)
+            assert asked == [5 + window, window], (wid, asked)

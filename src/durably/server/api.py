@@ -194,6 +194,7 @@ async def history(request: Request, ctx: Context) -> Any:
     after_seq = query_number(request, "after_seq", int)
     before_seq = query_number(request, "before_seq", int)
     page: journal_pages.Page | None = None
+    claims = await call(ctx.client.claims, wid)
     if limit is None and after_seq is None and before_seq is None:
         entries = await call(ctx.client.history, wid)
         calls: list[journal.Entry] | None = None
@@ -208,15 +209,16 @@ async def history(request: Request, ctx: Context) -> Any:
             after_seq=after_seq,
             before_seq=before_seq,
             limit=limit,
+            claims=claims,
         )
         entries = page.entries
         calls = await call(journal_pages.model_calls, ctx.client, wid)
-    claims = await call(ctx.client.claims, wid)
     signals: signal_pages.Page | list[dict[str, Any]]
     if page is None:
         signals = await call(ctx.client.signals, wid)
     else:
-        signals = await call(signal_pages.read, ctx.client, wid)
+        known = None if page.mark is None else page.mark.signals
+        signals = await call(signal_pages.read, ctx.client, wid, count=known)
     shown = views.journal_document(
         entries,
         claims,

@@ -264,19 +264,25 @@ def _workflow_data(
     model calls alone, one page of its signals (the newest, unless ``signals_before`` a
     num), and the rest of the workflow. Each pager's links keep the other's page."""
     info = client.get_workflow(wid)
+    claims = client.claims(wid)
     try:
         page = journal_pages.read(
-            client, wid, after_seq=after, before_seq=before, limit=journal_pages.TIMELINE_PAGE
+            client,
+            wid,
+            after_seq=after,
+            before_seq=before,
+            limit=journal_pages.TIMELINE_PAGE,
+            claims=claims,
         )
     except ValueError as exc:  # the seqs: out of range, or both given
         # the store's words name its arguments; the page's query says after= and before=
         said = str(exc).replace("after_seq", "?after").replace("before_seq", "?before")
         raise BadPage(said) from exc
     try:
-        signals = signal_pages.read(client, wid, before_num=signals_before)
+        known = None if page.mark is None else page.mark.signals
+        signals = signal_pages.read(client, wid, before_num=signals_before, count=known)
     except ValueError as exc:  # the num: out of range
         raise BadPage(str(exc).replace("before_num", "?signals_before")) from exc
-    claims = client.claims(wid)
     calls = journal_pages.model_calls(client, wid)
     return {
         "wf": info,

@@ -12,6 +12,7 @@ last (``after_seq``) sees every entry exactly once.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from durably import client as client_module
@@ -38,13 +39,16 @@ class Page:
     #: How many entries the whole journal holds (as its mark counted them).
     count: int
     limit: int
-    #: Up to ``GAP_WINDOW`` entries just before the page and after it, in seq order, not
-    #: shown: its gap lines are placed and measured against them.
+    #: Entries just before the page and after it, in seq order, not shown (up to
+    #: ``GAP_WINDOW`` of a recovered workflow's): its gap lines are placed and measured
+    #: against them.
     before: list[journal.Entry]
     after: list[journal.Entry]
     #: What was asked: the page after this seq, or before it (neither: the newest).
     after_seq: int | None = None
     before_seq: int | None = None
+    #: The journal's mark as read with the page (its count, the signals' count).
+    mark: journal.HistoryMark | None = None
 
     @property
     def prior(self) -> journal.Entry | None:
@@ -100,28 +104,33 @@ def read(
     after_seq: int | None = None,
     before_seq: int | None = None,
     limit: int,
+    claims: Sequence[journal.Claim] | None = None,
 ) -> Page:
     """The page of ``workflow_id``'s journal that the arguments name (as
-    ``Client.history_page`` takes them), with up to ``GAP_WINDOW`` entries on each side
-    for its gap lines, which also tell whether the page has neighbours.
+    ``Client.history_page`` takes them), with entries on each side: one, to tell whether
+    the page has neighbours, or up to ``GAP_WINDOW`` when the workflow was recovered
+    (``claims``, read when not given, hold a recovery), to place its gap lines.
     WorkflowNotFound for an unknown id; ValueError for arguments it refuses."""
     size = validate.count(limit, "limit")
+    if claims is None:
+        claims = client.claims(workflow_id)
+    window = GAP_WINDOW if any(c.reason == "recovery" for c in claims) else 1
     if after_seq is None:
-        found = client.history_page(workflow_id, before_seq=before_seq, limit=size + GAP_WINDOW)
+        found = client.history_page(workflow_id, before_seq=before_seq, limit=size + window)
         entries, before = found[-size:], found[:-size]
         after: list[journal.Entry] = []
         if before_seq is not None:  # entries may follow: the page does not end at the newest
             start = entries[-1].seq if entries else max(before_seq - 1, _LOWEST)
-            after = client.history_page(workflow_id, after_seq=start, limit=GAP_WINDOW)
+            after = client.history_page(workflow_id, after_seq=start, limit=window)
     else:
         found = client.history_page(  # with both seqs it refuses them, as it should
-            workflow_id, after_seq=after_seq, before_seq=before_seq, limit=size + GAP_WINDOW
+            workflow_id, after_seq=after_seq, before_seq=before_seq, limit=size + window
         )
         entries, after = found[:size], found[size:]
         edge = entries[0].seq if entries else min(after_seq + 1, _HIGHEST)
-        before = client.history_page(workflow_id, before_seq=edge, limit=GAP_WINDOW)
+        before = client.history_page(workflow_id, before_seq=edge, limit=window)
     mark = client.history_mark(workflow_id)
-    return Page(entries, mark.entries, limit, before, after, after_seq, before_seq)
+    return Page(entries, mark.entries, limit, before, after, after_seq, before_seq, mark)
 
 
 def model_calls(client: client_module.Client, workflow_id: str) -> list[journal.Entry]:

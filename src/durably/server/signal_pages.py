@@ -51,13 +51,16 @@ def read(
     *,
     before_num: int | None = None,
     limit: int = SIGNALS_PAGE,
+    count: int | None = None,
 ) -> Page:
     """The page of ``workflow_id``'s signals that the arguments name (as
     ``Client.signals_page`` takes them): one more signal is read to tell whether earlier
-    ones remain. WorkflowNotFound for an unknown id; ValueError for arguments it refuses."""
+    ones remain; ``count``, the signals' count when the caller read the mark already.
+    WorkflowNotFound for an unknown id; ValueError for arguments it refuses."""
     size = validate.count(limit, "limit", high=validate.BIGINT[1] - 1)
     found = client.signals_page(workflow_id, before_num=before_num, limit=size + 1)
     signals = found[-size:]
     earlier = int(signals[0]["num"]) if len(found) > size else None
-    count = client.history_mark(workflow_id).signals
+    if count is None:  # not read with the page's journal already
+        count = client.history_mark(workflow_id).signals
     return Page(signals, count, size, earlier, before_num)
