@@ -86,3 +86,30 @@ def empty_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     name = cluster.create_database(prefix="empty")
     request.addfinalizer(lambda: cluster.drop_database(name))
     return str(cluster.url(name))
+
+
+@pytest.fixture
+def dashboard(store_url: str) -> Iterator[tuple[str, Any]]:
+    """(the URL, a Starlette test client of the dashboard logged in), on both dialects."""
+    from starlette.testclient import TestClient
+
+    from durably.server import app, auth
+    from tests.serverkit import harness
+
+    with TestClient(app.create_app(store_url, auth.parse_tokens(harness.TOKEN, "test"))) as c:
+        c.post("/login", data={"token": harness.SECRET, "next": "/"}, follow_redirects=False)
+        yield store_url, c
+
+
+@pytest.fixture
+def api_client(store_url: str) -> Iterator[tuple[str, Any]]:
+    """(the URL, a Starlette test client of the JSON API with the bearer token), on both
+    dialects."""
+    from starlette.testclient import TestClient
+
+    from durably.server import app, auth
+    from tests.serverkit import harness
+
+    with TestClient(app.create_app(store_url, auth.parse_tokens(harness.TOKEN, "test"))) as c:
+        c.headers.update({"Authorization": f"Bearer {harness.SECRET}"})
+        yield store_url, c

@@ -334,13 +334,6 @@ def test_a_gap_before_an_entry_written_out_of_order_is_on_one_page(store_url: st
 # --- the dashboard -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def dashboard(store_url: str) -> Iterator[tuple[str, TestClient]]:
-    with TestClient(app.create_app(store_url, auth.parse_tokens(harness.TOKEN, "test"))) as c:
-        c.post("/login", data={"token": harness.SECRET, "next": "/"}, follow_redirects=False)
-        yield store_url, c
-
-
 def _shown(html: str) -> list[Any]:
     """The timeline's rows as the page shows them: a seq, or "gap"."""
     rows = re.findall(r'<tr class="gap">|<tr class="st-[^"]*"[^>]*>\s*<td class="num">(\d+)', html)
@@ -435,13 +428,6 @@ def test_a_page_named_wrongly_is_a_400_that_says_why(
 
 
 # --- the API ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def api_client(store_url: str) -> Iterator[tuple[str, TestClient]]:
-    with TestClient(app.create_app(store_url, auth.parse_tokens(harness.TOKEN, "test"))) as c:
-        c.headers.update({"Authorization": f"Bearer {harness.SECRET}"})
-        yield store_url, c
 
 
 def test_the_api_pages_the_history_and_says_how_to_fetch_the_next(

@@ -21,10 +21,9 @@ from starlette.testclient import TestClient
 
 import durably
 from durably import errors
-from durably.server import app, auth, journal_pages, signal_pages
+from durably.server import journal_pages, signal_pages
 from durably.storage import create_store
 from tests import test_query_plans
-from tests.serverkit import harness
 from tests.test_history_pages import _crafted
 
 BIGINT = 2**63 - 1
@@ -93,13 +92,6 @@ def test_the_edges_and_bad_arguments(chat: tuple[str, durably.Client]) -> None:
 
 
 # --- the dashboard --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def dashboard(store_url: str) -> Iterator[tuple[str, TestClient]]:
-    with TestClient(app.create_app(store_url, auth.parse_tokens(harness.TOKEN, "test"))) as c:
-        c.post("/login", data={"token": harness.SECRET, "next": "/"}, follow_redirects=False)
-        yield store_url, c
 
 
 def _signal_nums(html: str) -> list[int]:
@@ -210,13 +202,6 @@ def test_signals_named_wrongly_are_a_400_that_says_why(
 
 
 # --- the API ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def api_client(store_url: str) -> Iterator[tuple[str, TestClient]]:
-    with TestClient(app.create_app(store_url, auth.parse_tokens(harness.TOKEN, "test"))) as c:
-        c.headers.update({"Authorization": f"Bearer {harness.SECRET}"})
-        yield store_url, c
 
 
 def test_the_history_route_pages_the_signals_only_when_it_pages(
