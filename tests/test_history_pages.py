@@ -413,9 +413,13 @@ def test_a_short_journal_is_one_page_without_a_pager(agent: tuple[str, durably.C
         ("after=1.5", "?after= takes the seq"),
         ("after=1&before=9", "give one of them"),
         (f"after={2**64}", "?after="),  # the page's parameter, not the store's after_seq
+        ("signals_before=abc", "?signals_before= takes the num of a signal, not &#39;abc&#39;"),
+        ("signals_before=1.5", "?signals_before= takes the num of a signal"),
+        (f"signals_before={2**64}", "?signals_before="),  # the page's name, not before_num
+        ("before=x&signals_before=3", "?before= takes the seq"),
     ],
 )
-def test_a_page_named_wrongly_is_a_400_that_says_why(
+def test_a_journal_or_signals_page_named_wrongly_is_a_400_that_says_why(
     dashboard: tuple[str, TestClient], query: str, says: str
 ) -> None:
     url, c = dashboard
@@ -423,8 +427,9 @@ def test_a_page_named_wrongly_is_a_400_that_says_why(
     r = c.get(f"/workflows/g?{query}")
     assert r.status_code == 400, r.text
     assert says in r.text and 'href="/workflows/g"' in r.text
-    assert c.get("/workflows/nobody?before=3").status_code == 200  # "not found", as before
-    assert "no workflow with id" in c.get("/workflows/nobody?before=3").text
+    for fine in ("before=3", "signals_before=3"):  # an unknown id: "not found", as before
+        gone = c.get(f"/workflows/nobody?{fine}")
+        assert gone.status_code == 200 and "no workflow with id" in gone.text
 
 
 # --- the API ----------------------------------------------------------------------------------
