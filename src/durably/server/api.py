@@ -33,6 +33,7 @@ from durably.server.routing import (
     Param,
     Spec,
     call,
+    query_limit,
     query_number,
     query_text,
     route,
@@ -84,10 +85,7 @@ STATUSES = (
     )
 )
 async def list_workflows(request: Request, ctx: Context) -> Any:
-    limit = query_number(request, "limit", int)
-    limit = 50 if limit is None else limit
-    if not 1 <= limit <= MAX_LIMIT:
-        raise BadInput(f"the query parameter 'limit' must be between 1 and {MAX_LIMIT}")
+    limit = query_limit(request, 50)
     cursor = query_text(request, "cursor")
     order = query_text(request, "order") or "desc"
     if order not in ("desc", "asc"):
@@ -190,54 +188,39 @@ async def history(request: Request, ctx: Context) -> Any:
     long agent's are megabytes: page them); with any, one page, its usage line still the
     whole journal's, and the newest signals with their count."""
     wid = request.path_params["workflow_id"]
-    limit = query_number(request, "limit", int)
-    after_seq = query_number(request, "after_seq", int)
-    before_seq = query_number(request, "before_seq", int)
-    page: journal_pages.Page | None = None
+    paged = any(request.query_params.get(key) for key in ("limit", "after_seq", "before_seq"))
     claims = await call(ctx.client.claims, wid)
-    if limit is None and after_seq is None and before_seq is None:
-        entries = await call(ctx.client.history, wid)
-        calls: list[journal.Entry] | None = None
+    more: dict[str, Any] = {}
+    if not paged:
+        shown = views.journal_document(await call(ctx.client.history, wid), claims)
+        sent = await call(ctx.client.signals, wid)
     else:
-        limit = journal_pages.TIMELINE_PAGE if limit is None else limit
-        if not 1 <= limit <= MAX_LIMIT:
-            raise BadInput(f"the query parameter 'limit' must be between 1 and {MAX_LIMIT}")
         page = await call(
             journal_pages.read,
             ctx.client,
             wid,
-            after_seq=after_seq,
-            before_seq=before_seq,
-            limit=limit,
+            after_seq=query_number(request, "after_seq", int),
+            before_seq=query_number(request, "before_seq", int),
+            limit=query_limit(request, journal_pages.TIMELINE_PAGE),
             claims=claims,
         )
-        entries = page.entries
-        calls = await call(journal_pages.model_calls, ctx.client, wid)
-    signals: signal_pages.Page | list[dict[str, Any]]
-    if page is None:
-        signals = await call(ctx.client.signals, wid)
-    else:
-        known = None if page.mark is None else page.mark.signals
-        signals = await call(signal_pages.read, ctx.client, wid, count=known)
-    shown = views.journal_document(
-        entries,
-        claims,
-        calls=calls,
-        before=() if page is None else page.before,
-        after=() if page is None else page.after,
-        to_end=page is None or page.ends_journal,
-    )
-    sent = signals if isinstance(signals, list) else signals.signals
-    document = {
+        shown = views.journal_document(
+            page.entries,
+            claims,
+            calls=await call(journal_pages.model_calls, ctx.client, wid),
+            before=page.before,
+            after=page.after,
+            to_end=page.ends_journal,
+        )
+        signals = await call(signal_pages.read, ctx.client, wid, count=page.mark.signals)
+        sent = signals.signals
+        more = {"page": page.describe(), "signals_count": signals.count}
+    return {
         "workflow_id": wid,
         **shown,
         "signals": [{**s, "payload": views.payload(s.get("payload"))} for s in sent],
+        **more,
     }
-    if page is not None:
-        document["page"] = page.describe()
-    if isinstance(signals, signal_pages.Page):
-        document["signals_count"] = signals.count
-    return document
 
 
 @route(
@@ -265,10 +248,7 @@ async def history(request: Request, ctx: Context) -> Any:
 )
 async def signals(request: Request, ctx: Context) -> Any:
     wid = request.path_params["workflow_id"]
-    limit = query_number(request, "limit", int)
-    limit = signal_pages.SIGNALS_PAGE if limit is None else limit
-    if not 1 <= limit <= MAX_LIMIT:
-        raise BadInput(f"the query parameter 'limit' must be between 1 and {MAX_LIMIT}")
+    limit = query_limit(request, signal_pages.SIGNALS_PAGE)
     before_num = query_number(request, "before_num", int)
     page = await call(signal_pages.read, ctx.client, wid, before_num=before_num, limit=limit)
     document = page.describe()

@@ -279,8 +279,7 @@ def _workflow_data(
         said = str(exc).replace("after_seq", "?after").replace("before_seq", "?before")
         raise BadPage(said) from exc
     try:
-        known = None if page.mark is None else page.mark.signals
-        signals = signal_pages.read(client, wid, before_num=signals_before, count=known)
+        signals = signal_pages.read(client, wid, before_num=signals_before, count=page.mark.signals)
     except ValueError as exc:  # the num: out of range
         raise BadPage(str(exc).replace("before_num", "?signals_before")) from exc
     calls = journal_pages.model_calls(client, wid)

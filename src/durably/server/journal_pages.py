@@ -36,19 +36,22 @@ class Page:
     """Entries of a journal in seq order, where they stand in it, and how to page on."""
 
     entries: list[journal.Entry]
-    #: How many entries the whole journal holds (as its mark counted them).
-    count: int
     limit: int
     #: Entries just before the page and after it, in seq order, not shown (up to
     #: ``GAP_WINDOW`` of a recovered workflow's): its gap lines are placed and measured
     #: against them.
     before: list[journal.Entry]
     after: list[journal.Entry]
+    #: The journal's mark as read with the page (its count, the signals' count).
+    mark: journal.HistoryMark
     #: What was asked: the page after this seq, or before it (neither: the newest).
     after_seq: int | None = None
     before_seq: int | None = None
-    #: The journal's mark as read with the page (its count, the signals' count).
-    mark: journal.HistoryMark | None = None
+
+    @property
+    def count(self) -> int:
+        """How many entries the whole journal holds (as its mark counted them)."""
+        return self.mark.entries
 
     @property
     def prior(self) -> journal.Entry | None:
@@ -130,7 +133,7 @@ def read(
         edge = entries[0].seq if entries else min(after_seq + 1, _HIGHEST)
         before = client.history_page(workflow_id, before_seq=edge, limit=window)
     mark = client.history_mark(workflow_id)
-    return Page(entries, mark.entries, limit, before, after, after_seq, before_seq, mark)
+    return Page(entries, limit, before, after, mark, after_seq, before_seq)
 
 
 def model_calls(client: client_module.Client, workflow_id: str) -> list[journal.Entry]:

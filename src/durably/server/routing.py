@@ -208,6 +208,16 @@ def query_number(request: Request, key: str, kind: type[int] | type[float]) -> A
     return number
 
 
+def query_limit(request: Request, default: int) -> int:
+    """The ``limit`` query parameter, 1 to ``MAX_LIMIT`` (``default`` without it);
+    BadInput otherwise."""
+    limit: int | None = query_number(request, "limit", int)
+    limit = default if limit is None else limit
+    if not 1 <= limit <= MAX_LIMIT:
+        raise BadInput(f"the query parameter 'limit' must be between 1 and {MAX_LIMIT}")
+    return limit
+
+
 def query_text(request: Request, key: str) -> str | None:
     """A text query parameter, or None when absent or empty."""
     return request.query_params.get(key) or None
