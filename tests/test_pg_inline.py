@@ -58,7 +58,7 @@ def inline_pid(engine: durably.Engine) -> int:
 
 async def test_a_quiet_loop_commits_steps_on_its_own_thread(postgres_url: str) -> None:
     async with durably.Engine(postgres_url) as engine:
-        await run_steps(engine, 3)  # the first asks a store thread to open the connection
+        await inline_conn(engine)  # the first steps ask a store thread to open it
         seen = commit_threads(engine)
         await run_steps(engine, 20)
         loop_thread = threading.current_thread().name
@@ -105,7 +105,7 @@ async def test_a_slow_call_sends_the_next_ones_through_the_store_threads(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with durably.Engine(postgres_url) as engine:
-        await run_steps(engine, 3)
+        await inline_conn(engine)  # opened, however loaded: the start below goes inline
         monkeypatch.setattr(postgres, "INLINE_SLOW", 0.0)  # every call counts as slow
         monkeypatch.setattr(postgres, "INLINE_PAUSE_MIN", 30.0)  # room for a loaded machine
         seen = commit_threads(engine)
@@ -145,7 +145,7 @@ async def test_a_locked_row_sends_the_commit_to_a_store_thread(postgres_url: str
         return await gated()
 
     async with durably.Engine(postgres_url) as engine:
-        await run_steps(engine, 3)
+        await inline_conn(engine)  # opened, however loaded: the receipt is tried inline
         seen = commit_threads(engine)
         handle = await engine.start(locked, workflow_id="pg-inline-locked")
         held, release = threading.Event(), threading.Event()
