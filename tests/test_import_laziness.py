@@ -38,6 +38,21 @@ def test_import_durably_loads_no_agent_sdk_cli_or_server_module() -> None:
         assert name not in loaded, f"import durably loaded {name!r}"
     for name in ("click", "pydantic", "durably.agents", "durably.server"):
         assert name not in loaded, f"import durably loaded {name!r}"
+    # the package metadata (for __version__) and OpenTelemetry load when used
+    for name in ("importlib.metadata", "opentelemetry", "opentelemetry.trace"):
+        assert name not in loaded, f"import durably loaded {name!r}"
+
+
+def test_the_version_is_read_on_first_use_and_kept() -> None:
+    loaded = _modules_after(
+        "import durably\n"
+        "from importlib import metadata\n"
+        "assert durably.__version__ == metadata.version('durably'), durably.__version__\n"
+        "assert '__version__' in vars(durably) and '__version__' in dir(durably)\n"
+        "from durably import __version__\n"
+        "assert __version__ is durably.__version__"
+    )
+    assert "importlib.metadata" in loaded
 
 
 def test_lazy_names_resolve_to_the_agents_objects() -> None:
@@ -63,6 +78,8 @@ def test_durably_help_loads_no_agent_sdk_or_server_module() -> None:
         "    assert exit_.code in (0, None), exit_.code\n"
     )
     for name in ("openai", "pydantic_ai", "agents", "starlette", "anthropic", "durably.server"):
+        assert name not in loaded, f"durably --help loaded {name!r}"
+    for name in ("importlib.metadata", "opentelemetry"):  # --version reads the metadata
         assert name not in loaded, f"durably --help loaded {name!r}"
     # The approval commands are listed, so their small modules load; the agent
     # loop, the model client and the schema machinery do not.

@@ -323,3 +323,54 @@ async def test_a_wait_received_by_a_claim_that_runs_nothing_still_has_its_span(
         assert await handle.result(timeout=15) == [1, 2]
     waits = _named(exported.get_finished_spans(), "wait signal")
     assert sorted(_attrs(s)["durably.seq"] for s in waits) == [1, 2]
+
+
+_SPAN_CHILD = """
+import asyncio, sys, tempfile
+import durably
+
+@durably.step
+async def look() -> list[bool]:
+    trace = sys.modules.get("opentelemetry.trace")
+    return [trace is not None, trace is not None and trace.get_current_span().is_recording()]
+
+@durably.workflow
+async def flow() -> list[bool]:
+    return await look()
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        async with durably.Engine(f"sqlite:///{tmp}/t.db") as engine:
+            print(await (await engine.start(flow)).result(timeout=30))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, "[False, False]"),
+        ({"OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"}, "[True, True]"),
+    ],
+    ids=["nothing-loads-it", "a-provider-named-in-the-environment"],
+)
+def test_opentelemetry_loads_only_for_a_provider_named_in_the_environment(
+    environ: dict[str, str], expected: str
+) -> None:
+    """``import durably`` does not load OpenTelemetry; a tracer provider named in the
+    environment (which no application code imports) still gets durably's step spans."""
+    import subprocess
+
+    from tests import children
+
+    proc = subprocess.run(
+        children.python("-c", _SPAN_CHILD),
+        env=children.child_env(environ, drop=("DURABLY_", "OTEL_")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == expected

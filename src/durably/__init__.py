@@ -70,6 +70,8 @@ from durably.workflows import (
 if typing.TYPE_CHECKING:
     from durably.agents import Agent, AgentResult, llm, tool
 
+    __version__: str
+
 # The agents package is loaded on first use: a workflow that never builds an
 # agent should not pay for it at import (issue 12). Name -> the module holding it.
 _LAZY = {
@@ -82,6 +84,9 @@ _LAZY = {
 
 def __getattr__(name: str) -> typing.Any:
     """Import a lazily loaded public name on first access, then keep it in the module."""
+    if name == "__version__":  # read from the installed metadata on first use
+        version = globals()["__version__"] = _installed_version()
+        return version
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'durably' has no attribute {name!r}")
@@ -94,11 +99,15 @@ def __getattr__(name: str) -> typing.Any:
 
 def __dir__() -> list[str]:
     """The module's names, the lazily loaded ones included (before their first use too)."""
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"__version__"})
 
 
 def _installed_version() -> str:
-    """The version pip installed (the wheel's metadata); the source's own when not installed."""
+    """The version pip installed (the wheel's metadata); the source's own when not installed.
+
+    Read on first use of ``durably.__version__``, not at import: ``importlib.metadata``
+    costs ``import durably`` 8-9 ms (issue 12).
+    """
     from importlib import metadata
 
     try:
@@ -106,8 +115,6 @@ def _installed_version() -> str:
     except metadata.PackageNotFoundError:  # run from a source tree without installing it
         return "0.1.0"
 
-
-__version__ = _installed_version()
 
 __all__ = [
     "Agent",

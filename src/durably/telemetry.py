@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -42,23 +43,32 @@ from durably import context
 if TYPE_CHECKING:
     from durably.workflow_run import Run
 
-try:
-    from opentelemetry import trace
-except ImportError:  # the otel extra is not installed
-    trace = None  # type: ignore[assignment]
-
 MODEL_STEP_PREFIX = "llm:"
 
 #: A tracer provider named in the environment, which OpenTelemetry loads on first use.
 _PROVIDER_IN_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
+if _PROVIDER_IN_ENV:  # spans are recorded without the application importing OpenTelemetry
+    with contextlib.suppress(ImportError):  # the otel extra is not installed
+        import opentelemetry.trace  # noqa: F401  (loaded for _trace)
+
+
+def _trace() -> Any:
+    """OpenTelemetry's trace module once something loaded it, else None.
+
+    Not imported here: ``import durably`` would pay 6-7 ms for it. An application
+    that records spans has loaded it (a tracer provider is set through it, or named
+    in the environment, see above), and until then no span could be recorded.
+    """
+    return sys.modules.get("opentelemetry.trace")
+
 
 def _tracer() -> Any:
-    return trace.get_tracer("durably")
+    return _trace().get_tracer("durably")
 
 
 def _tracing() -> bool:
-    """True when a span can be recorded: OpenTelemetry is installed and a global tracer
+    """True when a span can be recorded: OpenTelemetry is loaded and a global tracer
     provider is set (or named in the environment).
 
     Without a provider every span is a no-op that still costs a context attach and
@@ -67,6 +77,7 @@ def _tracing() -> bool:
     OpenTelemetry's global ``_TRACER_PROVIDER``, as OpenTelemetry's own ProxyTracer
     does; should that name ever go, spans are always made.
     """
+    trace = _trace()
     return trace is not None and (
         _PROVIDER_IN_ENV or getattr(trace, "_TRACER_PROVIDER", True) is not None
     )
@@ -139,6 +150,7 @@ def model_span(system: str, model: str) -> Iterator[Any]:
     Called inside a model step's body, which runs only when the journal has no
     answer: a replayed model call has no span.
     """
+    trace = _trace()
     if trace is None:
         yield None
         return
@@ -198,7 +210,7 @@ def wait_ended(
     this run or the claim that launched it, never for one the journal already
     holds as final.
     """
-    if trace is None:
+    if _trace() is None:
         return
     now = time.time() if ended is None else ended
     start = began if began is not None and began <= now else now

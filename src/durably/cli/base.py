@@ -110,6 +110,14 @@ def parse_args_json(text: str) -> tuple[list[Any], dict[str, Any]]:
     return [value], {}
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: the installed version, read only when asked (``durably.__version__``
+    reads the package metadata, which every other command would pay for at start)."""
+    if value and not ctx.resilient_parsing:
+        click.echo(f"durably {durably.__version__}")
+        ctx.exit()
+
+
 @click.group()
 @click.option(
     "--database",
@@ -120,7 +128,14 @@ def parse_args_json(text: str) -> tuple[list[Any], dict[str, Any]]:
     help="Database URL (or DURABLY_DATABASE_URL).",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Log what the engine does.")
-@click.version_option(durably.__version__, prog_name="durably", message="%(prog)s %(version)s")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
 @click.pass_context
 def main(ctx: click.Context, database: str, verbose: bool) -> None:
     """durably: durable execution for AI agents."""
