@@ -84,10 +84,12 @@ async def _run(
             found = await _unknown_outcome(run, seq, step, entry, args, kwargs, key, where)
             if found is not None:
                 return found[0]
-    await run.flush()
+    if run.must_flush():  # what the step could observe is committed before it runs
+        await run.commit()
     key = f"{run.workflow_id}:{seq}"
     while True:
-        await run.ready()  # not while a park is on its way: the run may be letting go
+        if not run.ready_now():  # not while a park is on its way: the run may be letting go
+            await run.ready()
         run.check_stopping()
         if step.needs_intent:
             faults.reached("before_intent", step.name)

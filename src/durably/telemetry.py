@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 
 MODEL_STEP_PREFIX = "llm:"
 
+_modules = sys.modules
+
 #: A tracer provider named in the environment, which OpenTelemetry loads on first use.
 _PROVIDER_IN_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
@@ -60,7 +62,7 @@ def _trace() -> Any:
     that records spans has loaded it (a tracer provider is set through it, or named
     in the environment, see above), and until then no span could be recorded.
     """
-    return sys.modules.get("opentelemetry.trace")
+    return _modules.get("opentelemetry.trace")
 
 
 def _tracer() -> Any:
@@ -77,7 +79,7 @@ def _tracing() -> bool:
     OpenTelemetry's global ``_TRACER_PROVIDER``, as OpenTelemetry's own ProxyTracer
     does; should that name ever go, spans are always made.
     """
-    trace = _trace()
+    trace = _modules.get("opentelemetry.trace")  # _trace(), without a call: every step
     return trace is not None and (
         _PROVIDER_IN_ENV or getattr(trace, "_TRACER_PROVIDER", True) is not None
     )

@@ -228,11 +228,8 @@ class Run(parking.Parking):
             head = (self.workflow_id, self._epoch, batch, *args)
         else:
             head = (self.workflow_id, self._epoch, *args[:at], batch, *args[at:])
-        if not internal:  # the run's own park and final write skip the check
-            if self._settled.is_set():  # the usual case, without a coroutine
-                self._check_live()
-            else:
-                await self.ready()
+        if not internal and not self.ready_now():  # its own park and final write skip it
+            await self.ready()
         delay, waited = 0.05, 0.0
         full_delay, full_waited = _FULL_DELAYS[0], 0.0
         services = self._services
@@ -331,6 +328,14 @@ class Run(parking.Parking):
         """Wait until no park is on its way (it either parked the run or did not)."""
         await self._settled.wait()
 
+    def ready_now(self) -> bool:
+        """``ready()`` without a coroutine when no park is on its way (the usual case):
+        True once the liveness check passed; False when ``ready()`` must be awaited."""
+        if self._settled.is_set():
+            self._check_live()
+            return True
+        return False
+
     async def ready(self) -> None:
         """Wait out a park on its way; raise if the run let go of the workflow."""
         while not self._settled.is_set():
@@ -388,14 +393,14 @@ class Run(parking.Parking):
             raise Abandoned(str(self._abandoned))
         raise self.suspend("this run has let go of the workflow")
 
-    async def flush(self) -> None:
-        """Commit journaled values a step could observe (now, random, uuid4) before it runs.
+    def must_flush(self) -> bool:
+        """True when journaled values a step could observe (now, random, uuid4) are staged:
+        they are committed before the step runs.
 
         Other pending entries (events, finished sleeps) ride with the step's
         receipt, so a plain step still costs one commit.
         """
-        if self._pending and any(e.kind in _OBSERVABLE for e in self._pending):
-            await self.commit()
+        return bool(self._pending) and any(e.kind in _OBSERVABLE for e in self._pending)
 
     # --- journaled values -------------------------------------------------------
 

@@ -54,6 +54,8 @@ def entry_params(workflow_id: str, e: journal.Entry) -> dict[str, object]:
 
 #: Entry kinds whose write is followed by another statement (``_wrote``).
 _WRITE_MORE = frozenset({journal.Kind.CANCEL, journal.Kind.EVENT})
+#: The usual entry kind, which writes nothing after its upsert (``_wrote``).
+_STEP = journal.Kind.STEP
 
 
 class EntryVerbs(claims.ClaimVerbs):
@@ -172,8 +174,9 @@ class EntryVerbs(claims.ClaimVerbs):
         fence: Fence | None,
     ) -> None:
         """Write entries; under a ``fence``, the first new final one resets counted crashes."""
+        upsert = self._queries["upsert_entry"]
         for e in entries:
-            cursor = self._q("upsert_entry", **entry_params(workflow_id, e))
+            cursor = self._execute(upsert, entry_params(workflow_id, e))
             self._wrote(workflow_id, e, cursor.rowcount, now, fence)
 
     def _wrote(
@@ -183,13 +186,17 @@ class EntryVerbs(claims.ClaimVerbs):
         refusal unless the journal already holds this very entry; a cancel closes the
         review it ends, an event is published."""
         if written == 1 and e.status in journal.FINAL_ENTRY_STATUSES:
-            self._progressed(fence, now)
+            if fence is not None and fence.crash_count:  # (not a call: every step's path)
+                self._progressed(fence, now)
         elif written != 1 and not self._holds(workflow_id, e):
             raise errors.StoreError(
                 f"workflow {workflow_id!r} seq {e.seq} already holds a final or a "
                 f"different entry; refusing to overwrite it with {e.describe()}"
             )
-        if e.kind == journal.Kind.CANCEL:  # a step awaiting review will not be decided
+        kind = e.kind
+        if kind is _STEP:  # the usual entry: nothing more to write
+            return
+        if kind == journal.Kind.CANCEL:  # a step awaiting review will not be decided
             self._q(
                 "decide_review",
                 workflow_id=workflow_id,
@@ -199,7 +206,7 @@ class EntryVerbs(claims.ClaimVerbs):
                 decided_by="cancel",
                 now=now,
             )
-        if e.kind == journal.Kind.EVENT and e.payload is not None:
+        if kind == journal.Kind.EVENT and e.payload is not None:
             self._q(
                 "publish_event",
                 workflow_id=workflow_id,

@@ -330,10 +330,10 @@ class SqlBase(base.Store):
         return self._map_error(exc) if isinstance(exc, self.driver_errors) else exc
 
     def run_batch(self, ops: Sequence[base.Op]) -> None:
-        if not self._begin_batch(ops):
-            return
         if len(ops) == 1:
-            self._run_alone(ops[0])
+            self.run_one(ops[0])
+            return
+        if not self._begin_batch(ops):
             return
         # Optimistically without savepoints (they cost a round trip an op on a server):
         # when an op fails, everything is undone and the batch runs again, guarded.
@@ -348,6 +348,15 @@ class SqlBase(base.Store):
                 self._run_guarded(ops)
             return
         self._finish(ops)
+
+    def run_one(self, op: base.Op) -> None:
+        """``run_batch([op])``: the usual batch (an inline commit, a quiet store thread)."""
+        try:
+            self._begin(op.write)
+        except Exception as exc:
+            op.error = self._translate(exc)
+            return
+        self._run_alone(op)
 
     def _begin_batch(self, ops: Sequence[base.Op]) -> bool:
         """Open the batch's transaction; False, with every op failed, if it cannot be."""

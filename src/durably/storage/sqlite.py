@@ -169,7 +169,7 @@ class SqliteStore(sql.SqlStore):
         """
         self._inline = True
         try:
-            self.run_batch([op])
+            self.run_one(op)
         except BaseException:  # an interrupt mid-transaction must not keep the write lock
             self._rollback()
             raise
@@ -235,7 +235,8 @@ class SqliteStore(sql.SqlStore):
         return self.conn.execute(sql_text, params or {})
 
     def _begin(self, write: bool) -> None:
-        self._wait_for_locks(0 if self._inline else self.busy_timeout_ms)
+        if self._lock_wait_ms != (0 if self._inline else self.busy_timeout_ms):
+            self._wait_for_locks(0 if self._inline else self.busy_timeout_ms)
         self._execute("BEGIN IMMEDIATE" if write else "BEGIN")
 
     def _wait_for_locks(self, ms: int) -> None:

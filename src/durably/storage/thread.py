@@ -150,7 +150,8 @@ class StoreThread:
         if inline:
             op = base.Op(fn, args, write)
             if not self._pending and not base.runs_alone(fn) and self._run_inline(op):
-                await self._breathe(None if op.error else then, op.result)
+                if then is not None or time.monotonic() - self._breathed >= _BREATHE_EVERY:
+                    await self._breathe(None if op.error else then, op.result)
                 if op.error is not None:
                     raise op.error
                 return op.result  # type: ignore[no-any-return]
