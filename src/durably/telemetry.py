@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 MODEL_STEP_PREFIX = "llm:"
 
+#: Where ``_trace`` finds OpenTelemetry's trace module, if anything loaded it.
 _modules = sys.modules
 
 #: A tracer provider named in the environment, which OpenTelemetry loads on first use.

@@ -235,8 +235,9 @@ class SqliteStore(sql.SqlStore):
         return self.conn.execute(sql_text, params or {})
 
     def _begin(self, write: bool) -> None:
-        if self._lock_wait_ms != (0 if self._inline else self.busy_timeout_ms):
-            self._wait_for_locks(0 if self._inline else self.busy_timeout_ms)
+        ms = 0 if self._inline else self.busy_timeout_ms
+        if ms != self._lock_wait_ms:  # checked here too: every commit passes by
+            self._wait_for_locks(ms)
         self._execute("BEGIN IMMEDIATE" if write else "BEGIN")
 
     def _wait_for_locks(self, ms: int) -> None:
