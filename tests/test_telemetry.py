@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import durably
 from durably import agents, telemetry
 from durably.testing.models import FakeModelServer, text
+from tests import children
 from tests.serverkit import harness
 from tests.test_wake_claim import HELD, held_and_parked, parked, twice
 
@@ -360,10 +362,6 @@ def test_opentelemetry_loads_only_for_a_provider_named_in_the_environment(
 ) -> None:
     """``import durably`` does not load OpenTelemetry; a tracer provider named in the
     environment (which no application code imports) still gets durably's step spans."""
-    import subprocess
-
-    from tests import children
-
     proc = subprocess.run(
         children.python("-c", _SPAN_CHILD),
         env=children.child_env(environ, drop=("DURABLY_", "OTEL_")),

@@ -331,7 +331,7 @@ class SqlBase(base.Store):
 
     def run_batch(self, ops: Sequence[base.Op]) -> None:
         if len(ops) == 1:
-            self.run_one(ops[0])
+            self._run_one(ops[0])
             return
         if not self._begin_batch(ops):
             return
@@ -349,7 +349,7 @@ class SqlBase(base.Store):
             return
         self._finish(ops)
 
-    def run_one(self, op: base.Op) -> None:
+    def _run_one(self, op: base.Op) -> None:
         """``run_batch([op])``: the usual batch (an inline commit, a quiet store thread)."""
         try:
             self._begin(op.write)

@@ -169,7 +169,7 @@ class SqliteStore(sql.SqlStore):
         """
         self._inline = True
         try:
-            self.run_one(op)
+            self._run_one(op)
         except BaseException:  # an interrupt mid-transaction must not keep the write lock
             self._rollback()
             raise
