@@ -164,7 +164,14 @@ async def test_a_locked_row_sends_the_commit_to_a_store_thread(postgres_url: str
         assert await asyncio.to_thread(held.wait, 5)
         gate.set()
         await asyncio.sleep(0.3)
-        assert await handle.status() == "running"  # its receipt waits for the row
+        # Read on a connection of its own: the engine's one store thread is waiting for
+        # the row, so handle.status() would queue behind that commit until its lock_timeout
+        # (5 s) and the retry after it, which may go inline, would decide the thread seen.
+        with psycopg.connect(postgres_url, autocommit=True) as reader:
+            found = reader.execute(
+                "SELECT status FROM durably.workflows WHERE workflow_id = 'pg-inline-locked'"
+            ).fetchone()
+        assert found == ("running",)  # its receipt waits for the row
         release.set()
         assert await handle.result(timeout=30) == "done"
         holder.join(5)
