@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+from durably.cli import group
 from tests import children
 
 HEAVY = ("openai", "rich", "pydantic_ai", "agents", "starlette", "anthropic")
@@ -81,10 +82,12 @@ def test_durably_help_loads_no_agent_sdk_or_server_module() -> None:
         assert name not in loaded, f"durably --help loaded {name!r}"
     for name in ("importlib.metadata", "opentelemetry"):  # --version reads the metadata
         assert name not in loaded, f"durably --help loaded {name!r}"
-    # The approval commands are listed, so their small modules load; the agent
-    # loop, the model client and the schema machinery do not.
-    for name in ("durably.agents.agent", "durably.agents.durable_client", "durably.agents.schema"):
+    # The listing comes from the group's table (durably.cli.group): no command's module
+    # loads, nor what only commands use (rich, the crash kit, the agents' approvals).
+    for name in ("rich", "durably.agents", "durably.testing", "durably.admin", "durably.cli.base"):
         assert name not in loaded, f"durably --help loaded {name!r}"
+    commands = {module for module, _, _ in group.COMMANDS.values()}
+    assert not commands & set(loaded), f"durably --help loaded {commands & set(loaded)}"
 
 
 def test_unknown_attribute_is_an_attribute_error() -> None:

@@ -1,5 +1,6 @@
-"""What every command of the ``durably`` command line shares: the ``main`` group,
-the console, and the helpers that open a Client, print user text and parse arguments."""
+"""What every command of the ``durably`` command line shares: the ``main`` group (from
+``group``), the console, and the helpers that open a Client, print user text and parse
+arguments."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import contextlib
 import datetime
 import importlib
 import json
-import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 import durably
+from durably.cli.group import main as main  # where the commands register
 
 console = Console(highlight=False)
 
@@ -108,39 +109,6 @@ def parse_args_json(text: str) -> tuple[list[Any], dict[str, Any]]:
     if isinstance(value, dict):
         return [], value
     return [value], {}
-
-
-def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    """``--version``: the installed version, read only when asked (``durably.__version__``
-    reads the package metadata, which every other command would pay for at start)."""
-    if value and not ctx.resilient_parsing:
-        click.echo(f"durably {durably.__version__}")
-        ctx.exit()
-
-
-@click.group()
-@click.option(
-    "--database",
-    "-d",
-    envvar="DURABLY_DATABASE_URL",
-    default="sqlite:///durably.db",
-    show_default=True,
-    help="Database URL (or DURABLY_DATABASE_URL).",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Log what the engine does.")
-@click.option(
-    "--version",
-    is_flag=True,
-    expose_value=False,
-    is_eager=True,
-    callback=_print_version,
-    help="Show the version and exit.",
-)
-@click.pass_context
-def main(ctx: click.Context, database: str, verbose: bool) -> None:
-    """durably: durable execution for AI agents."""
-    ctx.obj = database
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
 
 
 def _json_lines(records: Iterable[dict[str, Any]]) -> None:

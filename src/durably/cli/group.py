@@ -1,0 +1,131 @@
+"""The ``durably`` group and its table of commands: each command's module loads only
+when the command runs or shows its own help.
+
+``durably --help`` lists every command from :data:`COMMANDS` without importing one:
+the command modules and what they import (rich, the crash kit, the agents' approval
+code) cost more than the rest of the command line, and a listing needs none of it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import logging
+
+import click
+
+#: Each command: the module that defines it, the attribute that holds it there, and its
+#: line in ``durably --help``. ``tests/test_cli_commands.py`` checks that every command
+#: the modules define is here, under its own name.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "approvals": ("durably.agents.cli", "approvals_cmd", "List tool calls waiting for approval."),
+    "approve": ("durably.agents.cli", "approve_cmd", "Approve a workflow's pending tool call."),
+    "backup": ("durably.admin", "backup_cmd", "Copy a SQLite database while workers run."),
+    "budget": ("durably.agents.cli", "budget_cmd", "Raise the model budget of a parked agent."),
+    "cancel": ("durably.cli.workflows", "cancel", "Cancel workflows and their children."),
+    "delete": ("durably.cli.selection", "delete_cmd", "Delete workflows and all they wrote."),
+    "demo": ("durably.cli.running", "demo", "The refund agent, killed and recovered."),
+    "export": ("durably.admin", "export_cmd", "Write workflows to stdout as an archive."),
+    "fork": ("durably.cli.workflows", "fork", "Start a copy of a workflow from an entry."),
+    "import": ("durably.admin", "import_cmd", "Import an archive from durably export."),
+    "list": ("durably.cli.workflows", "list_cmd", "List workflows, newest first, filtered."),
+    "migrate": ("durably.cli.workflows", "migrate", "Bring the database schema up to date."),
+    "prune": ("durably.admin", "prune_cmd", "Remove old finished workflows."),
+    "reject": ("durably.agents.cli", "reject_cmd", "Reject a workflow's pending tool call."),
+    "replay": ("durably.cli.replaying", "replay", "Replay recorded workflows on today's code."),
+    "resume": ("durably.cli.workflows", "resume", "Run a stopped or queued workflow now."),
+    "review": ("durably.cli.review", "review", "The human review queue."),
+    "serve": ("durably.cli.running", "serve", "Serve the JSON API and the dashboard."),
+    "show": ("durably.cli.workflows", "show", "Show a workflow's receipts."),
+    "signal": ("durably.cli.workflows", "signal_cmd", "Send a signal to a workflow."),
+    "start": ("durably.cli.workflows", "start", "Start a workflow."),
+    "test-crashes": (
+        "durably.cli.crashes",
+        "test_crashes_command",
+        "Kill a workflow at every commit; check it.",
+    ),
+    "worker": ("durably.cli.running", "worker", "Run workflows until SIGTERM."),
+    "workers": ("durably.cli.running", "workers", "List the workers of the database."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group that imports a command's module when the command is asked for, and lists
+    the commands of :data:`COMMANDS` by their table line without importing any."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*COMMANDS, *self.commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attribute, _ = COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(module), attribute)
+            if not isinstance(command, click.Command) or command.name != cmd_name:
+                raise RuntimeError(f"{module}.{attribute} is not the command {cmd_name!r}")
+            self.add_command(command)
+        return self.commands.get(cmd_name)
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        super().add_command(cmd, name)
+        entry = COMMANDS.get(name or cmd.name or "")
+        if entry is not None:  # the listing's line, wherever a short help is shown
+            cmd.short_help = entry[2]
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0]
+        known = self.list_commands(ctx)
+        if name not in known and not name.startswith("-") and not ctx.resilient_parsing:
+            close = difflib.get_close_matches(name, known, n=2, cutoff=0.7)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
+        return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (name, COMMANDS[name][2] if name in COMMANDS else self._line(ctx, name))
+            for name in self.list_commands(ctx)
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def _line(self, ctx: click.Context, name: str) -> str:
+        """The listing's line for a command added in code, not in the table."""
+        width = ctx.make_formatter().width
+        return self.commands[name].get_short_help_str(width - 6 - len(name))
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: the installed version, read only when asked (``durably.__version__``
+    reads the package metadata, which every other command would pay for at start)."""
+    if value and not ctx.resilient_parsing:
+        import durably
+
+        click.echo(f"durably {durably.__version__}")
+        ctx.exit()
+
+
+@click.group(cls=LazyGroup)
+@click.option(
+    "--database",
+    "-d",
+    envvar="DURABLY_DATABASE_URL",
+    default="sqlite:///durably.db",
+    show_default=True,
+    help="Database URL (or DURABLY_DATABASE_URL).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log what the engine does.")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
+@click.pass_context
+def main(ctx: click.Context, database: str, verbose: bool) -> None:
+    """durably: durable execution for AI agents."""
+    ctx.obj = database
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")

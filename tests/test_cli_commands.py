@@ -1,0 +1,89 @@
+"""The ``durably`` group's table of commands: every command is in it under its own name,
+the listing fits 80 columns from the table alone, and a typo names the command meant.
+
+The commands themselves are tested in test_cli.py and beside their features; here is
+the group that finds them. What ``durably --help`` imports is checked in a fresh
+interpreter by test_import_laziness.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from durably import cli
+from durably.cli import group
+
+
+def _defined(module_name: str) -> dict[str, click.Command]:
+    """The commands a module defines, by command name, but a group's own (``review
+    resolve``)."""
+    found = [v for v in vars(importlib.import_module(module_name)).values()]
+    commands = [v for v in found if isinstance(v, click.Command) and v is not cli.main]
+    inner = {id(c) for g in commands if isinstance(g, click.Group) for c in g.commands.values()}
+    return {str(c.name): c for c in commands if id(c) not in inner}
+
+
+def test_every_command_the_modules_define_is_in_the_table_under_its_own_name() -> None:
+    modules = {module for module, _, _ in group.COMMANDS.values()}
+    defined: dict[str, click.Command] = {}
+    for module in sorted(modules):
+        defined.update(_defined(module))
+    assert sorted(defined) == sorted(group.COMMANDS)
+    ctx = click.Context(cli.main)
+    for name, (module, attribute, line) in group.COMMANDS.items():
+        command = cli.main.get_command(ctx, name)
+        assert command is defined[name], f"{name}: {module}.{attribute}"
+        assert command.name == name
+        assert command.get_short_help_str() == line  # completion shows the listing's line
+
+
+def test_the_listing_names_every_command_on_one_line_of_80_columns() -> None:
+    result = CliRunner().invoke(cli.main, ["--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    listed = lines[lines.index("Commands:") + 1 :]
+    assert [line.split()[0] for line in listed] == sorted(group.COMMANDS)
+    for line in listed:
+        name, text = line.split(maxsplit=1)
+        assert text == group.COMMANDS[name][2]
+
+
+def test_a_command_shows_its_whole_help_of_its_own() -> None:
+    result = CliRunner().invoke(cli.main, ["list", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "List workflows, newest first (--order asc: oldest first), filtered." in result.output
+    assert "--status" in result.output
+
+
+@pytest.mark.parametrize(
+    ("typed", "hint"),
+    [("lst", "Did you mean 'list'?"), ("worekr", "Did you mean 'worker' or 'workers'?")],
+)
+def test_a_mistyped_command_names_the_one_meant(typed: str, hint: str) -> None:
+    result = CliRunner().invoke(cli.main, [typed])
+    assert result.exit_code == 2
+    assert f"No such command {typed!r}. {hint}" in result.output
+
+
+def test_an_unknown_command_with_nothing_close_says_so_alone() -> None:
+    result = CliRunner().invoke(cli.main, ["frobnicate"])
+    assert result.exit_code == 2
+    assert "No such command 'frobnicate'." in result.output
+    assert "Did you mean" not in result.output
+
+
+def test_a_table_entry_that_names_the_wrong_object_is_an_error_naming_it() -> None:
+    broken = group.LazyGroup(name="broken")
+    saved = dict(group.COMMANDS)
+    group.COMMANDS["ghost"] = ("durably.cli.workflows", "list_cmd", "Not list.")
+    try:
+        with pytest.raises(RuntimeError, match=r"durably\.cli\.workflows\.list_cmd .*'ghost'"):
+            broken.get_command(click.Context(broken), "ghost")
+    finally:
+        group.COMMANDS.clear()
+        group.COMMANDS.update(saved)
