@@ -32,9 +32,19 @@ def alone(verb: _Verb) -> _Verb:
     return verb
 
 
+def _marked(fn: Callable[..., Any], mark: str, default: Any) -> Any:
+    """The ``mark`` a verb (bound or not) was given, else ``default``.
+
+    Looked up on the function itself: a bound method passes a missing attribute on to
+    its function by raising and catching AttributeError, 7x dearer than the lookup, and
+    every store call asks for its verb's marks.
+    """
+    return getattr(getattr(fn, "__func__", fn), mark, default)
+
+
 def runs_alone(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` (a verb, bound or not) is marked with :func:`alone`."""
-    return bool(getattr(fn, "runs_alone", False))
+    return bool(_marked(fn, "runs_alone", False))
 
 
 def one_read(verb: _Verb) -> _Verb:
@@ -47,7 +57,7 @@ def one_read(verb: _Verb) -> _Verb:
 
 def is_one_read(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` (a verb, bound or not) is marked with :func:`one_read`."""
-    return bool(getattr(fn, "one_read", False))
+    return bool(_marked(fn, "one_read", False))
 
 
 #: A call of a verb by name: (the verb's name, its positional arguments, its keywords).
@@ -78,13 +88,14 @@ def calls_first(
 
 def ending_verb(fn: Callable[..., Any]) -> str | None:
     """The verb ``fn`` promises to call last (``calls_first``'s ``ends_with``), if any."""
-    return getattr(fn, "ends_with", None)
+    ending: str | None = _marked(fn, "ends_with", None)
+    return ending
 
 
 def planned_calls(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[VerbCall]:
     """The verb calls ``fn`` (marked with :func:`calls_first`) plans for ``args``; none
     for any other function."""
-    planner = getattr(fn, "calls_first", None)
+    planner = _marked(fn, "calls_first", None)
     return [] if planner is None else planner(*args)
 
 
