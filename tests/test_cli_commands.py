@@ -87,3 +87,13 @@ def test_a_table_entry_that_names_the_wrong_object_is_an_error_naming_it() -> No
     finally:
         group.COMMANDS.clear()
         group.COMMANDS.update(saved)
+
+
+def test_shell_completion_offers_the_commands_with_their_lines() -> None:
+    env = {"_DURABLY_COMPLETE": "zsh_complete", "COMP_WORDS": "durably wor", "COMP_CWORD": "1"}
+    result = CliRunner().invoke(cli.main, [], prog_name="durably", env=env)
+    assert result.exit_code == 0, result.output
+    assert result.output.split("\n") == [
+        "plain", "worker", group.COMMANDS["worker"][2],
+        "plain", "workers", group.COMMANDS["workers"][2], "",
+    ]  # fmt: skip
