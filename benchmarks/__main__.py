@@ -85,7 +85,7 @@ class Sizes:
 #: The workflows of the ``recovery-*-10000`` rows (the name stays when --quick shrinks it).
 RECOVERY_LARGE = 10_000
 
-FULL = Sizes(200, {1: 200, 10: 500, 100: 2000}, (1000, 10000), 1000, RECOVERY_LARGE, 5)
+FULL = Sizes(2000, {1: 200, 10: 500, 100: 2000}, (1000, 10000), 1000, RECOVERY_LARGE, 5)
 QUICK = Sizes(30, {1: 10, 10: 20, 100: 100}, (100, 1000), 100, 300, 2)
 #: Rows whose DBOS cell --quick leaves out (name prefixes): DBOS runs 10-step workflows
 #: at ~20/s here, a first pass of 1,000 steps takes it seconds, and each of its recovery
