@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,10 +12,14 @@ import pytest
 
 from durably.storage import create_store
 
-# pytest-xdist's workers run with COLUMNS=80 (the controller's width): rich would fix the
-# command line's console at that width when durably.cli is imported, and every
-# CliRunner(env={"COLUMNS": ...}) after would be ignored. Each test sets its own.
+# pytest-xdist's workers run with COLUMNS=80 (the controller's width): rich fixes the
+# command line's console at the COLUMNS of the moment it is made, and every
+# CliRunner(env={"COLUMNS": ...}) after would be ignored. Each test sets its own, so the
+# console is made here with COLUMNS unset (it reads COLUMNS at each print then): the
+# group imports the module that makes it only with the first command run, which may
+# be a test's with COLUMNS set.
 os.environ.pop("COLUMNS", None)
+importlib.import_module("durably.cli.base")
 
 
 @pytest.fixture

@@ -97,3 +97,26 @@ def test_shell_completion_offers_the_commands_with_their_lines() -> None:
         "plain", "worker", group.COMMANDS["worker"][2],
         "plain", "workers", group.COMMANDS["workers"][2], "",
     ]  # fmt: skip
+
+
+def test_the_error_for_an_unknown_command_is_clicks_own() -> None:
+    expected = getattr(click.exceptions, "NoSuchCommand", click.UsageError)
+    with pytest.raises(expected, match=r"No such command 'lst'\. Did you mean 'list'\?"):
+        cli.main.main(["lst"], standalone_mode=False)
+
+
+def test_a_command_added_in_code_is_listed_by_its_own_line_unless_hidden() -> None:
+    extra = group.LazyGroup(name="durably")
+
+    @extra.command("hello")
+    def hello() -> None:
+        """Say hello to whoever runs it, at length."""
+
+    @extra.command("secret", hidden=True)
+    def secret() -> None:
+        """Not listed."""
+
+    shown = CliRunner().invoke(extra, ["--help"], env={"COLUMNS": "80"}).output
+    assert "  hello         Say hello to whoever runs it, at length." in shown
+    assert "secret" not in shown
+    assert "  list          " + group.COMMANDS["list"][2] in shown

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import logging
+from collections.abc import Callable
 
 import click
 
@@ -68,32 +69,45 @@ class LazyGroup(click.Group):
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         super().add_command(cmd, name)
         entry = COMMANDS.get(name or cmd.name or "")
-        if entry is not None:  # the listing's line, wherever a short help is shown
+        if entry is not None and cmd.short_help is None:  # the line the listing shows
             cmd.short_help = entry[2]
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
     ) -> tuple[str | None, click.Command | None, list[str]]:
         name = args[0]
+        if ctx.token_normalize_func is not None:
+            name = ctx.token_normalize_func(name)
         known = self.list_commands(ctx)
         if name not in known and not name.startswith("-") and not ctx.resilient_parsing:
             close = difflib.get_close_matches(name, known, n=2, cutoff=0.7)
             hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
+            raise _NO_SUCH_COMMAND(name, f"No such command {name!r}.{hint}", ctx=ctx)
         return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [
-            (name, COMMANDS[name][2] if name in COMMANDS else self._line(ctx, name))
-            for name in self.list_commands(ctx)
-        ]
+        width = ctx.make_formatter().width
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.commands.get(name)  # loaded, or added in code: its own line
+            if command is None:
+                rows.append((name, COMMANDS[name][2]))
+            elif not command.hidden:
+                rows.append((name, command.get_short_help_str(width - 6 - len(name))))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
-    def _line(self, ctx: click.Context, name: str) -> str:
-        """The listing's line for a command added in code, not in the table."""
-        width = ctx.make_formatter().width
-        return self.commands[name].get_short_help_str(width - 6 - len(name))
+
+def _no_such_command(name: str, message: str, ctx: click.Context) -> click.UsageError:
+    """click's error for an unknown command before 8.2 gave it a class of its own."""
+    return click.UsageError(message, ctx)
+
+
+#: The error for an unknown command: click's ``NoSuchCommand`` (8.2 on), which callers
+#: may catch, given our message; else a plain ``UsageError``.
+_NO_SUCH_COMMAND: Callable[..., click.UsageError] = getattr(
+    click.exceptions, "NoSuchCommand", _no_such_command
+)
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
