@@ -90,6 +90,26 @@ def test_durably_help_loads_no_agent_sdk_or_server_module() -> None:
     assert not commands & set(loaded), f"durably --help loaded {commands & set(loaded)}"
 
 
+def test_completing_a_command_name_loads_no_command_module() -> None:
+    loaded = _modules_after(
+        "import contextlib, io, os, sys\n"
+        "from durably import cli\n"
+        "os.environ.update(_DURABLY_COMPLETE='zsh_complete', COMP_WORDS='durably w',"
+        " COMP_CWORD='1')\n"
+        "sys.argv = ['durably']\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    try:\n"
+        "        cli.main(prog_name='durably')\n"
+        "    except SystemExit as exit_:\n"
+        "        assert exit_.code in (0, None), exit_.code\n"
+        "assert 'workers' in out.getvalue().split(), out.getvalue()\n"
+    )
+    commands = {module for module, _, _ in group.COMMANDS.values()}
+    assert not commands & set(loaded), f"completion loaded {commands & set(loaded)}"
+    assert "rich" not in loaded
+
+
 def test_unknown_attribute_is_an_attribute_error() -> None:
     import durably
 
