@@ -18,8 +18,9 @@ import click
 from click import shell_completion
 
 #: Each command: the module that defines it, the attribute that holds it there, and its
-#: line in ``durably --help``. ``tests/test_cli_commands.py`` checks that every command
-#: the modules define is here, under its own name.
+#: line in ``durably --help``. A command is found through this table only: a new one is
+#: added here (``tests/test_cli_commands.py`` fails on one the modules define and the
+#: table does not name).
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "approvals": ("durably.agents.cli", "approvals_cmd", "List tool calls waiting for approval."),
     "approve": ("durably.agents.cli", "approve_cmd", "Approve a workflow's pending tool call."),
