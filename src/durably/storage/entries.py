@@ -160,12 +160,6 @@ class EntryVerbs(claims.ClaimVerbs):
             self._upsert(workflow_id, entries[1:], now, fence)
         return fence
 
-    def _progressed(self, fence: Fence | None, now: float) -> None:
-        """A new final entry was written under ``fence``: the crashes in a row end here."""
-        if fence is not None and fence.crash_count:
-            fence.crash_count = 0
-            self._q("progress", workflow_id=fence.workflow_id, epoch=fence.epoch, now=now)
-
     def _upsert(
         self,
         workflow_id: str,
@@ -186,8 +180,9 @@ class EntryVerbs(claims.ClaimVerbs):
         refusal unless the journal already holds this very entry; a cancel closes the
         review it ends, an event is published."""
         if written == 1 and e.status in journal.FINAL_ENTRY_STATUSES:
-            if fence is not None and fence.crash_count:  # (not a call: every step's path)
-                self._progressed(fence, now)
+            if fence is not None and fence.crash_count:  # progress: crashes in a row end here
+                fence.crash_count = 0
+                self._q("progress", workflow_id=fence.workflow_id, epoch=fence.epoch, now=now)
         elif written != 1 and not self._holds(workflow_id, e):
             raise errors.StoreError(
                 f"workflow {workflow_id!r} seq {e.seq} already holds a final or a "
