@@ -15,7 +15,6 @@ executor, which also notices the workflows this executor lost (see
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import datetime
 import functools
@@ -43,6 +42,7 @@ from durably import (
     workflows,
 )
 from durably import retention as retention_policy
+from durably import step_threads as step_threads_mod
 from durably.storage import base, create_store, resolve_url, thread
 
 if TYPE_CHECKING:
@@ -194,9 +194,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         self._database = resolve_url(url)  # with its password, for the watchdog's connection
         self._store = thread.StoreThread(create_store(self._database))
         self.url = self._store.store.url  # as shown in messages: without a password
-        self._step_threads = concurrent.futures.ThreadPoolExecutor(
-            max_workers=step_threads, thread_name_prefix="durably-step"
-        )
+        self._step_threads = step_threads_mod.StepThreads(step_threads, "durably-step")
         self._executor_id = executor_id
         self._me: journal.ExecutorInfo | None = None
         self._tasks: dict[str, asyncio.Task[run_types.Outcome | None]] = {}
@@ -299,7 +297,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         drain_timeout = validate.number(drain_timeout, "drain_timeout")
         if self._services is None:
             self._store.stop()
-            self._step_threads.shutdown(wait=False)
+            self._step_threads.shutdown()
             return
         assert self._kick is not None and self._drained is not None
         loop = asyncio.get_running_loop()
@@ -328,7 +326,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             log.warning("could not release leases on close: %r", exc)
         self._services = None
         await _within(loop.run_in_executor(None, self._store.stop), "the store thread")
-        self._step_threads.shutdown(wait=False)
+        self._step_threads.shutdown()
 
     def _held_here(self) -> list[tuple[str, int]]:
         """The (workflow_id, epoch) of every workflow a task of this engine drives.

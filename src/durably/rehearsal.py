@@ -21,7 +21,6 @@ other arguments is a problem under ``strict_replay`` (as for an
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import dataclasses
 import time
@@ -29,7 +28,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from durably import archive, codec, context, errors, journal, workflow_run, workflows
+from durably import (
+    archive,
+    codec,
+    context,
+    errors,
+    journal,
+    step_threads,
+    workflow_run,
+    workflows,
+)
 from durably.storage import bulk, create_store, thread
 
 
@@ -119,7 +127,7 @@ async def rehearse(
     recorded: Iterable[bulk.ArchivedWorkflow], *, strict_replay: bool = False
 ) -> Report:
     """Replay each recorded workflow against the code registered in this process."""
-    threads = concurrent.futures.ThreadPoolExecutor(max_workers=1)  # never used: no step runs
+    threads = step_threads.StepThreads(1)  # never used (it starts no thread): no step runs
     services = workflow_run.Services(
         store=cast(thread.StoreThread, None),  # never used: a rehearsal writes nothing
         clock=time.time,
@@ -159,7 +167,7 @@ async def rehearse(
                 whole.append(info.workflow_id)
             warnings.extend(_problem(info, c, run) for c in run.changed)
     finally:
-        threads.shutdown(wait=False)
+        threads.shutdown()
     return Report(tuple(replayed), tuple(problems), tuple(warnings), tuple(whole))
 
 

@@ -9,11 +9,11 @@ BaseExceptions that unwind it (:class:`Abandoned`, :class:`Suspended`).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from durably import step_threads
 from durably.storage import thread
 
 
@@ -46,7 +46,7 @@ class Services:
 
     store: thread.StoreThread
     clock: Callable[[], float]
-    step_threads: concurrent.futures.ThreadPoolExecutor
+    step_threads: step_threads.StepThreads
     stopping: asyncio.Event
     on_park: Callable[[float | None], None] = lambda wake_at: None
     on_child: Callable[[str], None] = lambda child_id: None

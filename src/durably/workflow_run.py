@@ -10,7 +10,6 @@ epoch, in one transaction, and only then return to the workflow.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -30,6 +29,7 @@ from durably.run_types import (
     Services,
     Suspended,
 )
+from durably.step_threads import StepThreads
 from durably.storage import thread
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class Run(parking.Parking):
         return self._epoch
 
     @property
-    def step_threads(self) -> concurrent.futures.ThreadPoolExecutor:
+    def step_threads(self) -> StepThreads:
         """The pool that runs sync step functions."""
         return self._services.step_threads
 
