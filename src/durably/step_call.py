@@ -345,10 +345,10 @@ async def _call(
     of an inline commit, and off with it), the loop's thread waits for it up to
     ``thread.HOLD_LOOP`` itself instead of going back to the loop and being woken
     through it: a quick step then costs one thread wake-up each way and no loop
-    iteration, and its receipt is committed inline next. Its thread runs on this
-    thread's CPU meanwhile (``step_threads``: two wake-ups on one CPU cost about
-    half what they cost across two). A longer one is let go to any CPU and awaited
-    as any other future; the loop was held at most ``thread.HOLD_LOOP``.
+    iteration, and its receipt is committed inline next. Its thread is woken on this
+    thread's CPU (``step_threads``: two wake-ups on one CPU cost about half what they
+    cost across two). A longer one is awaited as any other future; the loop was
+    held at most ``thread.HOLD_LOOP``.
     """
     token = context.current_step.set(ctx)
     try:
@@ -358,13 +358,10 @@ async def _call(
         else:
             call = functools.partial(fn, *args, **kwargs)
             threads = run.step_threads
-            if run.loop_is_quiet():  # wait here: the step runs on this thread's CPU
+            if run.loop_is_quiet():  # wait here: the step's thread is woken on this CPU
                 future = threads.submit(contextvars.copy_context().run, call, near=True)
-                if thread.done_within(future, thread.HOLD_LOOP):
-                    awaitable = None
-                else:  # a longer one: it may run on any CPU, beside the loop
-                    threads.let_go(future)
-                    awaitable = asyncio.wrap_future(future)
+                held = thread.done_within(future, thread.HOLD_LOOP)
+                awaitable = None if held else asyncio.wrap_future(future)
             else:
                 future = threads.submit(contextvars.copy_context().run, call)
                 awaitable = asyncio.wrap_future(future)

@@ -1,14 +1,16 @@
-"""The threads sync steps run on, and the CPU a quick one runs on.
+"""The threads sync steps run on, and the CPU a quick one is woken on.
 
 A sync ``def`` step runs on a step thread, so that however long it blocks, the event
 loop goes on. When nothing else is ready on the loop, the loop's thread waits for a
 quick step itself (``step_call._call``): the step is then two thread wake-ups, one
-each way. Across two CPUs each wake-up is an interrupt to the other CPU and a thread
-that starts on cold caches, about 25 µs each on the development VM; on the waiting
-thread's own CPU it is a switch between two threads, about 10 µs in all. So a step the
-loop's thread waits for (``near=True``) runs on a thread kept on that thread's CPU
-(Linux; ``sched_setaffinity``), which is idle while it waits. A step that outlasts
-the wait is let go (``let_go``): its thread may run on any CPU again, beside the loop.
+each way. Across two CPUs a wake-up is an interrupt to the other CPU and a thread
+that resumes on cold caches (a bare hand-off and back: 54 µs on the development VM,
+against 21 µs with both threads on one CPU). So the thread that takes a step the
+caller will wait for (``near=True``) is woken on the caller's CPU, which the caller
+leaves idle while it waits: it is kept there (Linux, ``sched_setaffinity``) only
+until it wakes, and the first thing it does is take back every CPU it may use,
+before the step's code runs. A step therefore never runs kept on one CPU, and a
+thread or process it starts inherits the thread's own CPUs, not the one.
 
 The pool is ours and not ``concurrent.futures.ThreadPoolExecutor`` because the thread
 that takes a step must be known before it wakes: each thread has a queue of its own,
@@ -33,8 +35,9 @@ T = TypeVar("T")
 
 log = logging.getLogger("durably.step_threads")
 
-#: A step to run and the future its outcome goes to; None tells a thread to end.
-_Job = tuple[concurrent.futures.Future[Any], Callable[[], Any]]
+#: A step to run, the future its outcome goes to, and whether its thread was kept on one
+#: CPU to be woken there (it takes back its own CPUs first); None tells a thread to end.
+_Job = tuple[concurrent.futures.Future[Any], Callable[[], Any], bool]
 
 
 def _current_cpu_reader() -> Callable[[], int] | None:
@@ -54,37 +57,43 @@ def _current_cpu_reader() -> Callable[[], int] | None:
 
 
 class _Worker:
-    """One step thread: its own queue, and the CPU it is kept on (None: any it may use)."""
+    """One step thread and its own queue."""
 
-    __slots__ = ("home", "jobs", "pinned", "thread", "tid")
+    __slots__ = ("home", "jobs", "thread", "tid")
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self.pinned: int | None = None
         self.tid = 0  # the kernel's id of the thread, once it runs
-        self.home: set[int] = set()  # the CPUs it may use when not kept on one
+        self.home: set[int] = set()  # the CPUs it may use (when not kept on one to wake)
         self.thread: threading.Thread | None = None
 
 
 class StepThreads:
-    """Up to ``size`` threads for sync steps; one the loop's thread waits for runs on its CPU.
+    """Up to ``size`` threads for sync steps; one the caller waits for is woken on its CPU.
 
     ``place=False`` never moves a thread (what the pool falls back to when the system
-    refuses to, once, with a log line).
+    refuses to, once, with a log line). ``cpu`` says which CPU the caller is on: the C
+    library's ``sched_getcpu`` unless given (a test names one).
     """
 
-    def __init__(self, size: int, name: str = "durably-step", *, place: bool = True) -> None:
+    def __init__(
+        self,
+        size: int,
+        name: str = "durably-step",
+        *,
+        place: bool = True,
+        cpu: Callable[[], int] | None = None,
+    ) -> None:
         self._size = size
         self._name = name
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []  # newest last: taken first
         self._workers: list[_Worker] = []
         self._waiting: collections.deque[_Job] = collections.deque()  # when all are busy
-        self._near: dict[concurrent.futures.Future[Any], _Worker] = {}
         self._closed = False
-        self._place = place
-        self._cpu: Callable[[], int] | None = None
-        self._cpu_read = False
+        self._place = place and hasattr(os, "sched_setaffinity")  # (Linux)
+        self._cpu = cpu
+        self._cpu_read = cpu is not None
 
     def submit(
         self, fn: Callable[..., T], /, *args: Any, near: bool = False
@@ -92,10 +101,10 @@ class StepThreads:
         """Run ``fn(*args)`` on a step thread; its outcome goes to the future returned.
 
         ``near``: the calling thread will wait for it (and do nothing else meanwhile):
-        the thread that takes it runs it on the caller's CPU until ``let_go``.
+        the thread that takes it is woken on the caller's CPU.
         """
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        job: _Job = (future, (lambda: fn(*args)) if args else fn)
+        call = (lambda: fn(*args)) if args else fn
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot run a step on the step threads after they shut down")
@@ -104,20 +113,10 @@ class StepThreads:
             elif len(self._workers) < self._size:
                 worker = self._start_worker()
             else:
-                self._waiting.append(job)  # the next thread to finish takes it (anywhere)
+                self._waiting.append((future, call, False))  # the next thread to finish
                 return future
-            if near and self._place:
-                self._near[future] = worker
-        self._put_on(worker, near)
-        worker.jobs.put(job)
+        worker.jobs.put((future, call, near and self._keep_on_this_cpu(worker)))
         return future
-
-    def let_go(self, future: concurrent.futures.Future[Any]) -> None:
-        """The caller stopped waiting for ``future``'s step: its thread may use any CPU."""
-        with self._lock:
-            worker = self._near.pop(future, None)
-        if worker is not None:
-            self._put_on(worker, False)
 
     def shutdown(self) -> None:
         """No more steps; idle threads end now, busy ones once the steps waiting are run."""
@@ -132,24 +131,20 @@ class StepThreads:
         with self._lock:
             return [w.thread for w in self._workers if w.thread is not None and w.thread.is_alive()]
 
-    # --- placing a thread ---------------------------------------------------------
+    # --- waking a thread on this CPU ---------------------------------------------
 
-    def _put_on(self, worker: _Worker, near: bool) -> None:
-        """Keep ``worker`` on the calling thread's CPU (``near``), or let it use its own."""
-        if not self._place or (not near and worker.pinned is None):
-            return
-        cpu = self._current_cpu() if near else None
-        if cpu is not None and cpu < 0:
-            return
-        if cpu == worker.pinned:
-            return
+    def _keep_on_this_cpu(self, worker: _Worker) -> bool:
+        """Keep ``worker`` on the calling thread's CPU until it wakes; False if not kept."""
+        cpu = self._current_cpu() if self._place else None
+        if cpu is None or cpu < 0:
+            return False
         try:
-            os.sched_setaffinity(worker.tid, worker.home if cpu is None else {cpu})
+            os.sched_setaffinity(worker.tid, {cpu})
         except OSError as exc:  # a sandbox that refuses, a CPU taken from the set meanwhile
             self._place = False
-            log.info("step threads stay where the system puts them: %s", exc)
-            return
-        worker.pinned = cpu
+            log.info("step threads are woken where the system puts them: %s", exc)
+            return False
+        return True
 
     def _current_cpu(self) -> int | None:
         if not self._cpu_read:
@@ -164,41 +159,56 @@ class StepThreads:
         """A new thread, running once it knows its own id (called holding the lock)."""
         worker = _Worker()
         started = threading.Event()
-        n = len(self._workers)
-        thread = threading.Thread(
-            target=self._serve, args=(worker, started), name=f"{self._name}_{n}", daemon=True
+        worker.thread = threading.Thread(
+            target=self._serve,
+            args=(worker, started),
+            name=f"{self._name}_{len(self._workers)}",
+            daemon=True,
         )
-        worker.thread = thread
+        worker.thread.start()  # (a system out of threads raises here, and nothing is kept)
         self._workers.append(worker)
-        thread.start()
         started.wait()
         return worker
 
     def _serve(self, worker: _Worker, started: threading.Event) -> None:
-        worker.tid = threading.get_native_id()
-        if hasattr(os, "sched_getaffinity"):
-            worker.home = os.sched_getaffinity(0)
-        started.set()
+        try:
+            worker.tid = threading.get_native_id()
+            worker.home = os.sched_getaffinity(0) if self._place else set()
+        except OSError as exc:  # the system will not say: this thread is never moved
+            self._place = False
+            log.info("step threads are woken where the system puts them: %s", exc)
+        finally:
+            started.set()
         try:
             while True:
                 job = worker.jobs.get()
                 if job is None:  # shut down while idle
                     return
                 while job is not None:
-                    future = job[0]
-                    outcome = _run(*job)
-                    with self._lock:
-                        self._near.pop(future, None)
+                    future, fn, kept = job
+                    if kept:  # woken on the caller's CPU: every CPU again, before the step
+                        _take_back(worker.home)
+                    outcome = _run(future, fn)
+                    with self._lock:  # what comes next is decided here, and only here:
                         job = self._waiting.popleft() if self._waiting else None
-                        if job is None and not self._closed:
+                        end = job is None and self._closed  # (a shutdown after this finds
+                        if job is None and not end:  # the thread idle and tells it)
                             self._idle.append(worker)  # before the outcome: the next step
                     _deliver(future, outcome)  # may take this thread at once
-                    if job is None and self._closed:
+                    if end:
                         return
         finally:
             with self._lock:
                 if worker in self._workers:
                     self._workers.remove(worker)
+
+
+def _take_back(cpus: set[int]) -> None:
+    """Let the calling thread run on ``cpus`` again (after it was woken kept on one)."""
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:  # none of them is allowed any more (the set was changed)
+        log.info("a step thread stays on the CPU it was woken on: %s", exc)
 
 
 def _run(future: concurrent.futures.Future[Any], fn: Callable[[], Any]) -> tuple[bool, Any]:
@@ -213,10 +223,15 @@ def _run(future: concurrent.futures.Future[Any], fn: Callable[[], Any]) -> tuple
 
 
 def _deliver(future: concurrent.futures.Future[Any], outcome: tuple[bool, Any]) -> None:
+    """Hand a step's outcome to its future. Its callbacks run here: one that raises past
+    what ``concurrent.futures`` catches (a BaseException) is logged, not let end the thread."""
     if future.cancelled():
         return
     ok, value = outcome
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
+    try:
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+    except BaseException:  # a callback's, not the step's: the step's outcome is set
+        log.exception("a callback of a step's future raised")
