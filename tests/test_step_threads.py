@@ -180,6 +180,24 @@ def test_a_thread_that_cannot_start_or_read_its_cpus_loses_no_step(
         blind.shutdown()
 
 
+def test_a_cpu_reader_that_fails_or_a_callback_that_raises_loses_no_thread() -> None:
+    def unreadable() -> int:
+        raise ZeroDivisionError("no CPU to read")
+
+    pool = step_threads.StepThreads(1, cpu=unreadable)
+    try:
+        assert [pool.submit(lambda i=i: i, near=True).result(5) for i in range(3)] == [0, 1, 2]
+        gate = threading.Event()
+        held = pool.submit(gate.wait, 5)
+        held.add_done_callback(lambda _: (_ for _ in ()).throw(KeyboardInterrupt))
+        gate.set()  # the callback raises on the thread, as it hands over the outcome
+        assert held.result(5) is True
+        assert pool.submit(lambda: "after").result(5) == "after"  # the one thread lives on
+        assert len(pool.threads()) == 1
+    finally:
+        pool.shutdown()
+
+
 @needs_cpus
 def test_a_step_waited_for_is_woken_on_the_callers_cpu_and_runs_free_of_it() -> None:
     home = _cpus()

@@ -115,7 +115,11 @@ class StepThreads:
             else:
                 self._waiting.append((future, call, False))  # the next thread to finish
                 return future
-        worker.jobs.put((future, call, near and self._keep_on_this_cpu(worker)))
+        kept = False
+        try:
+            kept = near and self._keep_on_this_cpu(worker)
+        finally:  # the thread left the idle ones: it gets its step, whatever happened
+            worker.jobs.put((future, call, kept))
         return future
 
     def shutdown(self) -> None:
@@ -135,12 +139,12 @@ class StepThreads:
 
     def _keep_on_this_cpu(self, worker: _Worker) -> bool:
         """Keep ``worker`` on the calling thread's CPU until it wakes; False if not kept."""
-        cpu = self._current_cpu() if self._place else None
-        if cpu is None or cpu < 0:
-            return False
         try:
+            cpu = self._current_cpu() if self._place else None
+            if cpu is None or cpu < 0:
+                return False
             os.sched_setaffinity(worker.tid, {cpu})
-        except OSError as exc:  # a sandbox that refuses, a CPU taken from the set meanwhile
+        except Exception as exc:  # a sandbox that refuses, a CPU taken from the set meanwhile
             self._place = False
             log.info("step threads are woken where the system puts them: %s", exc)
             return False
@@ -172,14 +176,14 @@ class StepThreads:
 
     def _serve(self, worker: _Worker, started: threading.Event) -> None:
         try:
-            worker.tid = threading.get_native_id()
-            worker.home = os.sched_getaffinity(0) if self._place else set()
-        except OSError as exc:  # the system will not say: this thread is never moved
-            self._place = False
-            log.info("step threads are woken where the system puts them: %s", exc)
-        finally:
-            started.set()
-        try:
+            try:
+                worker.tid = threading.get_native_id()
+                worker.home = os.sched_getaffinity(0) if self._place else set()
+            except Exception as exc:  # the system will not say: this thread is never moved
+                self._place = False
+                log.info("step threads are woken where the system puts them: %s", exc)
+            finally:
+                started.set()
             while True:
                 job = worker.jobs.get()
                 if job is None:  # shut down while idle
