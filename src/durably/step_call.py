@@ -357,13 +357,11 @@ async def _call(
             awaitable: Awaitable[Any] | None = fn(*args, **kwargs)
         else:
             call = functools.partial(fn, *args, **kwargs)
-            threads = run.step_threads
-            if run.loop_is_quiet():  # wait here: the step's thread is woken on this CPU
-                future = threads.submit(contextvars.copy_context().run, call, near=True)
-                held = thread.done_within(future, thread.HOLD_LOOP)
-                awaitable = None if held else asyncio.wrap_future(future)
+            near = run.loop_is_quiet()  # then wait here: its thread is woken on this CPU
+            future = run.step_threads.submit(contextvars.copy_context().run, call, near=near)
+            if near and thread.done_within(future, thread.HOLD_LOOP):
+                awaitable = None
             else:
-                future = threads.submit(contextvars.copy_context().run, call)
                 awaitable = asyncio.wrap_future(future)
         with watchdog.async_step(ctx, on_loop):  # named if it blocks the event loop
             result = future.result() if awaitable is None else await awaitable

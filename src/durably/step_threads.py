@@ -71,9 +71,9 @@ class _Worker:
 class StepThreads:
     """Up to ``size`` threads for sync steps; one the caller waits for is woken on its CPU.
 
-    ``place=False`` never moves a thread (what the pool falls back to when the system
-    refuses to, once, with a log line). ``cpu`` says which CPU the caller is on: the C
-    library's ``sched_getcpu`` unless given (a test names one).
+    Where the system refuses to place a thread, the pool stops trying, with one log
+    line. ``cpu`` says which CPU the caller is on: the C library's ``sched_getcpu``
+    unless given (a test names one).
     """
 
     def __init__(
@@ -81,7 +81,6 @@ class StepThreads:
         size: int,
         name: str = "durably-step",
         *,
-        place: bool = True,
         cpu: Callable[[], int] | None = None,
     ) -> None:
         self._size = size
@@ -91,7 +90,7 @@ class StepThreads:
         self._workers: list[_Worker] = []
         self._waiting: collections.deque[_Job] = collections.deque()  # when all are busy
         self._closed = False
-        self._place = place and hasattr(os, "sched_setaffinity")  # (Linux)
+        self._place = hasattr(os, "sched_setaffinity")  # (Linux) until the system refuses
         self._cpu = cpu
         self._cpu_read = cpu is not None
 
