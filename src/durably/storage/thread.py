@@ -147,17 +147,19 @@ class StoreThread:
         back): what must follow a commit (a start's launch) cannot be lost with the
         caller. It runs before the caller resumes, and what it schedules runs after.
         """
-        if inline:
+        if inline and not self._pending:
             op = base.Op(fn, args, write)
-            if not self._pending and not base.runs_alone(fn) and self._run_inline(op):
+            if not base.runs_alone(fn) and self._run_inline(op):
                 if then is not None or time.monotonic() - self._breathed >= _BREATHE_EVERY:
                     await self._breathe(None if op.error else then, op.result)
                 if op.error is not None:
                     raise op.error
                 return op.result  # type: ignore[no-any-return]
-            # Not here (a server's round trip, a lock held): the loop is quiet, so its thread
-            # waits for the store thread itself a while, woken by it directly instead of
-            # through the loop (a self-pipe, a poll and a loop iteration).
+            # Not here (a server's round trip, a lock held): the loop is quiet and the store
+            # threads idle, so its thread waits for the store thread itself a while, woken by
+            # it directly instead of through the loop (a self-pipe, a poll and a loop
+            # iteration). Not while other calls are pending: this one would wait behind
+            # them, and their answers, queued on the loop meanwhile, with it.
             held: concurrent.futures.Future[T] = concurrent.futures.Future()
             self._put(op, held, False)
             if done_within(held, HOLD_LOOP):
