@@ -137,7 +137,9 @@ class StoreThread:
         loop, the cheapest hand-off asyncio offers (see benchmarks/). With
         ``inline``, when the thread is idle and the store can commit without
         waiting for a lock, the verb runs here instead: on a small machine the
-        two thread wake-ups cost more than the commit (docs/decisions.md). A run
+        two thread wake-ups cost more than the commit (docs/decisions.md); with
+        the thread idle but no commit here, this thread waits for it up to
+        ``HOLD_LOOP``. With other calls pending it is queued as any call. A run
         of inline commits yields to the loop once a millisecond (``_BREATHE_EVERY``),
         not after each: a loop iteration costs as much as the rest of a step's
         Python on SQLite NORMAL, and the loop was quiet when each commit began.
