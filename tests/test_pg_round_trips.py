@@ -23,7 +23,7 @@ from psycopg import sql as pgsql
 
 import durably
 from durably import errors, journal
-from durably.storage import base, create_store, pg_ahead, pg_statements, rows
+from durably.storage import base, create_store, pg_ahead, pg_direct, pg_statements, rows
 from tests.test_store import (
     LEASE,
     NOW,
@@ -476,7 +476,7 @@ def test_an_answer_out_of_a_statement_sent_for_several_reads_as_a_cursor(
     sent = answers()
     conn.execute("ROLLBACK")
     assert [ahead for ((ahead, _),) in sent] == [p[0] for p in planned]
-    assert all(isinstance(answer, pg_ahead._Answer) for ((_, answer),) in sent)
+    assert all(isinstance(answer, pg_direct.Answer) for ((_, answer),) in sent)
     read = [rows.first(answer) for ((_, answer),) in sent]
     assert read[3] is None and sent[3][0][1].rowcount == 0
     assert [r and (r["deadline_at"], r["written"]) for r in read] == [

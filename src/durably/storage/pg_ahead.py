@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from durably.storage import base, pg_statements
+from durably.storage import base, pg_direct, pg_statements
 
 
 class Session(pg_statements.Session, Protocol):
@@ -192,8 +192,9 @@ def _send(
     commit, a start, a finish). The statements of a query that ``MANY_AT_LEAST`` ops or
     more share go last, as one ``executemany``, which psycopg converts once and binds
     for each op: about half its client time a statement, for a round trip more (it
-    waits for the answers). Each op's answer is then read off into an :class:`_Answer`.
-    The others go one by one, in the batch's order.
+    waits for the answers). Each op's answer is then read off into a
+    :class:`~durably.storage.pg_direct.Answer`. The others go one by one, in the batch's
+    order.
     """
     groups: dict[str, list[int]] = {}
     if all(len(statements) == 1 for statements in planned):  # a group commit's plan
@@ -220,28 +221,10 @@ def _send(
                     raise psycopg.InterfaceError("executemany answered fewer statements")
                 result = cursor.pgresult  # (not ``description``: an object a column each call)
                 rows = cursor.fetchall() if result is not None and result.nfields else []
-                answered[i] = [(planned[i][0], _Answer(rows, cursor.rowcount, result))]
+                answered[i] = [(planned[i][0], pg_direct.Answer(rows, cursor.rowcount, result))]
         return answered
 
     return answers
-
-
-class _Answer:
-    """One op's answer out of a statement sent for several (``_send``): what a verb reads
-    of a cursor (its rows, ``rowcount``, and ``pgresult`` for the column names,
-    :func:`durably.storage.rows.names`)."""
-
-    __slots__ = ("_rows", "pgresult", "rowcount")
-
-    def __init__(self, rows: list[Any], rowcount: int, pgresult: Any) -> None:
-        self._rows, self.rowcount, self.pgresult = rows, rowcount, pgresult
-
-    def fetchone(self) -> Any:
-        return self._rows.pop(0) if self._rows else None
-
-    def fetchall(self) -> list[Any]:
-        found, self._rows = self._rows, []
-        return found
 
 
 class Unplanned(BaseException):

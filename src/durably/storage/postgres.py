@@ -81,7 +81,7 @@ import psycopg.pq
 from psycopg import sql as pgsql
 
 from durably import errors
-from durably.storage import base, pg_ahead, pg_listener, pg_statements, sqlbase
+from durably.storage import base, pg_ahead, pg_direct, pg_listener, pg_statements, sqlbase
 
 log = logging.getLogger("durably")
 
@@ -551,11 +551,11 @@ class PostgresStore(pg_ahead.AheadBatches):
                 return self._end_with(sql_text, params)
             return self.conn.execute(sql_text, params)
         session.begin_pending = False
-        send = _alone if session.skip_begin else _begin_with
+        alone = session.skip_begin
         session.skip_begin = False
         conn = self.conn
         try:
-            return send(conn, sql_text, params)
+            return self._send_first(conn, sql_text, params, alone)
         except psycopg.OperationalError:
             if not conn.broken:
                 raise
@@ -569,7 +569,24 @@ class PostgresStore(pg_ahead.AheadBatches):
             lost = session.temp
             conn = self._connect()
             self._carry_temp_tables(lost)  # what the batch's statements may rely on
-            return send(conn, sql_text, params)
+            return self._send_first(conn, sql_text, params, alone)
+
+    def _send_first(
+        self, conn: psycopg.Connection[Any], sql_text: str, params: Any, alone: bool
+    ) -> Any:
+        """A batch's first statement: ``alone``, the whole batch, sent as a transaction of
+        its own (autocommit); else BEGIN and it, pipelined: one round trip either way."""
+        if alone:
+            return self._direct(conn).execute(sql_text, params)
+        return _begin_with(conn, sql_text, params)
+
+    def _direct(self, conn: psycopg.Connection[Any]) -> pg_direct.Direct:
+        """What sends ``conn``'s statements past psycopg's cursors (``pg_direct``)."""
+        session = self._session
+        direct = session.direct
+        if direct is None or direct.conn is not conn:
+            direct = session.direct = pg_direct.Direct(conn)
+        return direct
 
     def _end_with(self, sql_text: str, params: Mapping[str, Any] | None) -> Any:
         """The op's last statement (``OneStatementVerbs._ending``) in its open transaction,
@@ -776,6 +793,7 @@ class _Session:
         "begin_pending",
         "commit_with",
         "conn",
+        "direct",
         "ended",
         "ends_with",
         "inline",
@@ -786,6 +804,8 @@ class _Session:
 
     def __init__(self) -> None:
         self.conn: psycopg.Connection[Any] | None = None
+        #: What sends this connection's statements past psycopg's cursors, once made.
+        self.direct: pg_direct.Direct | None = None
         self.temp = sqlbase.TempTables()
         self.begin_pending = False
         self.solo = False
@@ -815,11 +835,6 @@ def _connections(given: list[str], url: str) -> int:
             "(and store threads) each process opens, one number from 1 to 64"
         )
     return int(given[0])
-
-
-def _alone(conn: psycopg.Connection[Any], sql_text: str, params: Any) -> Any:
-    """A statement that is a whole batch, sent as its own transaction (autocommit)."""
-    return conn.execute(sql_text, params)
 
 
 def _begin_with(conn: psycopg.Connection[Any], sql_text: str, params: Any) -> Any:

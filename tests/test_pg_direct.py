@@ -1,0 +1,224 @@
+"""PostgreSQL: statements sent past psycopg's cursor (``pg_direct``) answer as psycopg would.
+
+Each test runs the same statements both ways on a real server and compares what comes
+back: the rows and their Python types, the errors and their classes, a lost connection.
+The store's own hot path is checked to go this way (its prepared statements are listed
+by the server), and what must go through psycopg still does.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import psycopg.errors
+import pytest
+
+from durably.storage import create_store, pg_direct, postgres
+from tests.test_pg_round_trips import statements
+from tests.test_store import NOW, Verbs, owned, step
+
+
+@pytest.fixture
+def pg_store(postgres_url: str) -> Iterator[Any]:
+    store = create_store(postgres_url)
+    store.open()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def conn(postgres_url: str) -> Iterator[psycopg.Connection[Any]]:
+    url, _ = postgres.split_schema(postgres_url)
+    with psycopg.connect(url, autocommit=True, prepare_threshold=0) as connection:  # as the store
+        yield connection
+
+
+def sql(text: str) -> str:
+    """A statement written as queries.sql writes them (``:name``), in psycopg's style."""
+    return postgres._paramstyle(text)
+
+
+def prepared(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    rows = conn.execute("SELECT name, statement FROM pg_prepared_statements").fetchall()
+    return {str(name): str(text) for name, text in rows}
+
+
+def test_parameters_are_numbered_once_per_name_and_percent_signs_kept() -> None:
+    query, names = pg_direct.positional(sql("SELECT :a, :b, :a, '5%', x % 2 FROM t -- 1%"))
+    assert names == ("a", "b")
+    assert query == b"SELECT $1, $2, $1, '5%', x % 2 FROM t -- 1%"
+
+
+TYPED = sql(
+    "SELECT :int::bigint AS i, :small::int AS s, :real::double precision AS f, :text AS t, "
+    ":flag::boolean AS b, :nothing::text AS n, :doc::jsonb AS j, '{\"k\": [1, 2]}'::json AS js, "
+    "1.50::numeric AS d, ARRAY['x', 'y'] AS a, '2026-12-05 10:00:00+00'::timestamptz AS ts, "
+    "'100%' AS pct"
+)
+PARAMS = {
+    "int": 2**40,
+    "small": 7,
+    "real": 0.1,
+    "text": "héllo \u4e00 ' \" \\",
+    "flag": True,
+    "nothing": None,
+    "doc": '{"a": 1}',
+}
+
+
+def test_rows_come_back_with_the_types_psycopg_gives(conn: psycopg.Connection[Any]) -> None:
+    direct = pg_direct.Direct(conn)
+    expected = conn.execute(TYPED, PARAMS).fetchall()
+    for _ in range(2):  # prepared at the first, reused at the second
+        answer = direct.execute(TYPED, PARAMS)
+        assert isinstance(answer, pg_direct.Answer)
+        got = answer.fetchall()
+        assert got == expected
+        assert [type(v) for v in got[0]] == [type(v) for v in expected[0]]
+    (row,) = expected
+    assert row[:7] == (2**40, 7, 0.1, PARAMS["text"], True, None, {"a": 1})
+    assert row[7:] == (
+        {"k": [1, 2]},
+        decimal.Decimal("1.50"),
+        ["x", "y"],
+        datetime.datetime(2026, 12, 5, 10, tzinfo=datetime.UTC),
+        "100%",
+    )
+
+
+def test_rowcount_and_fetchone_read_as_a_cursors(conn: psycopg.Connection[Any]) -> None:
+    direct = pg_direct.Direct(conn)
+    conn.execute("CREATE TEMPORARY TABLE t (k int PRIMARY KEY, v text)")
+    insert = sql("INSERT INTO t SELECT g, :v FROM generate_series(1, :n) AS g")
+    assert direct.execute(insert, {"v": "x", "n": 3}).rowcount == 3
+    update = direct.execute(sql("UPDATE t SET v = :v WHERE k > :k RETURNING k"), {"v": "y", "k": 1})
+    assert update.rowcount == 2
+    assert update.fetchone() == (2,)
+    assert update.fetchone() == (3,)
+    assert update.fetchone() is None
+    assert direct.execute(sql("SELECT v FROM t WHERE k = :k"), {"k": 9}).fetchall() == []
+    assert direct.execute("SELECT count(*) FROM t", None).fetchone() == (3,)
+
+
+def test_each_statement_is_prepared_once_a_connection_and_types(
+    conn: psycopg.Connection[Any],
+) -> None:
+    direct = pg_direct.Direct(conn)
+    query = sql("SELECT coalesce(:v, 'none') AS v")
+    assert direct.execute(query, {"v": "a"}).fetchone() == ("a",)
+    assert direct.execute(query, {"v": "b"}).fetchone() == ("b",)
+    ours = {k: v for k, v in prepared(conn).items() if k.startswith("durably_")}
+    assert list(ours.values()) == ["SELECT coalesce($1, 'none') AS v"]
+    # a str and None are both sent untyped (psycopg's way): the same prepared statement
+    assert direct.execute(query, {"v": None}).fetchone() == ("none",)
+    # an int is typed by its size (int2, int4, int8), as psycopg sends it: one each
+    number = sql("SELECT :n::bigint + 0 AS n")
+    assert [direct.execute(number, {"n": n}).fetchone() for n in (1, 2, 2**40)] == [
+        (1,),
+        (2,),
+        (2**40,),
+    ]
+    ours = sorted(v for k, v in prepared(conn).items() if k.startswith("durably_"))
+    assert ours == [
+        "SELECT $1::bigint + 0 AS n",
+        "SELECT $1::bigint + 0 AS n",
+        "SELECT coalesce($1, 'none') AS v",
+    ]
+
+
+def test_errors_are_psycopgs_and_leave_the_connection_usable(
+    conn: psycopg.Connection[Any],
+) -> None:
+    direct = pg_direct.Direct(conn)
+    conn.execute("CREATE TEMPORARY TABLE t (k int PRIMARY KEY)")
+    insert = sql("INSERT INTO t VALUES (:k)")
+    direct.execute(insert, {"k": 1})
+    with pytest.raises(psycopg.errors.UniqueViolation) as caught:
+        direct.execute(insert, {"k": 1})
+    assert caught.value.sqlstate == "23505"
+    with pytest.raises(psycopg.errors.UndefinedTable):
+        direct.execute(sql("SELECT * FROM no_such_table WHERE k = :k"), {"k": 1})
+    with pytest.raises(psycopg.DataError):  # found by psycopg's dumper, as in a cursor
+        direct.execute(sql("SELECT :t::text"), {"t": "a\x00b"})
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+        direct.execute(sql("SELECT :t::int"), {"t": "x"})
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert direct.execute(sql("SELECT count(*) FROM t WHERE k = :k"), {"k": 1}).fetchone() == (1,)
+
+
+def test_statements_psycopg_deallocated_are_prepared_again(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """psycopg sends DEALLOCATE ALL after a ROLLBACK (or a DROP, an ALTER) it ran: ours
+    go too, and the next sending prepares again, under a new name, and answers."""
+    direct = pg_direct.Direct(conn)
+    query, other = sql("SELECT :x::int + 1"), sql("SELECT :x::int + 2")
+    assert direct.execute(query, {"x": 1}).fetchone() == (2,)
+    assert direct.execute(other, {"x": 1}).fetchone() == (3,)
+    conn.execute("SELECT 1")  # one of psycopg's own, prepared
+    conn.execute("BEGIN")
+    conn.execute("ROLLBACK")
+    conn.execute("SELECT 2")  # psycopg deallocates before it
+    assert not [n for n in prepared(conn) if n.startswith("durably_")]
+    for x in (5, 6):
+        assert direct.execute(query, {"x": x}).fetchone() == (x + 1,)
+        assert direct.execute(other, {"x": x}).fetchone() == (x + 2,)
+    assert sorted(n for n in prepared(conn) if n.startswith("durably_")) == [
+        "durably_2",
+        "durably_3",
+    ]
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_lost_connection_raises_operational_error_and_reads_broken(
+    conn: psycopg.Connection[Any], postgres_url: str
+) -> None:
+    direct = pg_direct.Direct(conn)
+    query = sql("SELECT :x::int")
+    assert direct.execute(query, {"x": 1}).fetchone() == (1,)
+    url, _ = postgres.split_schema(postgres_url)
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    with pytest.raises(psycopg.OperationalError):
+        direct.execute(query, {"x": 2})
+    assert conn.broken
+
+
+def test_what_psycopg_must_send_goes_through_psycopg(
+    conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    direct = pg_direct.Direct(conn)
+    composed = psycopg.sql.SQL("SELECT {}").format(psycopg.sql.Literal(5))
+    assert isinstance(direct.execute(composed, None), psycopg.Cursor)
+    with conn.pipeline():  # a pipeline's statements are psycopg's to send
+        cursor = direct.execute(sql("SELECT :x::int"), {"x": 3})
+    assert isinstance(cursor, psycopg.Cursor) and cursor.fetchone() == (3,)
+    with pytest.raises(KeyError):  # a missing parameter: psycopg names it
+        direct.execute(sql("SELECT :x::int, :y::int"), {"x": 3})
+    conn.execute("BEGIN")  # in a transaction: psycopg's (ours could not be sent again)
+    inside = direct.execute(sql("SELECT :x::int"), {"x": 4})
+    assert isinstance(inside, psycopg.Cursor) and inside.fetchone() == (4,)
+    conn.execute("ROLLBACK")
+    monkeypatch.setattr(pg_direct, "PREPARED_MAX", 1)
+    assert isinstance(direct.execute(sql("SELECT :x::int + 1"), {"x": 1}), pg_direct.Answer)
+    past = direct.execute(sql("SELECT :x::int + 2"), {"x": 1})  # one prepared already
+    assert isinstance(past, psycopg.Cursor) and past.fetchone() == (3,)
+
+
+def test_a_plain_steps_commit_goes_past_psycopgs_cursor(pg_store: Any) -> None:
+    """The store's hot path: a step's fence and write, alone in its batch, is sent by
+    ``pg_direct`` (its prepared statement is ours) in one round trip as before."""
+    db = Verbs(pg_store)
+    info = owned(db)
+    for seq in (1, 2):
+        _, sent = statements(
+            pg_store, pg_store.append_entries, "wf-1", info.epoch, [step(seq)], NOW
+        )
+        assert len(sent) == 1 and pg_store.last_round_trips == 1, sent
+    ours = [t for n, t in prepared(pg_store.conn).items() if n.startswith("durably_")]
+    assert any("INSERT INTO journal" in text for text in ours), ours
+    assert db.load_history("wf-1") == [step(1), step(2)]
