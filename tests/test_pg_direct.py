@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -102,6 +105,38 @@ def test_rowcount_and_fetchone_read_as_a_cursors(conn: psycopg.Connection[Any]) 
     assert update.fetchone() is None
     assert direct.execute(sql("SELECT v FROM t WHERE k = :k"), {"k": 9}).fetchall() == []
     assert direct.execute("SELECT count(*) FROM t", None).fetchone() == (3,)
+    every = direct.execute("SELECT k, v FROM t ORDER BY k", None)
+    assert every.description is not None
+    assert [c[0] for c in every.description] == ["k", "v"]
+    assert every.fetchone() == (1, "x")
+    assert list(every) == [(2, "y"), (3, "y")]  # the rest, as a cursor iterates
+    assert direct.execute(sql("DELETE FROM t WHERE k = :k"), {"k": 1}).description is None
+
+
+def test_an_interrupt_cancels_the_statement_and_leaves_the_connection_usable(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """Ctrl-C while a statement runs cancels it on the server (psycopg's wait does) and
+    its answer is read, so the connection is idle again, neither busy nor broken. (The
+    sending is inside that wait too, as in psycopg, so no moment between the two leaves
+    a statement running uncancelled.)"""
+    direct = pg_direct.Direct(conn)
+    sleep = sql("SELECT pg_sleep(:s)")
+    direct.execute(sleep, {"s": 0})  # prepared: the next sending is the statement alone
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+    timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
+    began = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            direct.execute(sleep, {"s": 30})
+    finally:
+        timer.cancel()
+    assert time.monotonic() - began < 10
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert not conn.broken
+    assert direct.execute(sql("SELECT :x::int"), {"x": 7}).fetchone() == (7,)
 
 
 def test_each_statement_is_prepared_once_a_connection_and_types(
@@ -197,7 +232,7 @@ def test_what_psycopg_must_send_goes_through_psycopg(
     with conn.pipeline():  # a pipeline's statements are psycopg's to send
         cursor = direct.execute(sql("SELECT :x::int"), {"x": 3})
     assert isinstance(cursor, psycopg.Cursor) and cursor.fetchone() == (3,)
-    with pytest.raises(KeyError):  # a missing parameter: psycopg names it
+    with pytest.raises(psycopg.ProgrammingError, match="y"):  # psycopg names what is missing
         direct.execute(sql("SELECT :x::int, :y::int"), {"x": 3})
     conn.execute("BEGIN")  # in a transaction: psycopg's (ours could not be sent again)
     inside = direct.execute(sql("SELECT :x::int"), {"x": 4})

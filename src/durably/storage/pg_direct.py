@@ -27,7 +27,7 @@ query, one in pipeline mode, and any past ``PREPARED_MAX`` go through psycopg as
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import psycopg
@@ -71,17 +71,32 @@ class Answer:
     """What a verb reads of a cursor: its rows, ``rowcount``, and ``pgresult`` for the
     column names (:func:`durably.storage.rows.names`)."""
 
-    __slots__ = ("_rows", "pgresult", "rowcount")
+    __slots__ = ("_next", "_rows", "pgresult", "rowcount")
 
     def __init__(self, rows: list[Any], rowcount: int, pgresult: Any) -> None:
         self._rows, self.rowcount, self.pgresult = rows, rowcount, pgresult
+        self._next = 0
+
+    @property
+    def description(self) -> list[tuple[str]] | None:
+        """The columns' names as a cursor's description gives them (None: no columns)."""
+        result = self.pgresult
+        if result is None or not result.nfields:
+            return None
+        return [(bytes(result.fname(i) or b"").decode(),) for i in range(result.nfields)]
 
     def fetchone(self) -> Any:
-        return self._rows.pop(0) if self._rows else None
+        if self._next >= len(self._rows):
+            return None
+        self._next += 1
+        return self._rows[self._next - 1]
 
     def fetchall(self) -> list[Any]:
-        found, self._rows = self._rows, []
+        found, self._rows, self._next = self._rows[self._next :], [], 0
         return found
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.fetchall())
 
 
 class Direct:
@@ -116,9 +131,9 @@ class Direct:
             converted = self._texts[sql_text] = positional(sql_text)
         query, names = converted
         tx = self._tx
+        if names and (params is None or not params.keys() >= set(names)):
+            return conn.execute(sql_text, params)  # psycopg names what is missing
         values = [params[name] for name in names] if params else []
-        if len(values) != len(names):  # psycopg says which is missing
-            return conn.execute(sql_text, params)
         dumped = tx.dump_sequence(values, [_AUTO] * len(values))
         types = tx.types or ()
         key = (sql_text, types)
@@ -127,14 +142,12 @@ class Direct:
             if len(self._prepared) >= PREPARED_MAX:
                 return conn.execute(sql_text, params)
             name = self._prepared[key] = self._prepare(query, types)
-        pgconn.send_query_prepared(name, dumped, param_formats=tx.formats)
         try:
-            result = self._result()
+            result = self._result(_send_prepared(pgconn, name, dumped, tx.formats))
         except pg_errors.InvalidSqlStatementName:  # deallocated by psycopg: nothing ran
             self._prepared.clear()  # (it deallocates all of them)
             name = self._prepared[key] = self._prepare(query, types)
-            pgconn.send_query_prepared(name, dumped, param_formats=tx.formats)
-            result = self._result()
+            result = self._result(_send_prepared(pgconn, name, dumped, tx.formats))
         tx.set_pgresult(result)
         found = result.ntuples
         rows = tx.load_rows(0, found, tuple) if found else []
@@ -144,15 +157,28 @@ class Direct:
     def _prepare(self, query: bytes, types: tuple[int, ...]) -> bytes:
         name = b"durably_%d" % self._made
         self._made += 1
-        self._pgconn.send_prepare(name, query, param_types=types)
-        self._result()
+        self._result(_send_prepare(self._pgconn, name, query, types))
         return name
 
-    def _result(self) -> Any:
-        """The last result of the statement just sent; its error raised as psycopg does."""
-        results = self.conn.wait(generators.execute(self._pgconn))
+    def _result(self, sending: Any) -> Any:
+        """The last result of the statement ``sending`` sends; its error raised as psycopg
+        does. Sent inside ``Connection.wait``, as psycopg sends: an interrupt there cancels
+        the statement and reads its answer, never leaving the connection busy."""
+        results = self.conn.wait(sending)
         for result in results:
             status = result.status
             if status != _COMMAND_OK and status != _TUPLES_OK:
                 raise pg_errors.error_from_result(result, encoding=self._encoding)
         return results[-1]
+
+
+def _send_prepared(pgconn: Any, name: bytes, values: Any, formats: Any) -> Any:
+    """Send a prepared statement and read its results (a generator for ``Connection.wait``)."""
+    pgconn.send_query_prepared(name, values, param_formats=formats)
+    return (yield from generators.execute(pgconn))
+
+
+def _send_prepare(pgconn: Any, name: bytes, query: bytes, types: tuple[int, ...]) -> Any:
+    """Prepare a statement and read the answer (a generator for ``Connection.wait``)."""
+    pgconn.send_prepare(name, query, param_types=types)
+    return (yield from generators.execute(pgconn))
