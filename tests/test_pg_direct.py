@@ -20,17 +20,9 @@ import psycopg
 import psycopg.errors
 import pytest
 
-from durably.storage import create_store, pg_direct, postgres
-from tests.test_pg_round_trips import statements
+from durably.storage import pg_direct, postgres
+from tests.test_pg_round_trips import pg_store, statements  # noqa: F401 (a fixture)
 from tests.test_store import NOW, Verbs, owned, step
-
-
-@pytest.fixture
-def pg_store(postgres_url: str) -> Iterator[Any]:
-    store = create_store(postgres_url)
-    store.open()
-    yield store
-    store.close()
 
 
 @pytest.fixture
