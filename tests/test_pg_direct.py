@@ -236,7 +236,7 @@ def test_what_psycopg_must_send_goes_through_psycopg(
     assert isinstance(past, psycopg.Cursor) and past.fetchone() == (3,)
 
 
-def test_a_plain_steps_commit_goes_past_psycopgs_cursor(pg_store: Any) -> None:
+def test_a_plain_steps_commit_goes_past_psycopgs_cursor(pg_store: Any) -> None:  # noqa: F811 (the fixture)
     """The store's hot path: a step's fence and write, alone in its batch, is sent by
     ``pg_direct`` (its prepared statement is ours) in one round trip as before."""
     db = Verbs(pg_store)
