@@ -249,3 +249,66 @@ def test_a_plain_steps_commit_goes_past_psycopgs_cursor(pg_store: Any) -> None: 
     ours = [t for n, t in prepared(pg_store.conn).items() if n.startswith("durably_")]
     assert any("INSERT INTO journal" in text for text in ours), ours
     assert db.load_history("wf-1") == [step(1), step(2)]
+
+
+def test_begin_with_sends_begin_and_statements_in_one_pipeline(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """One round trip: BEGIN and each statement (prepared first where new), the answers
+    in order, the transaction left open for the caller to go on with and commit."""
+    direct = pg_direct.Direct(conn)
+    conn.execute("CREATE TABLE IF NOT EXISTS direct_t (k int PRIMARY KEY, v text)")
+    insert = sql("INSERT INTO direct_t VALUES (:k, :v) RETURNING k")
+    count = sql("SELECT count(*) FROM direct_t WHERE v = :v")
+    answers = direct.begin_with([(insert, {"k": 1, "v": "a"}), (insert, {"k": 2, "v": "a"})])
+    assert answers is not None and [a.fetchall() for a in answers] == [[(1,)], [(2,)]]
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    conn.execute("COMMIT")
+    more = direct.begin_with([(count, {"v": "a"}), (insert, {"k": 3, "v": "b"})])
+    assert more is not None and more[0].fetchone() == (2,) and more[1].rowcount == 1
+    conn.execute("ROLLBACK")  # (psycopg deallocates every prepared statement after it)
+    assert direct.execute(count, {"v": "b"}).fetchone() == (0,)
+    assert direct.begin_with([(count, {"v": "a"})]) is not None  # prepared again, sent
+    conn.execute("COMMIT")
+
+
+def test_begin_with_rolls_back_and_sends_again_when_psycopg_deallocated(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A write before the refused name ran in the aborted transaction, rolled back with
+    it: sent again, it is applied once."""
+    direct = pg_direct.Direct(conn)
+    conn.execute("CREATE TABLE IF NOT EXISTS direct_once (k int PRIMARY KEY)")
+    insert = sql("INSERT INTO direct_once VALUES (:k)")
+    read = sql("SELECT count(*) FROM direct_once WHERE k > :k")
+    assert direct.execute(read, {"k": 0}).fetchone() == (0,)  # read prepared, not insert
+    conn.execute("SELECT 1")
+    conn.execute("BEGIN")
+    conn.execute("ROLLBACK")
+    conn.execute("SELECT 2")  # psycopg's DEALLOCATE ALL goes before it
+    answers = direct.begin_with([(insert, {"k": 1}), (read, {"k": 0})])
+    assert answers is not None and answers[1].fetchone() == (1,)
+    conn.execute("COMMIT")
+    assert conn.execute("SELECT count(*) FROM direct_once").fetchone() == (1,)
+
+
+def test_begin_with_raises_the_first_error_and_declines_what_psycopg_must_send(
+    conn: psycopg.Connection[Any],
+) -> None:
+    direct = pg_direct.Direct(conn)
+    conn.execute("CREATE TABLE IF NOT EXISTS direct_err (k int PRIMARY KEY)")
+    insert = sql("INSERT INTO direct_err VALUES (:k)")
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        direct.begin_with([(insert, {"k": 1}), (insert, {"k": 1}), (insert, {"k": 2})])
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+    conn.execute("ROLLBACK")
+    assert conn.execute("SELECT count(*) FROM direct_err").fetchone() == (0,)
+    assert direct.begin_with([(insert, {"k": 5})]) is not None  # its name was kept
+    assert direct.begin_with([(insert, {"k": 6})]) is None  # in a transaction: psycopg's
+    conn.execute("COMMIT")
+    lone = sql("SELECT :t::text")
+    assert direct.begin_with([(lone, {"t": "caf\udce9"})]) is None  # psycopg's to refuse
+    composed = psycopg.sql.SQL("SELECT {}").format(psycopg.sql.Literal(1))
+    assert direct.begin_with([(composed, None)]) is None
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert conn.execute("SELECT array_agg(k) FROM direct_err").fetchone() == ([5],)

@@ -50,6 +50,16 @@ def pg_store(postgres_url: str) -> Iterator[Any]:
 #: As many ops of one query as a group commit sends as one ``executemany``.
 MANY = pg_ahead.MANY_AT_LEAST
 
+#: Who sends a group commit's pipeline: libpq through ``pg_direct`` (BEGIN and every
+#: statement, one wait), or psycopg's pipeline and ``executemany`` (a wait more a grouped
+#: query), which the store falls back to where ``pg_direct`` declines (none prepared).
+by_sender = pytest.mark.parametrize("sender", ["libpq", "psycopg"])
+
+
+def send_by(sender: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if sender == "psycopg":
+        monkeypatch.setattr(pg_direct, "PREPARED_MAX", 0)
+
 
 def traced(store: Any, ops: list[base.Op]) -> list[str]:
     """Run ``ops`` as one batch; every statement sent, BEGIN and COMMIT included.
@@ -305,9 +315,11 @@ def test_a_parent_finished_after_its_child_in_a_group_commit_keeps_its_own_time(
     assert db.get_workflow("parent").updated_at == NOW + 9
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["one-by-one", "executemany"])
+@pytest.mark.parametrize(
+    "grouped", [False, "libpq", "psycopg"], ids=["one-by-one", "libpq", "executemany"]
+)
 def test_values_refused_in_statements_sent_ahead_fail_their_own_ops(
-    pg_store: Any, grouped: bool, monkeypatch: pytest.MonkeyPatch
+    pg_store: Any, grouped: str | bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A value psycopg cannot send (a lone surrogate), one the server refuses (a NUL in
     text, a seq past bigint): those ops fail with StorageDataError, the others are
@@ -339,8 +351,11 @@ def test_values_refused_in_statements_sent_ahead_fail_their_own_ops(
         return executemany(cursor, query, params_seq, **kwargs)
 
     monkeypatch.setattr(psycopg.Cursor, "executemany", counted)
+    send_by(str(grouped), monkeypatch)
     pg_store.run_batch(ops)
-    assert calls == ([4 + MANY] if grouped else []), calls  # then the guarded run
+    # grouped, psycopg's executemany raises in the middle, then the guarded run: a value
+    # psycopg cannot send (the surrogate) is its to refuse, so libpq declines the batch
+    assert calls == ([4 + MANY] if grouped else []), calls
     errors_seen = [type(op.error).__name__ for op in ops]
     assert errors_seen[:4] == [
         "NoneType",
@@ -486,7 +501,10 @@ def test_an_answer_out_of_a_statement_sent_for_several_reads_as_a_cursor(
     assert sent[0][0][1].rowcount == 1 and sent[0][0][1].fetchone() is None
 
 
-def test_ops_of_one_query_in_a_group_commit_each_get_their_own_answer(pg_store: Any) -> None:
+@by_sender
+def test_ops_of_one_query_in_a_group_commit_each_get_their_own_answer(
+    pg_store: Any, sender: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Starts and steps interleaved, enough of each to go as one ``executemany`` a query,
     with answers that differ: a start of an id that exists (no row, so the verb reads
     the row after the pipeline), steps of workflows asked to cancel (their commit says
@@ -524,12 +542,15 @@ def test_ops_of_one_query_in_a_group_commit_each_get_their_own_answer(pg_store: 
                 NOW,
             )
             ops.append(base.Op(finish, done, True))
+    send_by(sender, monkeypatch)
     sent = traced(pg_store, ops)
     assert [op.error for op in ops] == [None] * len(ops)
     assert not any("SAVEPOINT" in s for s in sent), sent
-    # a wait per grouped query (its executemany), the pipeline's end, n2's row read, COMMIT
-    assert len(sent) == 2 + 1 + 1 + 1 and sent[2] == '"Sync"', sent
-    assert "One workflow's row" in sent[3] and sent[4] == '"COMMIT"', sent
+    if sender == "psycopg":  # a wait per grouped query (its executemany), the pipeline's end
+        assert len(sent) == 2 + 1 + 1 + 1 and sent[2] == '"Sync"', sent
+    else:  # the whole pipeline, one wait
+        assert len(sent) == 1 + 1 + 1 and '"Sync"' not in sent, sent
+    assert "One workflow's row" in sent[-2] and sent[-1] == '"COMMIT"', sent  # n2's row
     starts = [op.result for op in ops if op.fn == start]
     assert [(info.workflow_id, created) for info, created in starts] == [
         (f"n{k}", k != 2) for k in range(MANY)
@@ -549,7 +570,10 @@ def test_ops_of_one_query_in_a_group_commit_each_get_their_own_answer(pg_store: 
     ]  # fmt: skip
 
 
-def test_a_fenced_finish_among_many_fails_alone(pg_store: Any) -> None:
+@by_sender
+def test_a_fenced_finish_among_many_fails_alone(
+    pg_store: Any, sender: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Finishes sent as one ``executemany``, one of them fenced off (taken over): that
     one fails, whatever the others' answers; the batch runs again guarded and each
     other finish is applied once."""
@@ -565,8 +589,9 @@ def test_a_fenced_finish_among_many_fails_alone(pg_store: Any) -> None:
         )
         for k, d in enumerate(done_of)
     ]
+    send_by(sender, monkeypatch)
     sent = traced(pg_store, ops)
-    assert '"Sync"' in sent  # the first try went as one executemany
+    assert ('"Sync"' in sent) == (sender == "psycopg")  # the first try as one executemany
     assert [type(op.error).__name__ for op in ops] == [
         "FencedError" if k == 2 else "NoneType" for k in range(MANY)
     ]
@@ -831,10 +856,11 @@ def test_a_finish_sent_again_finds_its_own_write(pg_store: Any) -> None:
     assert isinstance(later.error, errors.FencedError), later.error
 
 
-def appender(store: Any, grouped: bool) -> Callable[..., Any]:
+def appender(store: Any, grouped: str | bool) -> Callable[..., Any]:
     """``append_entries`` as a batch of its own (the step commit's single statement), or
     among other workflows' step commits in one group commit, enough of them to go as
-    one ``executemany`` (``pg_ahead._send``): the entry rules below hold for both."""
+    one ``executemany`` (``grouped="psycopg"``, ``pg_ahead._send``) or as one pipeline
+    of libpq's (``"libpq"``, ``pg_direct``): the entry rules below hold for each."""
     db, pals = Verbs(store), iter(range(1000))
 
     def append(workflow_id: str, epoch: int, written: list[journal.Entry], now: float) -> Any:
@@ -846,8 +872,11 @@ def appender(store: Any, grouped: bool) -> Callable[..., Any]:
             for pal in others
         ]
         ops.insert(3, base.Op(store.append_entries, (workflow_id, epoch, written, now), True))
-        sent = traced(store, ops)
-        assert '"Sync"' in sent, sent  # the executemany's wait, then the pipeline's end
+        with pytest.MonkeyPatch.context() as patching:
+            send_by(grouped, patching)
+            sent = traced(store, ops)
+        # psycopg: the executemany's wait, then the pipeline's end; libpq: one wait
+        assert ('"Sync"' in sent) == (grouped == "psycopg"), sent
         mine = ops.pop(3)
         assert [op.error for op in ops] == [None] * len(others)
         assert [db.load_history(pal.workflow_id) for pal in others] == [[step(1)]] * len(others)
@@ -858,9 +887,9 @@ def appender(store: Any, grouped: bool) -> Callable[..., Any]:
     return append
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["alone", "grouped"])
+@pytest.mark.parametrize("grouped", [False, "libpq", "psycopg"], ids=["alone", "libpq", "psycopg"])
 def test_the_one_statement_write_refuses_a_stale_epoch_and_writes_nothing(
-    pg_store: Any, grouped: bool
+    pg_store: Any, grouped: str | bool
 ) -> None:
     db, append = Verbs(pg_store), appender(pg_store, grouped)
     info = owned(db)
@@ -870,9 +899,9 @@ def test_the_one_statement_write_refuses_a_stale_epoch_and_writes_nothing(
     assert db.load_history("wf-1") == []
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["alone", "grouped"])
+@pytest.mark.parametrize("grouped", [False, "libpq", "psycopg"], ids=["alone", "libpq", "psycopg"])
 def test_the_one_statement_write_refuses_a_parked_or_unknown_workflow(
-    pg_store: Any, grouped: bool
+    pg_store: Any, grouped: str | bool
 ) -> None:
     db, append = Verbs(pg_store), appender(pg_store, grouped)
     info = owned(db)
@@ -885,8 +914,8 @@ def test_the_one_statement_write_refuses_a_parked_or_unknown_workflow(
     assert db.load_history("wf-1") == [sleep]
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["alone", "grouped"])
-def test_the_one_statement_write_keeps_the_entry_rules(pg_store: Any, grouped: bool) -> None:
+@pytest.mark.parametrize("grouped", [False, "libpq", "psycopg"], ids=["alone", "libpq", "psycopg"])
+def test_the_one_statement_write_keeps_the_entry_rules(pg_store: Any, grouped: str | bool) -> None:
     """Idempotent repeat accepted, a final entry never replaced, progress resets crashes."""
     db, append = Verbs(pg_store), appender(pg_store, grouped)
     info = owned(db)

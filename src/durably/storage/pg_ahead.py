@@ -51,6 +51,9 @@ class AheadBatches(pg_statements.OneStatementVerbs):
     def _drop(self) -> None:
         raise NotImplementedError
 
+    def _direct(self, conn: psycopg.Connection[Any]) -> pg_direct.Direct:
+        raise NotImplementedError
+
     def run_batch(self, ops: Sequence[base.Op]) -> None:
         session = self._session
         # An op alone may promise its last verb, whose statement then goes with COMMIT.
@@ -117,10 +120,12 @@ class AheadBatches(pg_statements.OneStatementVerbs):
         session.begin_pending = False  # sent here, with the statements
         conn = self.conn
         try:
-            with conn.pipeline():
-                conn.execute("BEGIN")
-                answers = _send(conn, planned)
-            sent = answers()
+            sent = _send_direct(self._direct(conn), planned)
+            if sent is None:  # what psycopg must send (pg_direct.Direct.begin_with)
+                with conn.pipeline():
+                    conn.execute("BEGIN")
+                    answers = _send(conn, planned)
+                sent = answers()
         except Exception:  # a lost connection, a value refused: as usual, from the start
             self._undo(ops)  # (psycopg may have sent BEGIN and some before it raised)
             return False
@@ -174,6 +179,20 @@ class AheadBatches(pg_statements.OneStatementVerbs):
         self._rollback()
         for op in ops:
             op.result = None
+
+
+def _send_direct(
+    direct: pg_direct.Direct, planned: list[list[pg_statements.Ahead]]
+) -> list[list[tuple[pg_statements.Ahead, Any]]] | None:
+    """BEGIN and every op's planned statements through libpq's pipeline (``pg_direct``),
+    each op given its statements with their answers; None where psycopg must send them.
+    Each statement is bound on its own, as the ops will read them."""
+    flat = [(a.sql_text, a.params) for statements in planned for a in statements]
+    answers = direct.begin_with(flat)
+    if answers is None:
+        return None
+    given = iter(answers)
+    return [[(a, next(given)) for a in statements] for statements in planned]
 
 
 #: The fewest ops of one query a group commit sends as one ``executemany`` (``_send``):

@@ -27,8 +27,8 @@ query, one in pipeline mode, and any past ``PREPARED_MAX`` go through psycopg as
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -44,6 +44,7 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
+_FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _PIPELINE_OFF = pq.PipelineStatus.OFF
 _IDLE = pq.TransactionStatus.IDLE
 _AUTO = PyFormat.AUTO
@@ -116,49 +117,133 @@ class Direct:
         self._texts: dict[str, tuple[bytes, tuple[str, ...]]] = {}
 
     def execute(self, sql_text: Any, params: Mapping[str, Any] | None) -> Any:
-        """Run one statement; an :class:`Answer`, or psycopg's cursor where psycopg must."""
-        conn = self.conn
+        """Run one statement alone; an :class:`Answer`, or psycopg's cursor where psycopg
+        must send it."""
+        bound = self._bind(sql_text, params) if self._idle() else None
+        if bound is None or not self._room_for([bound]):
+            return self.conn.execute(sql_text, params)
+        try:
+            return self._answer(self._result(self._sending(bound)))
+        except pg_errors.InvalidSqlStatementName:  # deallocated by psycopg: nothing ran
+            self._prepared.clear()  # (it deallocates all of them)
+            return self._answer(self._result(self._sending(bound)))
+
+    def begin_with(self, statements: Sequence[tuple[Any, Any]]) -> list[Answer] | None:
+        """BEGIN and ``statements`` (each ``(sql_text, params)``) in one pipeline, one round
+        trip: each statement's :class:`Answer`, the transaction left open. None, having
+        sent nothing, where psycopg must send them (as for ``execute``).
+
+        A name psycopg deallocated is refused at its ``Bind``, which aborts the
+        transaction: what ran before it in the pipeline is rolled back with it (nothing
+        of it was committed), and all is sent once more, prepared again. Another error
+        is raised with the transaction left aborted, as psycopg leaves it.
+        """
+        if not self._idle():
+            return None
+        bound = []
+        for sql_text, params in statements:
+            one = self._bind(sql_text, params)
+            if one is None:
+                return None
+            bound.append(one)
+        if not self._room_for(bound):
+            return None
+        try:
+            return self._pipeline(bound)
+        except pg_errors.InvalidSqlStatementName:
+            self._result(_send_simple(self._pgconn, b"ROLLBACK"))
+            self._prepared.clear()
+            return self._pipeline(bound)
+
+    def _idle(self) -> bool:
         pgconn = self._pgconn
-        if (
-            type(sql_text) is not str
-            or not (params is None or type(params) is dict)
-            or pgconn.transaction_status != _IDLE
-            or pgconn.pipeline_status != _PIPELINE_OFF
-        ):
-            return conn.execute(sql_text, params)
+        return pgconn.transaction_status == _IDLE and pgconn.pipeline_status == _PIPELINE_OFF
+
+    def _bind(self, sql_text: Any, params: Any) -> _Bound | None:
+        """The statement converted and its parameters dumped; None where psycopg must send
+        it (a composed query, parameters not in a dict, one missing or one it cannot
+        dump: its cursor then says so, as it always did)."""
+        if type(sql_text) is not str or not (params is None or type(params) is dict):
+            return None
         converted = self._texts.get(sql_text)
         if converted is None:
             converted = self._texts[sql_text] = positional(sql_text)
         query, names = converted
-        tx = self._tx
         if names and (params is None or not params.keys() >= set(names)):
-            return conn.execute(sql_text, params)  # psycopg names what is missing
+            return None  # psycopg names what is missing
+        tx = self._tx
         values = [params[name] for name in names] if params else []
-        dumped = tx.dump_sequence(values, [_AUTO] * len(values))
-        types = tx.types or ()
-        key = (sql_text, types)
-        name = self._prepared.get(key)
-        if name is None:
-            if len(self._prepared) >= PREPARED_MAX:
-                return conn.execute(sql_text, params)
-            name = self._prepared[key] = self._prepare(query, types)
         try:
-            result = self._result(_send_prepared(pgconn, name, dumped, tx.formats))
-        except pg_errors.InvalidSqlStatementName:  # deallocated by psycopg: nothing ran
-            self._prepared.clear()  # (it deallocates all of them)
-            name = self._prepared[key] = self._prepare(query, types)
-            result = self._result(_send_prepared(pgconn, name, dumped, tx.formats))
+            dumped = tx.dump_sequence(values, [_AUTO] * len(values))
+        except Exception:  # a value psycopg cannot send: its cursor raises, as it always did
+            return None
+        types = tx.types or ()
+        return _Bound((sql_text, types), query, types, dumped, tx.formats)
+
+    def _room_for(self, bound: Sequence[_Bound]) -> bool:
+        """Whether the statements not yet prepared fit under ``PREPARED_MAX``."""
+        new = {b.key for b in bound if b.key not in self._prepared}
+        return len(self._prepared) + len(new) <= PREPARED_MAX
+
+    def _new_name(self) -> bytes:
+        name = b"durably_%d" % self._made
+        self._made += 1
+        return name
+
+    def _sending(self, bound: _Bound) -> Any:
+        """What sends ``bound`` alone (prepared first if it is not yet), for ``_result``."""
+        name = self._prepared.get(bound.key)
+        if name is None:
+            name = self._new_name()
+            self._result(_send_prepare(self._pgconn, name, bound.query, bound.types))
+            self._prepared[bound.key] = name
+        return _send_prepared(self._pgconn, name, bound.dumped, bound.formats)
+
+    def _pipeline(self, bound: Sequence[_Bound]) -> list[Answer]:
+        """BEGIN and ``bound`` in libpq's pipeline mode, each prepared first if it is not
+        yet (in the same pipeline); their answers, or the first error raised."""
+        pgconn = self._pgconn
+        slots: list[Any] = [None]  # what each answer in turn is for: BEGIN, a name, a place
+        naming: dict[tuple[str, tuple[int, ...]], bytes] = {}
+        pgconn.enter_pipeline_mode()
+        try:
+            pgconn.send_query_params(b"BEGIN", None)
+            for place, one in enumerate(bound):
+                name = self._prepared.get(one.key) or naming.get(one.key)
+                if name is None:
+                    name = naming[one.key] = self._new_name()
+                    pgconn.send_prepare(name, one.query, param_types=one.types)
+                    slots.append(one.key)
+                pgconn.send_query_prepared(name, one.dumped, param_formats=one.formats)
+                slots.append(place)
+            pgconn.pipeline_sync()
+            results = self.conn.wait(_pipelined(pgconn, len(slots)))
+        finally:
+            if pgconn.pipeline_status != _PIPELINE_OFF and not pgconn.is_busy():
+                pgconn.exit_pipeline_mode()
+        error: Exception | None = None
+        answers: list[Answer] = []
+        for slot, answered in zip(slots, results, strict=False):
+            result = answered[-1]
+            status = result.status
+            if status != _COMMAND_OK and status != _TUPLES_OK:
+                if error is None and status == _FATAL_ERROR:
+                    error = pg_errors.error_from_result(result, encoding=self._encoding)
+            elif type(slot) is tuple:  # prepared, whatever happens to the transaction
+                self._prepared[slot] = naming[slot]
+            elif slot is not None:
+                answers.append(self._answer(result))
+        if error is not None:
+            raise error
+        return answers
+
+    def _answer(self, result: Any) -> Answer:
+        tx = self._tx
         tx.set_pgresult(result)
         found = result.ntuples
         rows = tx.load_rows(0, found, tuple) if found else []
         count = result.command_tuples
         return Answer(rows, -1 if count is None else count, result)
-
-    def _prepare(self, query: bytes, types: tuple[int, ...]) -> bytes:
-        name = b"durably_%d" % self._made
-        self._made += 1
-        self._result(_send_prepare(self._pgconn, name, query, types))
-        return name
 
     def _result(self, sending: Any) -> Any:
         """The last result of the statement ``sending`` sends; its error raised as psycopg
@@ -172,6 +257,17 @@ class Direct:
         return results[-1]
 
 
+class _Bound(NamedTuple):
+    """A statement ready to send: its key (text and parameter types), PostgreSQL's own
+    text, the types, the dumped values and their formats."""
+
+    key: tuple[str, tuple[int, ...]]
+    query: bytes
+    types: tuple[int, ...]
+    dumped: Any
+    formats: Any
+
+
 def _send_prepared(pgconn: Any, name: bytes, values: Any, formats: Any) -> Any:
     """Send a prepared statement and read its results (a generator for ``Connection.wait``)."""
     pgconn.send_query_prepared(name, values, param_formats=formats)
@@ -182,3 +278,19 @@ def _send_prepare(pgconn: Any, name: bytes, query: bytes, types: tuple[int, ...]
     """Prepare a statement and read the answer (a generator for ``Connection.wait``)."""
     pgconn.send_prepare(name, query, param_types=types)
     return (yield from generators.execute(pgconn))
+
+
+def _send_simple(pgconn: Any, command: bytes) -> Any:
+    """Send a command of no parameters and read its answer (for ``Connection.wait``)."""
+    pgconn.send_query(command)
+    return (yield from generators.execute(pgconn))
+
+
+def _pipelined(pgconn: Any, count: int) -> Any:
+    """Flush a pipeline of ``count`` statements and its sync; read every answer, each a
+    list of results, the sync's last (for ``Connection.wait``)."""
+    yield from generators.send(pgconn)
+    answers = []
+    for _ in range(count + 1):
+        answers.append((yield from generators.fetch_many(pgconn)))
+    return answers

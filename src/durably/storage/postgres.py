@@ -576,9 +576,11 @@ class PostgresStore(pg_ahead.AheadBatches):
     ) -> Any:
         """A batch's first statement: ``alone``, the whole batch, sent as a transaction of
         its own (autocommit); else BEGIN and it, pipelined: one round trip either way."""
+        direct = self._direct(conn)
         if alone:
-            return self._direct(conn).execute(sql_text, params)
-        return _begin_with(conn, sql_text, params)
+            return direct.execute(sql_text, params)
+        answers = direct.begin_with([(sql_text, params)])
+        return _begin_with(conn, sql_text, params) if answers is None else answers[0]
 
     def _direct(self, conn: psycopg.Connection[Any]) -> pg_direct.Direct:
         """What sends ``conn``'s statements past psycopg's cursors (``pg_direct``)."""
