@@ -312,3 +312,39 @@ def test_begin_with_raises_the_first_error_and_declines_what_psycopg_must_send(
     assert direct.begin_with([(composed, None)]) is None
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert conn.execute("SELECT array_agg(k) FROM direct_err").fetchone() == ([5],)
+
+
+class _CutAfterSending(psycopg.Connection[Any]):
+    """A connection whose next wait is interrupted once everything was sent, before any
+    answer is read (where a SIGINT could land between the sending and the wait)."""
+
+    cut = False
+
+    def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.cut:
+            self.cut = False
+            next(gen)  # sent and flushed: it now asks to wait for the first answer
+            raise KeyboardInterrupt
+        return super().wait(gen, *args, **kwargs)
+
+
+def test_a_pipeline_cut_before_its_answers_leaves_the_connection_broken(
+    postgres_url: str,
+) -> None:
+    """Its answers unread, the connection is closed: the store sees it broken and
+    connects again, rather than reading those answers as the next statement's. Nothing
+    of the pipeline's transaction is committed."""
+    url, _ = postgres.split_schema(postgres_url)
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute("CREATE TABLE direct_cut (k int PRIMARY KEY)")
+        conn = _CutAfterSending.connect(url, autocommit=True, prepare_threshold=0)
+        try:
+            direct = pg_direct.Direct(conn)
+            insert = sql("INSERT INTO direct_cut VALUES (:k)")
+            conn.cut = True
+            with pytest.raises(KeyboardInterrupt):
+                direct.begin_with([(insert, {"k": 1}), (insert, {"k": 2})])
+            assert conn.broken
+            assert other.execute("SELECT count(*) FROM direct_cut").fetchone() == (0,)
+        finally:
+            conn.close()

@@ -45,6 +45,8 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+_PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
+_OK = pq.ConnStatus.OK
 _PIPELINE_OFF = pq.PipelineStatus.OFF
 _IDLE = pq.TransactionStatus.IDLE
 _AUTO = PyFormat.AUTO
@@ -201,38 +203,44 @@ class Direct:
 
     def _pipeline(self, bound: Sequence[_Bound]) -> list[Answer]:
         """BEGIN and ``bound`` in libpq's pipeline mode, each prepared first if it is not
-        yet (in the same pipeline); their answers, or the first error raised."""
+        yet (in the same pipeline); their answers, or the first error raised.
+
+        Sent inside ``Connection.wait`` (an interrupt there cancels and reads every
+        answer). A pipeline left with answers unread (an interrupt while it was being
+        sent) cannot be trusted: the connection is closed, so the store sees it broken
+        and connects again, instead of reading those answers as another statement's.
+        """
         pgconn = self._pgconn
         slots: list[Any] = [None]  # what each answer in turn is for: BEGIN, a name, a place
         naming: dict[tuple[str, tuple[int, ...]], bytes] = {}
-        pgconn.enter_pipeline_mode()
+        commands: list[tuple[bool, bytes, Any, Any]] = []  # (prepare?, name, what, how)
+        for place, one in enumerate(bound):
+            name = self._prepared.get(one.key) or naming.get(one.key)
+            if name is None:
+                name = naming[one.key] = self._new_name()
+                commands.append((True, name, one.query, one.types))
+                slots.append(one.key)
+            commands.append((False, name, one.dumped, one.formats))
+            slots.append(place)
         try:
-            pgconn.send_query_params(b"BEGIN", None)
-            for place, one in enumerate(bound):
-                name = self._prepared.get(one.key) or naming.get(one.key)
-                if name is None:
-                    name = naming[one.key] = self._new_name()
-                    pgconn.send_prepare(name, one.query, param_types=one.types)
-                    slots.append(one.key)
-                pgconn.send_query_prepared(name, one.dumped, param_formats=one.formats)
-                slots.append(place)
-            pgconn.pipeline_sync()
-            results = self.conn.wait(_pipelined(pgconn, len(slots)))
+            results = self.conn.wait(_pipelined(pgconn, commands, len(slots)))
         finally:
-            if pgconn.pipeline_status != _PIPELINE_OFF and not pgconn.is_busy():
-                pgconn.exit_pipeline_mode()
+            if pgconn.pipeline_status != _PIPELINE_OFF:
+                _leave_pipeline(pgconn)
         error: Exception | None = None
         answers: list[Answer] = []
         for slot, answered in zip(slots, results, strict=False):
             result = answered[-1]
             status = result.status
-            if status != _COMMAND_OK and status != _TUPLES_OK:
-                if error is None and status == _FATAL_ERROR:
-                    error = pg_errors.error_from_result(result, encoding=self._encoding)
-            elif type(slot) is tuple:  # prepared, whatever happens to the transaction
-                self._prepared[slot] = naming[slot]
-            elif slot is not None:
-                answers.append(self._answer(result))
+            if status in (_COMMAND_OK, _TUPLES_OK):
+                if type(slot) is tuple:  # prepared, whatever happens to the transaction
+                    self._prepared[slot] = naming[slot]
+                elif slot is not None:
+                    answers.append(self._answer(result))
+            elif error is None and status == _FATAL_ERROR:
+                error = pg_errors.error_from_result(result, encoding=self._encoding)
+            elif error is None and status != _PIPELINE_ABORTED:
+                error = psycopg.InterfaceError(f"unexpected answer in a pipeline: {status!r}")
         if error is not None:
             raise error
         return answers
@@ -286,11 +294,33 @@ def _send_simple(pgconn: Any, command: bytes) -> Any:
     return (yield from generators.execute(pgconn))
 
 
-def _pipelined(pgconn: Any, count: int) -> Any:
-    """Flush a pipeline of ``count`` statements and its sync; read every answer, each a
-    list of results, the sync's last (for ``Connection.wait``)."""
+def _pipelined(pgconn: Any, commands: list[tuple[bool, bytes, Any, Any]], count: int) -> Any:
+    """Send BEGIN and ``commands`` (each a statement to prepare, or a prepared one to run)
+    in pipeline mode with a sync; read every answer, each a list of results, the sync's
+    last (for ``Connection.wait``)."""
+    pgconn.enter_pipeline_mode()
+    pgconn.send_query_params(b"BEGIN", None)
+    for prepare, name, what, how in commands:
+        if prepare:
+            pgconn.send_prepare(name, what, param_types=how)
+        else:
+            pgconn.send_query_prepared(name, what, param_formats=how)
+    pgconn.pipeline_sync()
     yield from generators.send(pgconn)
     answers = []
     for _ in range(count + 1):
         answers.append((yield from generators.fetch_many(pgconn)))
     return answers
+
+
+def _leave_pipeline(pgconn: Any) -> None:
+    """Leave pipeline mode; where answers are left unread (or libpq refuses), close the
+    connection instead: psycopg then finds it broken, never those answers."""
+    if pgconn.status == _OK and not pgconn.is_busy():
+        try:
+            pgconn.exit_pipeline_mode()
+            return
+        except psycopg.Error:
+            pass
+    if pgconn.status == _OK:
+        pgconn.finish()
