@@ -37,6 +37,12 @@ def sql(text: str) -> str:
     return postgres._paramstyle(text)
 
 
+def keyed(conn: psycopg.Connection[Any], table: str) -> tuple[pg_direct.Direct, str]:
+    """A Direct on ``conn``, a table of int keys, and the statement inserting one."""
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (k int PRIMARY KEY)")
+    return pg_direct.Direct(conn), sql(f"INSERT INTO {table} VALUES (:k)")
+
+
 def prepared(conn: psycopg.Connection[Any]) -> dict[str, str]:
     rows = conn.execute("SELECT name, statement FROM pg_prepared_statements").fetchall()
     return {str(name): str(text) for name, text in rows}
@@ -160,9 +166,7 @@ def test_each_statement_is_prepared_once_a_connection_and_types(
 def test_errors_are_psycopgs_and_leave_the_connection_usable(
     conn: psycopg.Connection[Any],
 ) -> None:
-    direct = pg_direct.Direct(conn)
-    conn.execute("CREATE TEMPORARY TABLE t (k int PRIMARY KEY)")
-    insert = sql("INSERT INTO t VALUES (:k)")
+    direct, insert = keyed(conn, "direct_unique")
     direct.execute(insert, {"k": 1})
     with pytest.raises(psycopg.errors.UniqueViolation) as caught:
         direct.execute(insert, {"k": 1})
@@ -174,7 +178,8 @@ def test_errors_are_psycopgs_and_leave_the_connection_usable(
     with pytest.raises(psycopg.errors.InvalidTextRepresentation):
         direct.execute(sql("SELECT :t::int"), {"t": "x"})
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-    assert direct.execute(sql("SELECT count(*) FROM t WHERE k = :k"), {"k": 1}).fetchone() == (1,)
+    count = sql("SELECT count(*) FROM direct_unique WHERE k = :k")
+    assert direct.execute(count, {"k": 1}).fetchone() == (1,)
 
 
 def test_statements_psycopg_deallocated_are_prepared_again(
@@ -277,9 +282,7 @@ def test_begin_with_rolls_back_and_sends_again_when_psycopg_deallocated(
 ) -> None:
     """A write before the refused name ran in the aborted transaction, rolled back with
     it: sent again, it is applied once."""
-    direct = pg_direct.Direct(conn)
-    conn.execute("CREATE TABLE IF NOT EXISTS direct_once (k int PRIMARY KEY)")
-    insert = sql("INSERT INTO direct_once VALUES (:k)")
+    direct, insert = keyed(conn, "direct_once")
     read = sql("SELECT count(*) FROM direct_once WHERE k > :k")
     assert direct.execute(read, {"k": 0}).fetchone() == (0,)  # read prepared, not insert
     conn.execute("SELECT 1")
@@ -295,9 +298,7 @@ def test_begin_with_rolls_back_and_sends_again_when_psycopg_deallocated(
 def test_begin_with_raises_the_first_error_and_declines_what_psycopg_must_send(
     conn: psycopg.Connection[Any],
 ) -> None:
-    direct = pg_direct.Direct(conn)
-    conn.execute("CREATE TABLE IF NOT EXISTS direct_err (k int PRIMARY KEY)")
-    insert = sql("INSERT INTO direct_err VALUES (:k)")
+    direct, insert = keyed(conn, "direct_err")
     with pytest.raises(psycopg.errors.UniqueViolation):
         direct.begin_with([(insert, {"k": 1}), (insert, {"k": 1}), (insert, {"k": 2})])
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
