@@ -3,10 +3,11 @@
 Every statement to a server is a round trip. Where a batch's first statements are known
 before its ops run (a group commit's one statement per workflow, or the plan a function
 of verbs carries: ``base.calls_first``), they go with BEGIN in one pipeline, and each op
-then finds its statement's answer waiting instead of sending it (a query many ops of a
-group commit share goes as one ``executemany``: a wait more in the pipeline, ``_send``).
-The plan is checked, never trusted: an op that sends something else first rolls the
-batch back, and it runs as usual. A part of
+then finds its statement's answer waiting instead of sending it. The pipeline is
+libpq's (``pg_direct.Direct.begin_with``: one wait for all); where that declines, it is
+psycopg's, where a query many ops of a group commit share goes as one ``executemany``
+(a wait more in the pipeline, ``_send``). The plan is checked, never trusted: an op
+that sends something else first rolls the batch back, and it runs as usual. A part of
 :class:`~durably.storage.postgres.PostgresStore`, kept apart from its connections.
 """
 

@@ -16,12 +16,13 @@ the same SQLSTATE classes ``PostgresStore._map_error`` reads) and the wait is ps
 Each statement is prepared at its first use on the connection, under a name of its own
 (``durably_N``, never reused), as psycopg does with ``prepare_threshold=0``.
 
-Only a statement that is a transaction of its own (the connection idle, in autocommit)
-goes this way. psycopg sends ``DEALLOCATE ALL`` after a ``ROLLBACK``, a ``DROP`` or an
-``ALTER`` it runs, which takes ours too; the server then refuses the name at ``Bind``,
-before anything ran, and outside a transaction the statement is simply prepared again
-and sent again. Inside one the refusal would abort it, so a statement there, a composed
-query, one in pipeline mode, and any past ``PREPARED_MAX`` go through psycopg as before.
+psycopg sends ``DEALLOCATE ALL`` after a ``ROLLBACK``, a ``DROP`` or an ``ALTER`` it
+runs, which takes our names too; the server then refuses such a name at ``Bind``. So
+only what can simply be sent again goes this way, from an idle connection: a statement
+that is a transaction of its own (``execute``: refused, nothing ran), and BEGIN with a
+batch's first statements in one pipeline (``begin_with``: refused, what the pipeline
+began is rolled back). A statement later in a transaction, a composed query, a value
+psycopg cannot dump, and any past ``PREPARED_MAX`` go through psycopg as before.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ class Direct:
         try:
             return self._pipeline(bound)
         except pg_errors.InvalidSqlStatementName:
-            self._result(_send_simple(self._pgconn, b"ROLLBACK"))
+            self._result(_sent(self._pgconn, self._pgconn.send_query, b"ROLLBACK"))
             self._prepared.clear()
             return self._pipeline(bound)
 
@@ -194,12 +195,17 @@ class Direct:
 
     def _sending(self, bound: _Bound) -> Any:
         """What sends ``bound`` alone (prepared first if it is not yet), for ``_result``."""
+        pgconn = self._pgconn
         name = self._prepared.get(bound.key)
         if name is None:
             name = self._new_name()
-            self._result(_send_prepare(self._pgconn, name, bound.query, bound.types))
+            self._result(
+                _sent(pgconn, pgconn.send_prepare, name, bound.query, param_types=bound.types)
+            )
             self._prepared[bound.key] = name
-        return _send_prepared(self._pgconn, name, bound.dumped, bound.formats)
+        return _sent(
+            pgconn, pgconn.send_query_prepared, name, bound.dumped, param_formats=bound.formats
+        )
 
     def _pipeline(self, bound: Sequence[_Bound]) -> list[Answer]:
         """BEGIN and ``bound`` in libpq's pipeline mode, each prepared first if it is not
@@ -260,7 +266,7 @@ class Direct:
         results = self.conn.wait(sending)
         for result in results:
             status = result.status
-            if status != _COMMAND_OK and status != _TUPLES_OK:
+            if status not in (_COMMAND_OK, _TUPLES_OK):
                 raise pg_errors.error_from_result(result, encoding=self._encoding)
         return results[-1]
 
@@ -276,21 +282,10 @@ class _Bound(NamedTuple):
     formats: Any
 
 
-def _send_prepared(pgconn: Any, name: bytes, values: Any, formats: Any) -> Any:
-    """Send a prepared statement and read its results (a generator for ``Connection.wait``)."""
-    pgconn.send_query_prepared(name, values, param_formats=formats)
-    return (yield from generators.execute(pgconn))
-
-
-def _send_prepare(pgconn: Any, name: bytes, query: bytes, types: tuple[int, ...]) -> Any:
-    """Prepare a statement and read the answer (a generator for ``Connection.wait``)."""
-    pgconn.send_prepare(name, query, param_types=types)
-    return (yield from generators.execute(pgconn))
-
-
-def _send_simple(pgconn: Any, command: bytes) -> Any:
-    """Send a command of no parameters and read its answer (for ``Connection.wait``)."""
-    pgconn.send_query(command)
+def _sent(pgconn: Any, send: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``send`` (one of ``pgconn``'s) and read the answer: a generator for
+    ``Connection.wait``, so that the sending too is inside the wait."""
+    send(*args, **kwargs)
     return (yield from generators.execute(pgconn))
 
 
