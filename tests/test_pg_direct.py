@@ -28,7 +28,9 @@ from tests.test_store import NOW, Verbs, owned, step
 @pytest.fixture
 def conn(postgres_url: str) -> Iterator[psycopg.Connection[Any]]:
     url, _ = postgres.split_schema(postgres_url)
-    with psycopg.connect(url, autocommit=True, prepare_threshold=0) as connection:  # as the store
+    with psycopg.connect(
+        url, autocommit=True, prepare_threshold=None
+    ) as connection:  # as the store
         yield connection
 
 
@@ -182,19 +184,36 @@ def test_errors_are_psycopgs_and_leave_the_connection_usable(
     assert direct.execute(count, {"k": 1}).fetchone() == (1,)
 
 
-def test_statements_psycopg_deallocated_are_prepared_again(
+def test_psycopgs_rollback_leaves_our_names_as_the_store_connects(
     conn: psycopg.Connection[Any],
 ) -> None:
-    """psycopg sends DEALLOCATE ALL after a ROLLBACK (or a DROP, an ALTER) it ran: ours
-    go too, and the next sending prepares again, under a new name, and answers."""
+    """psycopg sends DEALLOCATE ALL after a ROLLBACK (or a DROP, an ALTER) it ran only
+    when it holds names of its own; on a connection as the store makes it, it prepares
+    none, and ours stay, a savepoint's rollback included."""
+    direct = pg_direct.Direct(conn)
+    query = sql("SELECT :x::int + 1")
+    assert direct.execute(query, {"x": 1}).fetchone() == (2,)
+    for _ in range(6):  # past psycopg's default threshold of five
+        conn.execute("SELECT %(x)s::int", {"x": 1})
+    conn.execute("BEGIN")
+    conn.execute("SAVEPOINT op")
+    conn.execute("ROLLBACK TO SAVEPOINT op")
+    conn.execute("ROLLBACK")
+    conn.execute("SELECT 2")
+    assert sorted(prepared(conn)) == ["durably_0"]
+    assert direct.execute(query, {"x": 2}).fetchone() == (3,)
+
+
+def test_statements_deallocated_by_another_are_prepared_again(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A DEALLOCATE ALL (or DISCARD ALL) sent by something else takes our names: the next
+    sending of a statement alone prepares again, under a new name, and answers."""
     direct = pg_direct.Direct(conn)
     query, other = sql("SELECT :x::int + 1"), sql("SELECT :x::int + 2")
     assert direct.execute(query, {"x": 1}).fetchone() == (2,)
     assert direct.execute(other, {"x": 1}).fetchone() == (3,)
-    conn.execute("SELECT 1")  # one of psycopg's own, prepared
-    conn.execute("BEGIN")
-    conn.execute("ROLLBACK")
-    conn.execute("SELECT 2")  # psycopg deallocates before it
+    conn.execute("DEALLOCATE ALL")
     assert not [n for n in prepared(conn) if n.startswith("durably_")]
     for x in (5, 6):
         assert direct.execute(query, {"x": x}).fetchone() == (x + 1,)
@@ -204,6 +223,70 @@ def test_statements_psycopg_deallocated_are_prepared_again(
         "durably_3",
     ]
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_statements_in_a_transaction_go_past_psycopg_and_a_refused_name_fails_it(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """In an open transaction a statement goes this way too. A name deallocated by
+    another is refused there, which aborts the transaction: the error is raised, nothing
+    of it is committed, and the next statement is prepared again."""
+    direct, insert = keyed(conn, "direct_inside")
+    count = sql("SELECT count(*) FROM direct_inside")
+    conn.execute("BEGIN")
+    assert direct.execute(insert, {"k": 1}).rowcount == 1
+    assert direct.execute(count, None).fetchone() == (1,)
+    direct.commit()
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert sorted(prepared(conn)) == ["durably_0", "durably_1"]
+    conn.execute("BEGIN")
+    assert direct.execute(insert, {"k": 2}).rowcount == 1
+    conn.execute("DEALLOCATE ALL")
+    with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+        direct.execute(count, None)
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+    with pytest.raises(psycopg.errors.InFailedSqlTransaction):  # psycopg's to refuse
+        direct.execute(count, None)
+    conn.execute("ROLLBACK")
+    assert direct.execute(count, None).fetchone() == (1,)  # prepared again: k=2 undone
+    assert sorted(prepared(conn)) == ["durably_2"]
+
+
+def test_end_with_sends_the_last_statement_and_commit_in_one_pipeline(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """Its answer, the transaction committed; an error in either commits nothing, and
+    outside a transaction it declines, having sent nothing."""
+    direct, insert = keyed(conn, "direct_end")
+    returning = sql("INSERT INTO direct_end VALUES (:k) RETURNING k * 10")
+    count = sql("SELECT count(*) FROM direct_end")
+    assert direct.end_with(returning, {"k": 1}) is None  # idle: nothing to commit
+    conn.execute("BEGIN")
+    assert direct.execute(insert, {"k": 1}).rowcount == 1
+    answer = direct.end_with(returning, {"k": 2})  # prepared in the same pipeline
+    assert answer is not None and answer.fetchall() == [(20,)]
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    conn.execute("BEGIN")
+    assert direct.execute(insert, {"k": 3}).rowcount == 1
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        direct.end_with(returning, {"k": 1})
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+    conn.execute("ROLLBACK")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS direct_late (k int UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+    )
+    late = sql("INSERT INTO direct_late VALUES (:k)")
+    conn.execute("BEGIN")
+    assert direct.execute(late, {"k": 1}).rowcount == 1
+    with pytest.raises(psycopg.errors.UniqueViolation):  # found at COMMIT: rolled back
+        direct.end_with(late, {"k": 1})
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert direct.execute(count, None).fetchone() == (2,)
+    assert conn.execute("SELECT count(*) FROM direct_late").fetchone() == (0,)
+    conn.execute("BEGIN")
+    lone = sql("SELECT :t::text")
+    assert direct.end_with(lone, {"t": "caf\udce9"}) is None  # psycopg's to refuse
+    conn.execute("ROLLBACK")
 
 
 def test_a_lost_connection_raises_operational_error_and_reads_broken(
@@ -231,11 +314,14 @@ def test_what_psycopg_must_send_goes_through_psycopg(
     assert isinstance(cursor, psycopg.Cursor) and cursor.fetchone() == (3,)
     with pytest.raises(psycopg.ProgrammingError, match="y"):  # psycopg names what is missing
         direct.execute(sql("SELECT :x::int, :y::int"), {"x": 3})
-    conn.execute("BEGIN")  # in a transaction: psycopg's (ours could not be sent again)
-    inside = direct.execute(sql("SELECT :x::int"), {"x": 4})
-    assert isinstance(inside, psycopg.Cursor) and inside.fetchone() == (4,)
+    conn.execute("BEGIN")
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        direct.execute(sql("SELECT 1 / :x::int"), {"x": 0})
+    failed = sql("SELECT :x::int")  # in a failed transaction: psycopg's, which refuses it
+    with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+        direct.execute(failed, {"x": 4})
     conn.execute("ROLLBACK")
-    monkeypatch.setattr(pg_direct, "PREPARED_MAX", 1)
+    monkeypatch.setattr(pg_direct, "PREPARED_MAX", 2)  # the division's, and one more
     assert isinstance(direct.execute(sql("SELECT :x::int + 1"), {"x": 1}), pg_direct.Answer)
     past = direct.execute(sql("SELECT :x::int + 2"), {"x": 1})  # one prepared already
     assert isinstance(past, psycopg.Cursor) and past.fetchone() == (3,)
@@ -271,13 +357,14 @@ def test_begin_with_sends_begin_and_statements_in_one_pipeline(
     conn.execute("COMMIT")
     more = direct.begin_with([(count, {"v": "a"}), (insert, {"k": 3, "v": "b"})])
     assert more is not None and more[0].fetchone() == (2,) and more[1].rowcount == 1
-    conn.execute("ROLLBACK")  # (psycopg deallocates every prepared statement after it)
+    conn.execute("ROLLBACK")
+    conn.execute("DEALLOCATE ALL")  # (as a pooler's DISCARD ALL would)
     assert direct.execute(count, {"v": "b"}).fetchone() == (0,)
     assert direct.begin_with([(count, {"v": "a"})]) is not None  # prepared again, sent
     conn.execute("COMMIT")
 
 
-def test_begin_with_rolls_back_and_sends_again_when_psycopg_deallocated(
+def test_begin_with_rolls_back_and_sends_again_when_another_deallocated(
     conn: psycopg.Connection[Any],
 ) -> None:
     """A write before the refused name ran in the aborted transaction, rolled back with
@@ -285,10 +372,7 @@ def test_begin_with_rolls_back_and_sends_again_when_psycopg_deallocated(
     direct, insert = keyed(conn, "direct_once")
     read = sql("SELECT count(*) FROM direct_once WHERE k > :k")
     assert direct.execute(read, {"k": 0}).fetchone() == (0,)  # read prepared, not insert
-    conn.execute("SELECT 1")
-    conn.execute("BEGIN")
-    conn.execute("ROLLBACK")
-    conn.execute("SELECT 2")  # psycopg's DEALLOCATE ALL goes before it
+    conn.execute("DEALLOCATE ALL")
     answers = direct.begin_with([(insert, {"k": 1}), (read, {"k": 0})])
     assert answers is not None and answers[1].fetchone() == (1,)
     conn.execute("COMMIT")
@@ -305,7 +389,7 @@ def test_begin_with_raises_the_first_error_and_declines_what_psycopg_must_send(
     conn.execute("ROLLBACK")
     assert conn.execute("SELECT count(*) FROM direct_err").fetchone() == (0,)
     assert direct.begin_with([(insert, {"k": 5})]) is not None  # its name was kept
-    assert direct.begin_with([(insert, {"k": 6})]) is None  # in a transaction: psycopg's
+    assert direct.begin_with([(insert, {"k": 6})]) is None  # in a transaction: declined
     conn.execute("COMMIT")
     lone = sql("SELECT :t::text")
     assert direct.begin_with([(lone, {"t": "caf\udce9"})]) is None  # psycopg's to refuse
@@ -338,7 +422,7 @@ def test_a_pipeline_cut_before_its_answers_leaves_the_connection_broken(
     url, _ = postgres.split_schema(postgres_url)
     with psycopg.connect(url, autocommit=True) as other:
         other.execute("CREATE TABLE direct_cut (k int PRIMARY KEY)")
-        conn = _CutAfterSending.connect(url, autocommit=True, prepare_threshold=0)
+        conn = _CutAfterSending.connect(url, autocommit=True, prepare_threshold=None)
         try:
             direct = pg_direct.Direct(conn)
             insert = sql("INSERT INTO direct_cut VALUES (:k)")

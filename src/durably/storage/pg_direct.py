@@ -1,28 +1,33 @@
-"""A statement sent straight through libpq, without psycopg's cursor around it.
+"""Statements sent straight through libpq, without psycopg's cursor around them.
 
 A statement through ``Connection.execute`` costs this process 60-80 µs of CPU on the
 development VM, for a one-row ``INSERT``; the same prepared statement sent through the
 connection's libpq object (``pgconn``) costs about 30 (issue 12, seventeenth pass).
 The rest is psycopg's cursor: a new one a statement, its query conversion, its
 prepared-statement manager and its generators, all in Python. A plain step's commit, a
-start and a finish are each one statement alone (``_alone``), so the difference is a
-tenth of a step and more than a tenth of a 1-step workflow's client time.
+start and a finish are each one statement alone, a group commit BEGIN with one
+statement a workflow, and a signal's wake-up two pipelines: the difference is a tenth
+of a step and more than a tenth of a 1-step workflow's client time.
 
-:class:`Direct` sends such statements itself and keeps what psycopg would do with them:
-the parameters are dumped and the rows loaded by psycopg's own ``Transformer`` (the
-same types both ways, JSON included), the errors are psycopg's (``error_from_result``,
-the same SQLSTATE classes ``PostgresStore._map_error`` reads) and the wait is psycopg's
-(``Connection.wait``, which releases the GIL and cancels the query on an interrupt).
-Each statement is prepared at its first use on the connection, under a name of its own
-(``durably_N``, never reused), as psycopg does with ``prepare_threshold=0``.
+:class:`Direct` sends the store's statements itself and keeps what psycopg would do
+with them: the parameters are dumped and the rows loaded by psycopg's own
+``Transformer`` (the same types both ways, JSON included), the errors are psycopg's
+(``error_from_result``, the same SQLSTATE classes ``PostgresStore._map_error`` reads)
+and the wait is psycopg's (``Connection.wait``, which releases the GIL and cancels the
+query on an interrupt). Each statement is prepared at its first use on the connection,
+under a name of its own (``durably_N``, never reused).
 
-psycopg sends ``DEALLOCATE ALL`` after a ``ROLLBACK``, a ``DROP`` or an ``ALTER`` it
-runs, which takes our names too; the server then refuses such a name at ``Bind``. So
-only what can simply be sent again goes this way, from an idle connection: a statement
-that is a transaction of its own (``execute``: refused, nothing ran), and BEGIN with a
-batch's first statements in one pipeline (``begin_with``: refused, what the pipeline
-began is rolled back). A statement later in a transaction, a composed query, a value
-psycopg cannot dump, and any past ``PREPARED_MAX`` go through psycopg as before.
+The store's connections never let psycopg prepare (``prepare_threshold=None``, what
+``Direct`` declines goes unprepared): psycopg sends ``DEALLOCATE ALL`` after a
+``ROLLBACK``, a ``DROP`` or an ``ALTER`` only when it has names of its own, and that
+would take ours too (eighteenth pass). Only a ``DEALLOCATE`` or ``DISCARD ALL`` sent by
+something else can still take them; the server then refuses such a name at ``Bind``.
+What can simply be sent again is, from an idle connection: a statement that is a
+transaction of its own (refused, nothing ran), and BEGIN with a batch's first
+statements in one pipeline (refused, what the pipeline began is rolled back). A
+statement refused later in a transaction fails it, as any error there does, and the
+next one is prepared again. A composed query, a value psycopg cannot dump, and any
+past ``PREPARED_MAX`` go through psycopg.
 """
 
 from __future__ import annotations
@@ -36,9 +41,10 @@ from psycopg import errors as pg_errors
 from psycopg import generators, pq
 from psycopg.adapt import PyFormat, Transformer
 
-#: How many statements one connection prepares here; past that, the rest go through
-#: psycopg (which keeps its own, least recently used first out).
-PREPARED_MAX = 128
+#: How many statements one connection prepares here: more than the queries a process
+#: runs often (about 110, and a few texts each for the statements that list ids or
+#: compose a search's filters). Past that, the rest go through psycopg, unprepared.
+PREPARED_MAX = 256
 
 # A psycopg-style parameter ("%(name)s") or an escaped "%" (``postgres._paramstyle``).
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
@@ -50,6 +56,7 @@ _PIPELINE_ABORTED = pq.ExecStatus.PIPELINE_ABORTED
 _OK = pq.ConnStatus.OK
 _PIPELINE_OFF = pq.PipelineStatus.OFF
 _IDLE = pq.TransactionStatus.IDLE
+_INTRANS = pq.TransactionStatus.INTRANS
 _AUTO = PyFormat.AUTO
 
 
@@ -120,16 +127,38 @@ class Direct:
         self._texts: dict[str, tuple[bytes, tuple[str, ...]]] = {}
 
     def execute(self, sql_text: Any, params: Mapping[str, Any] | None) -> Any:
-        """Run one statement alone; an :class:`Answer`, or psycopg's cursor where psycopg
-        must send it."""
-        bound = self._bind(sql_text, params) if self._idle() else None
+        """Run one statement, alone (a transaction of its own) or in the open transaction;
+        an :class:`Answer`, or psycopg's cursor where psycopg must send it."""
+        status = self._status()
+        bound = self._bind(sql_text, params) if status is not None else None
         if bound is None or not self._room_for([bound]):
             return self.conn.execute(sql_text, params)
         try:
             return self._answer(self._result(self._sending(bound)))
-        except pg_errors.InvalidSqlStatementName:  # deallocated by psycopg: nothing ran
-            self._prepared.clear()  # (it deallocates all of them)
+        except pg_errors.InvalidSqlStatementName:  # deallocated by another: nothing ran
+            self._prepared.clear()  # (DEALLOCATE ALL or DISCARD ALL takes all of them)
+            if status != _IDLE:
+                raise  # the transaction is aborted: it fails as on any error
             return self._answer(self._result(self._sending(bound)))
+
+    def end_with(self, sql_text: Any, params: Mapping[str, Any] | None) -> Answer | None:
+        """The open transaction's last statement and COMMIT in one pipeline, one round
+        trip: its :class:`Answer`. None, having sent nothing, where psycopg must send it.
+        Either failing raises its error, and nothing of the transaction is committed."""
+        if self._status() != _INTRANS:
+            return None
+        bound = self._bind(sql_text, params)
+        if bound is None or not self._room_for([bound]):
+            return None
+        try:
+            return self._pipeline([bound], begin=False, commit=True)[0]
+        except pg_errors.InvalidSqlStatementName:
+            self._prepared.clear()
+            raise
+
+    def commit(self) -> None:
+        """COMMIT the open transaction (its error raised, as psycopg raises it)."""
+        self._result(_sent(self._pgconn, self._pgconn.send_query, b"COMMIT"))
 
     def begin_with(self, statements: Sequence[tuple[Any, Any]]) -> list[Answer] | None:
         """BEGIN and ``statements`` (each ``(sql_text, params)``) in one pipeline, one round
@@ -141,7 +170,7 @@ class Direct:
         of it was committed), and all is sent once more, prepared again. Another error
         is raised with the transaction left aborted, as psycopg leaves it.
         """
-        if not self._idle():
+        if self._status() != _IDLE:
             return None
         bound = []
         for sql_text, params in statements:
@@ -152,15 +181,21 @@ class Direct:
         if not self._room_for(bound):
             return None
         try:
-            return self._pipeline(bound)
+            return self._pipeline(bound, begin=True, commit=False)
         except pg_errors.InvalidSqlStatementName:
             self._result(_sent(self._pgconn, self._pgconn.send_query, b"ROLLBACK"))
             self._prepared.clear()
-            return self._pipeline(bound)
+            return self._pipeline(bound, begin=True, commit=False)
 
-    def _idle(self) -> bool:
+    def _status(self) -> int | None:
+        """The connection's transaction status where a statement may be sent here: idle,
+        or in a transaction that has not failed; else None (psycopg then sends it, and
+        says why it cannot)."""
         pgconn = self._pgconn
-        return pgconn.transaction_status == _IDLE and pgconn.pipeline_status == _PIPELINE_OFF
+        status = pgconn.transaction_status
+        if pgconn.pipeline_status != _PIPELINE_OFF or status not in (_IDLE, _INTRANS):
+            return None
+        return status
 
     def _bind(self, sql_text: Any, params: Any) -> _Bound | None:
         """The statement converted and its parameters dumped; None where psycopg must send
@@ -207,9 +242,10 @@ class Direct:
             pgconn, pgconn.send_query_prepared, name, bound.dumped, param_formats=bound.formats
         )
 
-    def _pipeline(self, bound: Sequence[_Bound]) -> list[Answer]:
-        """BEGIN and ``bound`` in libpq's pipeline mode, each prepared first if it is not
-        yet (in the same pipeline); their answers, or the first error raised.
+    def _pipeline(self, bound: Sequence[_Bound], begin: bool, commit: bool) -> list[Answer]:
+        """``bound`` in libpq's pipeline mode, after BEGIN if ``begin`` and before COMMIT if
+        ``commit``, each prepared first if it is not yet (in the same pipeline); their
+        answers, or the first error raised.
 
         Sent inside ``Connection.wait`` (an interrupt there cancels and reads every
         answer). A pipeline left with answers unread (an interrupt while it was being
@@ -217,7 +253,7 @@ class Direct:
         and connects again, instead of reading those answers as another statement's.
         """
         pgconn = self._pgconn
-        slots: list[Any] = [None]  # what each answer in turn is for: BEGIN, a name, a place
+        slots: list[Any] = [None] if begin else []  # each answer's: BEGIN, a name, a place
         naming: dict[tuple[str, tuple[int, ...]], bytes] = {}
         commands: list[tuple[bool, bytes, Any, Any]] = []  # (prepare?, name, what, how)
         for place, one in enumerate(bound):
@@ -228,8 +264,10 @@ class Direct:
                 slots.append(one.key)
             commands.append((False, name, one.dumped, one.formats))
             slots.append(place)
+        if commit:
+            slots.append(None)
         try:
-            results = self.conn.wait(_pipelined(pgconn, commands, len(slots)))
+            results = self.conn.wait(_pipelined(pgconn, commands, len(slots), begin, commit))
         finally:
             if pgconn.pipeline_status != _PIPELINE_OFF:
                 _leave_pipeline(pgconn)
@@ -289,17 +327,22 @@ def _sent(pgconn: Any, send: Any, *args: Any, **kwargs: Any) -> Any:
     return (yield from generators.execute(pgconn))
 
 
-def _pipelined(pgconn: Any, commands: list[tuple[bool, bytes, Any, Any]], count: int) -> Any:
-    """Send BEGIN and ``commands`` (each a statement to prepare, or a prepared one to run)
-    in pipeline mode with a sync; read every answer, each a list of results, the sync's
-    last (for ``Connection.wait``)."""
+def _pipelined(
+    pgconn: Any, commands: list[tuple[bool, bytes, Any, Any]], count: int, begin: bool, commit: bool
+) -> Any:
+    """Send ``commands`` (each a statement to prepare, or a prepared one to run), after
+    BEGIN and before COMMIT as asked, in pipeline mode with a sync; read every answer,
+    each a list of results, the sync's last (for ``Connection.wait``)."""
     pgconn.enter_pipeline_mode()
-    pgconn.send_query_params(b"BEGIN", None)
+    if begin:
+        pgconn.send_query_params(b"BEGIN", None)
     for prepare, name, what, how in commands:
         if prepare:
             pgconn.send_prepare(name, what, param_types=how)
         else:
             pgconn.send_query_prepared(name, what, param_formats=how)
+    if commit:
+        pgconn.send_query_params(b"COMMIT", None)
     pgconn.pipeline_sync()
     yield from generators.send(pgconn)
     answers = []

@@ -138,11 +138,6 @@ def inline_pause(took: float) -> float:
 #: the calls on the event loop's thread (seconds).
 INLINE_RECONNECT = 5.0
 
-#: How many prepared statements a connection keeps (psycopg drops the least recently
-#: used past it): more than the queries a process runs often (about 110, and a few texts
-#: each for the statements that list ids or compose a search's filters).
-PREPARED_MAX = 256
-
 #: The schema durably's tables go into unless the URL says ``?schema=NAME``.
 DEFAULT_SCHEMA = "durably"
 
@@ -460,11 +455,13 @@ class PostgresStore(pg_ahead.AheadBatches):
     def _connect(self, conninfo: str | None = None) -> psycopg.Connection[Any]:
         self._drop()
         try:
-            # Every statement prepared at its first use (psycopg's default waits for five
-            # executions); the server still plans a prepared statement afresh at each of
-            # its first five runs on a connection, then keeps its generic plan.
-            conn = psycopg.connect(conninfo or self._conninfo, autocommit=True, prepare_threshold=0)
-            conn.prepared_max = PREPARED_MAX
+            # psycopg prepares nothing: pg_direct prepares the store's statements at their
+            # first use, and psycopg, holding no names, never sends the DEALLOCATE ALL
+            # that would take them after a ROLLBACK. (The server still plans a prepared
+            # statement afresh at each of its first five runs, then keeps a generic plan.)
+            conn = psycopg.connect(
+                conninfo or self._conninfo, autocommit=True, prepare_threshold=None
+            )
         except psycopg.Error as exc:
             raise errors.DatabaseUnavailable(
                 f"cannot connect to {self.where}: {self._scrub(exc)}"
@@ -549,7 +546,7 @@ class PostgresStore(pg_ahead.AheadBatches):
         if not session.begin_pending:
             if session.commit_with:
                 return self._end_with(sql_text, params)
-            return self.conn.execute(sql_text, params)
+            return self._direct(self.conn).execute(sql_text, params)
         session.begin_pending = False
         alone = session.skip_begin
         session.skip_begin = False
@@ -597,11 +594,14 @@ class PostgresStore(pg_ahead.AheadBatches):
         session = self._session
         session.commit_with = False
         conn = self.conn
-        with conn.pipeline():  # raises if either failed: then nothing was committed
-            cursor = conn.execute(sql_text, params)
-            conn.execute("COMMIT")
+        # Either raises if either failed: then nothing was committed.
+        answer: Any = self._direct(conn).end_with(sql_text, params)
+        if answer is None:  # what psycopg must send (pg_direct.Direct.end_with)
+            with conn.pipeline():
+                answer = conn.execute(sql_text, params)
+                conn.execute("COMMIT")
         session.ended = True
-        return cursor
+        return answer
 
     def _begin(self, write: bool) -> None:
         if not self._open:
@@ -632,7 +632,7 @@ class PostgresStore(pg_ahead.AheadBatches):
                 f"{self.where}: the transaction was aborted by an error that was caught "
                 "and ignored; nothing of it was committed"
             )
-        self.conn.execute("COMMIT")
+        self._direct(self.conn).commit()
 
     def _abort(self) -> None:
         self._begin_pending = False
