@@ -263,8 +263,8 @@ def test_end_with_sends_the_last_statement_and_commit_in_one_pipeline(
     assert direct.end_with(returning, {"k": 1}) is None  # idle: nothing to commit
     conn.execute("BEGIN")
     assert direct.execute(insert, {"k": 1}).rowcount == 1
-    answer = direct.end_with(returning, {"k": 2})  # prepared in the same pipeline
-    assert answer is not None and answer.fetchall() == [(20,)]
+    result = direct.end_with(returning, {"k": 2})  # prepared in the same pipeline
+    assert result is not None and direct.answer(result).fetchall() == [(20,)]
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     conn.execute("BEGIN")
     assert direct.execute(insert, {"k": 3}).rowcount == 1
@@ -286,7 +286,16 @@ def test_end_with_sends_the_last_statement_and_commit_in_one_pipeline(
     conn.execute("BEGIN")
     lone = sql("SELECT :t::text")
     assert direct.end_with(lone, {"t": "caf\udce9"}) is None  # psycopg's to refuse
+    assert direct.end_with("SELECT '50%%'", None) is None  # psycopg sends it as it is
+    assert conn.execute("SELECT '50%%'").fetchone() == ("50%%",)
     conn.execute("ROLLBACK")
+    conn.execute("BEGIN")  # rows that fail to load once committed: the commit stands
+    far = sql("INSERT INTO direct_end VALUES (:k) RETURNING 'infinity'::date")
+    result = direct.end_with(far, {"k": 9})
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with pytest.raises(psycopg.DataError):
+        direct.answer(result)
+    assert direct.execute(count, None).fetchone() == (3,)
 
 
 def test_a_lost_connection_raises_operational_error_and_reads_broken(

@@ -134,17 +134,18 @@ class Direct:
         if bound is None or not self._room_for([bound]):
             return self.conn.execute(sql_text, params)
         try:
-            return self._answer(self._result(self._sending(bound)))
+            return self.answer(self._result(self._sending(bound)))
         except pg_errors.InvalidSqlStatementName:  # deallocated by another: nothing ran
             self._prepared.clear()  # (DEALLOCATE ALL or DISCARD ALL takes all of them)
             if status != _IDLE:
                 raise  # the transaction is aborted: it fails as on any error
-            return self._answer(self._result(self._sending(bound)))
+            return self.answer(self._result(self._sending(bound)))
 
-    def end_with(self, sql_text: Any, params: Mapping[str, Any] | None) -> Answer | None:
+    def end_with(self, sql_text: Any, params: Mapping[str, Any] | None) -> Any:
         """The open transaction's last statement and COMMIT in one pipeline, one round
-        trip: its :class:`Answer`. None, having sent nothing, where psycopg must send it.
-        Either failing raises its error, and nothing of the transaction is committed."""
+        trip: its result, for ``answer`` (called once the caller has noted the commit, as
+        loading its rows may fail). None, having sent nothing, where psycopg must send
+        it. Either failing raises its error, and nothing of the transaction is committed."""
         if self._status() != _INTRANS:
             return None
         bound = self._bind(sql_text, params)
@@ -181,11 +182,12 @@ class Direct:
         if not self._room_for(bound):
             return None
         try:
-            return self._pipeline(bound, begin=True, commit=False)
+            results = self._pipeline(bound, begin=True, commit=False)
         except pg_errors.InvalidSqlStatementName:
             self._result(_sent(self._pgconn, self._pgconn.send_query, b"ROLLBACK"))
             self._prepared.clear()
-            return self._pipeline(bound, begin=True, commit=False)
+            results = self._pipeline(bound, begin=True, commit=False)
+        return [self.answer(result) for result in results]
 
     def _status(self) -> int | None:
         """The connection's transaction status where a statement may be sent here: idle,
@@ -203,6 +205,8 @@ class Direct:
         dump: its cursor then says so, as it always did)."""
         if type(sql_text) is not str or not (params is None or type(params) is dict):
             return None
+        if params is None and "%" in sql_text:
+            return None  # psycopg sends such a text as it is, "%%" included
         converted = self._texts.get(sql_text)
         if converted is None:
             converted = self._texts[sql_text] = positional(sql_text)
@@ -242,10 +246,10 @@ class Direct:
             pgconn, pgconn.send_query_prepared, name, bound.dumped, param_formats=bound.formats
         )
 
-    def _pipeline(self, bound: Sequence[_Bound], begin: bool, commit: bool) -> list[Answer]:
+    def _pipeline(self, bound: Sequence[_Bound], begin: bool, commit: bool) -> list[Any]:
         """``bound`` in libpq's pipeline mode, after BEGIN if ``begin`` and before COMMIT if
         ``commit``, each prepared first if it is not yet (in the same pipeline); their
-        answers, or the first error raised.
+        results (for ``answer``), or the first error raised, COMMIT's included.
 
         Sent inside ``Connection.wait`` (an interrupt there cancels and reads every
         answer). A pipeline left with answers unread (an interrupt while it was being
@@ -272,7 +276,7 @@ class Direct:
             if pgconn.pipeline_status != _PIPELINE_OFF:
                 _leave_pipeline(pgconn)
         error: Exception | None = None
-        answers: list[Answer] = []
+        answers: list[Any] = []
         for slot, answered in zip(slots, results, strict=False):
             result = answered[-1]
             status = result.status
@@ -280,7 +284,7 @@ class Direct:
                 if type(slot) is tuple:  # prepared, whatever happens to the transaction
                     self._prepared[slot] = naming[slot]
                 elif slot is not None:
-                    answers.append(self._answer(result))
+                    answers.append(result)  # loaded by the caller, once all succeeded
             elif error is None and status == _FATAL_ERROR:
                 error = pg_errors.error_from_result(result, encoding=self._encoding)
             elif error is None and status != _PIPELINE_ABORTED:
@@ -289,7 +293,8 @@ class Direct:
             raise error
         return answers
 
-    def _answer(self, result: Any) -> Answer:
+    def answer(self, result: Any) -> Answer:
+        """A statement's result with its rows loaded, as psycopg's cursor loads them."""
         tx = self._tx
         tx.set_pgresult(result)
         found = result.ntuples

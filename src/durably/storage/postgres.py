@@ -595,13 +595,16 @@ class PostgresStore(pg_ahead.AheadBatches):
         session.commit_with = False
         conn = self.conn
         # Either raises if either failed: then nothing was committed.
-        answer: Any = self._direct(conn).end_with(sql_text, params)
-        if answer is None:  # what psycopg must send (pg_direct.Direct.end_with)
+        direct = self._direct(conn)
+        result = direct.end_with(sql_text, params)
+        if result is None:  # what psycopg must send (pg_direct.Direct.end_with)
             with conn.pipeline():
-                answer = conn.execute(sql_text, params)
+                cursor = conn.execute(sql_text, params)
                 conn.execute("COMMIT")
-        session.ended = True
-        return answer
+            session.ended = True
+            return cursor
+        session.ended = True  # committed: a row that fails to load is an error after it
+        return direct.answer(result)
 
     def _begin(self, write: bool) -> None:
         if not self._open:
