@@ -448,7 +448,12 @@ def test_resolve_a_review_once_and_record_who(http: TestClient, store_url: str) 
     harness.park_for_review(store_url, "t")
     with harness.engine_thread(store_url):
         [item] = harness.until(
-            lambda: http.get("/api/reviews").json()["reviews"], "the transfer to park for review"
+            lambda: http.get("/api/reviews").json()["reviews"], "the transfer's review to open"
+        )
+        # Listed from the moment its run opens it; decided only once the run has parked.
+        harness.until(
+            lambda: http.get("/api/workflows/t").json()["status"] == "needs_review",
+            "the transfer to park for review",
         )
         assert (item["workflow_id"], item["seq"], item["step"]) == ("t", 1, "transfer")
         assert http.post("/api/workflows/t/reviews/1/resolve", json={}).status_code == 422
@@ -465,7 +470,7 @@ def test_resolve_a_review_once_and_record_who(http: TestClient, store_url: str) 
             http.post("/api/workflows/t/reviews/9/resolve", json={"retry": True}).status_code == 409
         )
         r = http.post("/api/workflows/t/reviews/1/resolve", json={"result": {"transfer_id": "T"}})
-        assert r.status_code == 200 and r.json()["decided_by"] == "alice"
+        assert r.status_code == 200 and r.json()["decided_by"] == "alice", r.text
         again = http.post("/api/workflows/t/reviews/1/resolve", json={"retry": True})
         assert again.status_code == 409 and again.json()["error"]["type"] == "AlreadyResolved"
         harness.until(

@@ -111,7 +111,7 @@ def test_approve_resolve_and_the_gap_in_a_real_browser(
         launched() as browser,
     ):
         harness.until(lambda: _api(base, "/api/approvals")["approvals"], "the refund approval")
-        harness.until(lambda: _api(base, "/api/reviews")["reviews"], "the transfer review")
+        harness.until(lambda: _status(base, "transfer-T1") == "needs_review", "the review")
         harness.until(lambda: _status(base, "crashed") == "completed", "the crashed one to recover")
         page = browser.new_page(viewport={"width": 1360, "height": 900})
         page.set_default_timeout(20_000)

@@ -94,6 +94,28 @@ def test_two_resolvers_of_one_review_exactly_one_wins(two: tuple[Verbs, Verbs]) 
         assert a.get_workflow(wid).status == "pending"
 
 
+def test_a_review_listed_before_its_run_parks_is_decided_only_after(
+    two: tuple[Verbs, Verbs],
+) -> None:
+    """The queue lists a review from the moment its run opens it; a person deciding
+    before that run parks is told to wait, and the run's park then finds it open."""
+    a, b = two
+    info = owned(a, "early")
+    intent = journal.Entry(1, "step", "charge", "started", 1, '{"args":[1]}', NOW)
+    a.open_review("early", info.epoch, intent, "early:1", "crashed mid-call", [intent], NOW)
+    assert [r.seq for r in b.reviews("early")] == [1]
+    with pytest.raises(errors.NothingToResolve) as refused:
+        b.resolve("early", 1, "retry", None, "B", NOW + 1)
+    assert not isinstance(refused.value, errors.AlreadyResolved)
+    assert "is running" in str(refused.value) and "once the workflow parks" in str(refused.value)
+    assert [r.decision for r in a.reviews("early")] == [None]  # still open, nothing written
+    assert [e.status for e in a.load_history("early")] == ["started"]
+    assert a.park("early", info.epoch, "needs_review", None, [], [], [], NOW)
+    decided = b.resolve("early", 1, "retry", None, "B", NOW + 2)
+    assert (decided.decision, decided.decided_by) == ("retry", "B")
+    assert a.get_workflow("early").status == "pending"
+
+
 def test_the_same_signal_key_at_the_same_moment_is_one_signal(two: tuple[Verbs, Verbs]) -> None:
     a, b = two
     for i in range(TRIES):

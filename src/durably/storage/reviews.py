@@ -106,7 +106,15 @@ class ReviewVerbs(signals.SignalVerbs):
         if info is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
         open_ = [r for r in self.reviews(workflow_id) if r.seq == seq]
-        if info.status != journal.Status.NEEDS_REVIEW or not open_:
+        status = journal.Status(info.status)
+        if open_ and status != journal.Status.NEEDS_REVIEW and not status.finished:
+            # Opened by a run that has not parked for it yet (it parks once nothing else
+            # of it can go on): that run still holds the workflow, so nothing decides.
+            raise errors.NothingToResolve(
+                f"workflow {workflow_id!r} is {info.status}: its review at seq {seq} can be "
+                "decided once the workflow parks for it, which its run has not done yet"
+            )
+        if not open_ or status != journal.Status.NEEDS_REVIEW:
             raise self._nothing_to_resolve(workflow_id, seq, info.status)
         review = open_[0]
         entry = replay.resolved_entry(review, decision, outcome, now)
