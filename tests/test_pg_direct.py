@@ -332,8 +332,44 @@ def test_what_psycopg_must_send_goes_through_psycopg(
     conn.execute("ROLLBACK")
     monkeypatch.setattr(pg_direct, "PREPARED_MAX", 2)  # the division's, and one more
     assert isinstance(direct.execute(sql("SELECT :x::int + 1"), {"x": 1}), pg_direct.Answer)
-    past = direct.execute(sql("SELECT :x::int + 2"), {"x": 1})  # one prepared already
+    conn.execute("BEGIN")  # full, and in a transaction no DEALLOCATE makes room
+    past = direct.execute(sql("SELECT :x::int + 2"), {"x": 1})
     assert isinstance(past, psycopg.Cursor) and past.fetchone() == (3,)
+    conn.execute("COMMIT")
+    monkeypatch.setattr(pg_direct, "PREPARED_MAX", 0)  # nothing prepared: psycopg sends all
+    assert isinstance(direct.execute(sql("SELECT :x::int + 3"), {"x": 1}), psycopg.Cursor)
+
+
+def test_past_the_limit_the_least_recently_used_names_are_deallocated(
+    conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection keeps at most PREPARED_MAX names: one more, from an idle connection,
+    deallocates the least recently used eighth (a statement used since is kept), and a
+    batch's statements are never the ones deallocated for it."""
+    monkeypatch.setattr(pg_direct, "PREPARED_MAX", 16)
+    direct = pg_direct.Direct(conn)
+    texts = [sql(f"SELECT :x::int + {i}") for i in range(40)]
+    for i, text in enumerate(texts[:16]):
+        assert direct.execute(text, {"x": 1}).fetchone() == (1 + i,)
+    assert direct.execute(texts[0], {"x": 2}).fetchone() == (2,)  # used again: kept
+    ours = {n: t for n, t in prepared(conn).items() if n.startswith("durably_")}
+    assert len(ours) == 16
+    assert direct.execute(texts[16], {"x": 1}).fetchone() == (17,)
+    ours = {n: t for n, t in prepared(conn).items() if n.startswith("durably_")}
+    # the two least recently used (16 // 8) went: texts 1 and 2, not 0
+    assert len(ours) == 15 and sorted(ours) == sorted(f"durably_{i}" for i in [0, *range(3, 17)])
+    for i, text in enumerate(texts[17:]):  # a long life: never more than the limit
+        assert direct.execute(text, {"x": 0}).fetchone() == (17 + i,)
+        assert len([n for n in prepared(conn) if n.startswith("durably_")]) <= 16
+    batch = [(texts[i], {"x": 0}) for i in range(10)]
+    answers = direct.begin_with(batch)
+    assert answers is not None and [a.fetchone() for a in answers] == [(i,) for i in range(10)]
+    conn.execute("COMMIT")
+    conn.execute("DEALLOCATE ALL")  # another took them: the eviction's DEALLOCATE fails
+    for i, text in enumerate(texts[10:30]):
+        assert direct.execute(text, {"x": 0}).fetchone() == (10 + i,)
+    assert len([n for n in prepared(conn) if n.startswith("durably_")]) <= 16
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
 def test_a_plain_steps_commit_goes_past_psycopgs_cursor(pg_store: Any) -> None:  # noqa: F811 (the fixture)

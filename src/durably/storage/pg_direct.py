@@ -26,8 +26,15 @@ What can simply be sent again is, from an idle connection: a statement that is a
 transaction of its own (refused, nothing ran), and BEGIN with a batch's first
 statements in one pipeline (refused, what the pipeline began is rolled back). A
 statement refused later in a transaction fails it, as any error there does, and the
-next one is prepared again. A composed query, a value psycopg cannot dump, and any
-past ``PREPARED_MAX`` go through psycopg.
+next one is prepared again. A composed query and a value psycopg cannot dump go
+through psycopg.
+
+A connection keeps at most ``PREPARED_MAX`` names. At one more, from an idle
+connection, the least recently used eighth is deallocated (one round trip, rare): a
+migration's statements, run once, and a text's rare mixes of parameter types age out
+instead of holding their slots for the connection's life. Inside a transaction a
+``DEALLOCATE`` that failed would abort it, so there a new statement past the limit
+goes through psycopg, unprepared, until the next batch makes room.
 """
 
 from __future__ import annotations
@@ -41,9 +48,9 @@ from psycopg import errors as pg_errors
 from psycopg import generators, pq
 from psycopg.adapt import PyFormat, Transformer
 
-#: How many statements one connection prepares here: more than the queries a process
-#: runs often (about 110, and a few texts each for the statements that list ids or
-#: compose a search's filters). Past that, the rest go through psycopg, unprepared.
+#: How many statements one connection keeps prepared here: more than the queries a
+#: process runs often (about 110, and a few texts each for the statements that list ids
+#: or compose a search's filters). Past that, the least recently used are deallocated.
 PREPARED_MAX = 256
 
 # A psycopg-style parameter ("%(name)s") or an escaped "%" (``postgres._paramstyle``).
@@ -130,8 +137,8 @@ class Direct:
         """Run one statement, alone (a transaction of its own) or in the open transaction;
         an :class:`Answer`, or psycopg's cursor where psycopg must send it."""
         status = self._status()
-        bound = self._bind(sql_text, params) if status is not None else None
-        if bound is None or not self._room_for([bound]):
+        bound = None if status is None else self._bind(sql_text, params)
+        if status is None or bound is None or not self._room_for([bound], status):
             return self.conn.execute(sql_text, params)
         try:
             return self.answer(self._result(self._sending(bound)))
@@ -149,7 +156,7 @@ class Direct:
         if self._status() != _INTRANS:
             return None
         bound = self._bind(sql_text, params)
-        if bound is None or not self._room_for([bound]):
+        if bound is None or not self._room_for([bound], _INTRANS):
             return None
         try:
             return self._pipeline([bound], begin=False, commit=True)[0]
@@ -179,7 +186,7 @@ class Direct:
             if one is None:
                 return None
             bound.append(one)
-        if not self._room_for(bound):
+        if not self._room_for(bound, _IDLE):
             return None
         try:
             results = self._pipeline(bound, begin=True, commit=False)
@@ -222,10 +229,26 @@ class Direct:
         types = tx.types or ()
         return _Bound((sql_text, types), query, types, dumped, tx.formats)
 
-    def _room_for(self, bound: Sequence[_Bound]) -> bool:
-        """Whether the statements not yet prepared fit under ``PREPARED_MAX``."""
-        new = {b.key for b in bound if b.key not in self._prepared}
-        return len(self._prepared) + len(new) <= PREPARED_MAX
+    def _room_for(self, bound: Sequence[_Bound], status: int) -> bool:
+        """Whether the statements not yet prepared fit under ``PREPARED_MAX``, once the
+        least recently used are deallocated where the connection is idle (``status``)."""
+        prepared = self._prepared
+        new = {b.key for b in bound if b.key not in prepared}
+        if len(prepared) + len(new) <= PREPARED_MAX:
+            return True
+        if status != _IDLE or len(new) > PREPARED_MAX:
+            return False
+        keep = {b.key for b in bound}
+        over = len(prepared) + len(new) - PREPARED_MAX
+        count = max(over, PREPARED_MAX // 8)
+        old = [key for key in prepared if key not in keep][:count]
+        names = [prepared.pop(key) for key in old]
+        deallocate = b"; ".join(b"DEALLOCATE " + name for name in names)
+        try:
+            self._result(_sent(self._pgconn, self._pgconn.send_query, deallocate))
+        except pg_errors.InvalidSqlStatementName:  # deallocated by another: all of them
+            prepared.clear()
+        return len(prepared) + len(new) <= PREPARED_MAX
 
     def _new_name(self) -> bytes:
         name = b"durably_%d" % self._made
@@ -235,8 +258,10 @@ class Direct:
     def _sending(self, bound: _Bound) -> Any:
         """What sends ``bound`` alone (prepared first if it is not yet), for ``_result``."""
         pgconn = self._pgconn
-        name = self._prepared.get(bound.key)
-        if name is None:
+        name = self._prepared.pop(bound.key, None)
+        if name is not None:
+            self._prepared[bound.key] = name  # the most recently used: evicted last
+        else:
             name = self._new_name()
             self._result(
                 _sent(pgconn, pgconn.send_prepare, name, bound.query, param_types=bound.types)
@@ -260,8 +285,13 @@ class Direct:
         slots: list[Any] = [None] if begin else []  # each answer's: BEGIN, a name, a place
         naming: dict[tuple[str, tuple[int, ...]], bytes] = {}
         commands: list[tuple[bool, bytes, Any, Any]] = []  # (prepare?, name, what, how)
+        prepared = self._prepared
         for place, one in enumerate(bound):
-            name = self._prepared.get(one.key) or naming.get(one.key)
+            name = prepared.pop(one.key, None)
+            if name is not None:
+                prepared[one.key] = name  # the most recently used: evicted last
+            else:
+                name = naming.get(one.key)
             if name is None:
                 name = naming[one.key] = self._new_name()
                 commands.append((True, name, one.query, one.types))
