@@ -9,6 +9,7 @@ while the write waits for the row lock.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
@@ -1231,13 +1232,12 @@ def parked_on_signal(db: Verbs, wid: str) -> journal.Entry:
     return wait
 
 
-def test_a_signal_and_the_claim_of_the_parked_workflow_it_wakes_are_two_round_trips(
+def test_a_signal_and_the_claim_of_the_parked_workflow_it_wakes_are_one_round_trip(
     pg_store: Any,
 ) -> None:
-    """The sender's commit that takes the workflow it wakes: BEGIN, the signal, the claim
-    and the journal's read pipelined in one round trip; the receive, the op's last
-    statement, pipelined with COMMIT in the second. What it leaves is what the statements
-    one at a time leave."""
+    """The sender's commit that takes the workflow it wakes: BEGIN, the signal, the claim,
+    the receive of the wait found on the server, the journal's read and COMMIT, in one
+    pipeline (``pg_wakeup``). What it leaves is what the statements one at a time leave."""
     from durably import operations
 
     db = Verbs(pg_store)
@@ -1250,8 +1250,8 @@ def test_a_signal_and_the_claim_of_the_parked_workflow_it_wakes_are_two_round_tr
     sent = traced(pg_store, [op])
     assert op.error is None, op.error
     woken = op.result
-    assert len(sent) == 2, sent
-    assert sent[-1].strip('" ') == "COMMIT", sent  # the receive went in its pipeline
+    assert len(sent) == 1, sent
+    assert sent[-1].strip('" ') == "COMMIT", sent  # all went in one pipeline with COMMIT
     assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert woken.sent and woken.taken is not None and woken.taken.owner == "ex-b"
     assert woken.received is not None and woken.received.payload == '"x"'
@@ -1294,8 +1294,9 @@ def test_a_signal_whose_claim_takes_nothing_is_still_kept_and_told(pg_store: Any
     )
     sent = traced(pg_store, [op])
     assert isinstance(op.error, errors.WorkflowNotFound), op.error
-    # the pipeline (one round trip), then ROLLBACK, with no DEALLOCATE ALL after it
-    assert [s.strip('" ') for s in sent[1:]] == ["ROLLBACK"], sent
+    # the pipeline (one round trip), which kept nothing: no ROLLBACK, no DEALLOCATE ALL
+    assert len(sent) == 1, sent
+    assert db.list_signals("nope") == []
     assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
@@ -1326,8 +1327,8 @@ def test_a_wake_up_whose_receive_finds_nothing_writes_nothing_after_its_commit(
     pg_store: Any,
 ) -> None:
     """A signal of another name wakes the parked workflow: the claim takes it, the
-    receive (sent with COMMIT) finds nothing, and nothing more is sent: the wait is left
-    as it was, for the run to receive at its wait."""
+    receive (in the same pipeline as COMMIT) finds nothing, and nothing more is sent: the
+    wait is left as it was, for the run to receive at its wait."""
     from durably import operations
 
     db = Verbs(pg_store)
@@ -1339,12 +1340,116 @@ def test_a_wake_up_whose_receive_finds_nothing_writes_nothing_after_its_commit(
     )
     sent = traced(pg_store, [op])
     assert op.error is None, op.error
-    assert len(sent) == 2 and sent[-1].strip('" ') == "COMMIT", sent
+    assert len(sent) == 1 and sent[-1].strip('" ') == "COMMIT", sent
     woken = op.result
     assert woken.taken is not None and woken.received is None and woken.history == [wait]
     assert db.load_history("a") == [wait]
     assert [(s["name"], s["consumed_seq"]) for s in db.list_signals("a")] == [("other", None)]
     assert db.get_workflow("a").owner == "ex-b"
+
+
+def _wake_ups(db: Verbs, store: Any, prefix: str) -> dict[str, tuple[Any, ...]]:
+    """Each case of a signal's wake-up, sent through ``_send_and_claim`` on workflows
+    named ``prefix``-case: what it answered and what the database holds after it."""
+    from durably import operations
+
+    def parked(wid: str, entries: list[journal.Entry], *, timeout: float | None = None) -> None:
+        info, created = db.create_workflow(
+            dataclasses.replace(new(wid), timeout=timeout), "ex-a", NOW + LEASE, NOW
+        )
+        assert created
+        db.park(wid, info.epoch, "waiting", None, entries, ["go"], [], NOW)
+
+    wait = journal.Entry(2, "signal", "go", "started", 1, None, NOW, None, None)
+    cases = {
+        "alone": [dataclasses.replace(wait, seq=1)],
+        "after-steps": [step(1), wait],
+        "open-intent": [step(1, "started"), wait],  # a step's intent still open
+        "sleep-last": [
+            dataclasses.replace(wait, seq=1),
+            journal.Entry(2, "sleep", "s", "started", 1, None, NOW, None, NOW + 60),
+        ],
+        "deadline": [dataclasses.replace(wait, seq=1)],
+        "cancel": [dataclasses.replace(wait, seq=1)],
+    }
+    found: dict[str, tuple[Any, ...]] = {}
+    for case, entries in cases.items():
+        wid = f"{prefix}-{case}"
+        parked(wid, entries, timeout=0.5 if case == "deadline" else None)
+        if case == "cancel":
+            db.request_cancel(wid, NOW)
+        at = NOW + 1  # past the deadline's half second
+        woken = db.run(operations._send_and_claim, store, wid, "go", '"x"', None, at, claimer())
+        taken = None if woken.taken is None else (woken.taken.status, woken.taken.owner)
+        row = db.get_workflow(wid)
+        found[case] = (
+            woken.sent,
+            taken,
+            woken.history,
+            woken.received,
+            db.load_history(wid),
+            [(s["payload"], s["consumed_seq"]) for s in db.list_signals(wid)],
+            (row.status, row.owner, row.epoch, row.crash_count),
+        )
+    return found
+
+
+def test_a_wake_up_in_one_round_trip_does_what_the_verbs_one_by_one_do(
+    pg_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server finds the parked wait as ``replay.parked_signal_wait`` finds it and
+    receives only where the claim took the workflow and nothing asks it to stop: in
+    every case the one round trip answers and leaves what the verbs one by one (psycopg
+    sending, nothing prepared: ``pg_wakeup`` declines) answer and leave."""
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")  # the connection's runnable set, written by a claim
+    from durably import operations
+
+    db.run(operations._send_and_claim, pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    committed: list[bool] = []  # each transaction() call: whether it sent all at once
+    real = pg_direct.Direct.transaction
+
+    def transaction(self: pg_direct.Direct, statements: Any) -> Any:
+        results = real(self, statements)
+        committed.append(results is not None)
+        return results
+
+    monkeypatch.setattr(pg_direct.Direct, "transaction", transaction)
+    at_once = _wake_ups(db, pg_store, "one")
+    assert committed == [True] * 6  # one round trip each
+    monkeypatch.setattr(pg_direct, "PREPARED_MAX", 0)  # Direct declines: verb by verb
+    one_by_one = _wake_ups(db, pg_store, "many")
+    assert committed[6:] == [False] * 6
+    assert at_once == one_by_one
+    assert at_once["alone"][3] is not None and at_once["after-steps"][3] is not None
+    for case in ("open-intent", "sleep-last", "deadline", "cancel"):
+        assert at_once[case][1] is not None and at_once[case][3] is None, case
+
+
+def test_a_duplicate_signal_takes_a_workflow_that_was_due_and_tells_no_one(
+    pg_store: Any,
+) -> None:
+    """A signal whose key was used before keeps nothing and sends no wake-up; where its
+    workflow was due anyway (the first signal woke it, nobody took it yet), the one
+    round trip takes it, receiving that first signal, and the engine runs it."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")
+    db.run(operations._send_and_claim, pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    parked_on_signal(db, "due")
+    assert db.send_signal("due", "go", '"first"', "k", NOW)  # due now, not taken
+    listener = psycopg.connect(pg_store.conn.info.dsn, autocommit=True)
+    try:
+        listener.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(pg_store.channel)))
+        args = (pg_store, "due", "go", '"again"', "k", NOW, claimer())
+        woken = db.run(operations._send_and_claim, *args)
+        assert not woken.sent and woken.taken is not None and woken.taken.owner == "ex-b"
+        assert woken.received is not None and woken.received.payload == '"first"'
+        assert not list(listener.notifies(timeout=0.3, stop_after=1))
+    finally:
+        listener.close()
+    assert [(s["payload"], s["consumed_seq"]) for s in db.list_signals("due")] == [('"first"', 1)]
 
 
 def test_a_last_statement_that_fails_with_its_commit_leaves_nothing_committed(

@@ -55,6 +55,16 @@ def watch_claims(engine: durably.Engine) -> dict[str, list[Any]]:
         return taken
 
     store.claim_woken, store.claim_next = claim_woken, claim_next
+    at_once = store.send_signal_and_take
+
+    def send_signal_and_take(workflow_id: str, *args: Any) -> Any:
+        done = at_once(workflow_id, *args)  # PostgreSQL's one round trip (pg_wakeup)
+        if done is not None and (done.sent or done.taken is not None):
+            taken = None if done.taken is None else done.taken.workflow_id
+            seen["woken"].append((workflow_id, taken))
+        return done
+
+    store.send_signal_and_take = send_signal_and_take
     return seen
 
 
@@ -165,6 +175,23 @@ def ops_of(engine: durably.Engine, verbs: tuple[str, ...]) -> list[tuple[str, in
             return _real(*args, **kw)
 
         setattr(store, verb, call)
+    real_at_once = store.send_signal_and_take
+
+    def at_once(*args: Any) -> Any:
+        # The verbs PostgreSQL's one round trip stands for (pg_wakeup), in its one op;
+        # where it declines (None) the verbs are called, and seen, one by one.
+        woken = real_at_once(*args)
+        if woken is not None:
+            # (a duplicate that took nothing: its claim's statement changed nothing)
+            done = ["send_signal", "claim_woken"] if woken.sent or woken.taken else ["send_signal"]
+            if woken.taken is not None:
+                done.append("load_history")
+            if woken.received is not None:
+                done.append("receive_parked_signal")
+            seen.extend((verb, current[0]) for verb in done if verb in verbs)
+        return woken
+
+    store.send_signal_and_take = at_once
     return seen
 
 

@@ -506,16 +506,8 @@ class Claimer:
     same_code: dict[str, str]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Woken:
-    """What ``send_signal_and_claim`` did: whether the signal was kept, and the workflow
-    it took with its journal (None when it took none)."""
-
-    sent: bool
-    taken: journal.WorkflowInfo | None = None
-    history: list[journal.Entry] | None = None
-    #: The parked signal wait completed in the claim's transaction (``take_woken``).
-    received: journal.Entry | None = None
+#: What ``send_signal_and_claim`` and ``take_woken`` did (``base.Woken``).
+Woken = base.Woken
 
 
 def _claim_args(workflow_id: str, now: float, claim: Claimer) -> tuple[Any, ...]:
@@ -541,9 +533,26 @@ def _send_and_claim_calls(
     now: float,
     claim: Claimer,
 ) -> list[base.VerbCall]:
-    """What ``_send_and_claim`` calls first: the signal, then ``take_woken``'s."""
+    """What ``_send_and_claim`` calls first: all of it at once where the store can, else
+    the signal, then ``take_woken``'s."""
+    at_once_args = _at_once_args(workflow_id, name, data, idempotency_key, now, claim)
+    at_once: base.VerbCall = ("send_signal_and_take", at_once_args, {})
     send = ("send_signal", (workflow_id, name, data, idempotency_key, now), {"tell": False})
-    return [send, *_take_woken_calls(store, workflow_id, now, claim)]
+    return [at_once, send, *_take_woken_calls(store, workflow_id, now, claim)]
+
+
+def _at_once_args(
+    workflow_id: str,
+    name: str,
+    data: str,
+    idempotency_key: str | None,
+    now: float,
+    claim: Claimer,
+) -> tuple[Any, ...]:
+    """The arguments of ``Store.send_signal_and_take`` (``_send_and_claim``'s)."""
+    lease_expires_at = now + claim.lease_seconds
+    return (workflow_id, name, data, idempotency_key, now,
+            claim.owner, claim.runnable, lease_expires_at, claim.same_code)  # fmt: skip
 
 
 @base.calls_first(_send_and_claim_calls, ends_with="receive_parked_signal")
@@ -561,6 +570,11 @@ def _send_and_claim(
     Other executors are told of the signal only when this one did not take the workflow:
     told of one it took, each would try to claim it, fail, and look for work.
     """
+    at_once = store.send_signal_and_take(
+        *_at_once_args(workflow_id, name, data, idempotency_key, now, claim)
+    )
+    if at_once is not None:  # all of it, one round trip (PostgreSQL)
+        return at_once
     if not store.send_signal(workflow_id, name, data, idempotency_key, now, tell=False):
         return Woken(False)  # a duplicate: it woke nothing
     woken = take_woken(store, workflow_id, now, claim)

@@ -99,6 +99,18 @@ def planned_calls(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[VerbCal
     return [] if planner is None else planner(*args)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Woken:
+    """What a signal's send and the claim of what it woke did: whether the signal was
+    kept, and the workflow taken with its journal (None when none was taken)."""
+
+    sent: bool
+    taken: journal.WorkflowInfo | None = None
+    history: list[journal.Entry] | None = None
+    #: The parked signal wait completed in the claim's transaction (``take_woken``).
+    received: journal.Entry | None = None
+
+
 @dataclasses.dataclass(slots=True)
 class Op:
     """One verb call queued for a batch, with its outcome once run."""
@@ -524,6 +536,26 @@ class Store(abc.ABC):
         ``tell=False`` sends no wake-up to listening executors: the caller takes the
         workflow in the same transaction, or else sends it with :meth:`tell_signal`.
         """
+
+    def send_signal_and_take(
+        self,
+        workflow_id: str,
+        name: str,
+        payload: str,
+        idempotency_key: str | None,
+        now: float,
+        owner: str,
+        runnable: Sequence[Runnable],
+        lease_expires_at: float,
+        same_code: Mapping[str, str] | None,
+    ) -> Woken | None:
+        """A signal's send (``send_signal(tell=False)``), the claim of the workflow it
+        woke (``claim_woken``), its journal and the receive of the signal wait it is
+        parked on, committed together in one round trip where the store can; None where
+        it cannot, having done nothing: the caller then calls those verbs one by one
+        (``operations.take_woken``). A duplicate signal may still take a workflow that was
+        due (``sent`` False): it is then run. The wake-up is sent where none was taken."""
+        return None
 
     @abc.abstractmethod
     def tell_signal(self, workflow_id: str, name: str) -> None:

@@ -31,6 +31,8 @@ class Session(pg_statements.Session, Protocol):
     ahead: list[tuple[pg_statements.Ahead, Any]]
     #: The op's last statement and its COMMIT succeeded (``PostgresStore._end_with``).
     ended: bool
+    #: The batch is one op (which may then commit all it does itself: ``pg_wakeup``).
+    one_op: bool
 
 
 class AheadBatches(pg_statements.OneStatementVerbs):
@@ -58,7 +60,8 @@ class AheadBatches(pg_statements.OneStatementVerbs):
     def run_batch(self, ops: Sequence[base.Op]) -> None:
         session = self._session
         # An op alone may promise its last verb, whose statement then goes with COMMIT.
-        session.ends_with = base.ending_verb(ops[0].fn) if len(ops) == 1 else None
+        session.one_op = len(ops) == 1
+        session.ends_with = base.ending_verb(ops[0].fn) if session.one_op else None
         try:
             planned = self._plan_ahead(ops)
             if planned is not None and self._run_ahead(ops, planned):
@@ -67,6 +70,7 @@ class AheadBatches(pg_statements.OneStatementVerbs):
         finally:
             session.ends_with = None
             session.ended = False
+            session.one_op = False
 
     def _plan_ahead(self, ops: Sequence[base.Op]) -> list[list[pg_statements.Ahead]] | None:
         """The statements to send ahead of each op of the batch, or None for none.

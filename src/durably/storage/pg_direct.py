@@ -178,23 +178,40 @@ class Direct:
         of it was committed), and all is sent once more, prepared again. Another error
         is raised with the transaction left aborted, as psycopg leaves it.
         """
+        results = self._begun(statements, commit=False)
+        return None if results is None else [self.answer(result) for result in results]
+
+    def transaction(self, statements: Sequence[tuple[Any, Any]]) -> list[Any] | None:
+        """BEGIN, ``statements`` and COMMIT in one pipeline, one round trip: each
+        statement's result, for ``answer`` (committed by then). None, having sent nothing,
+        where psycopg must send them. A refused name as for ``begin_with``; another error
+        is raised with nothing committed and the transaction left aborted."""
+        return self._begun(statements, commit=True)
+
+    def _begun(self, statements: Sequence[tuple[Any, Any]], commit: bool) -> list[Any] | None:
+        """``begin_with``'s pipeline, with COMMIT too if ``commit``: the raw results."""
         if self._status() != _IDLE:
             return None
+        bound = self._bind_all(statements)
+        if bound is None:
+            return None
+        try:
+            return self._pipeline(bound, begin=True, commit=commit)
+        except pg_errors.InvalidSqlStatementName:  # refused at its Bind: nothing committed
+            self._result(_sent(self._pgconn, self._pgconn.send_query, b"ROLLBACK"))
+            self._prepared.clear()
+            return self._pipeline(bound, begin=True, commit=commit)
+
+    def _bind_all(self, statements: Sequence[tuple[Any, Any]]) -> list[_Bound] | None:
+        """Each statement bound, from an idle connection, room made for those not yet
+        prepared; None where psycopg must send one of them."""
         bound = []
         for sql_text, params in statements:
             one = self._bind(sql_text, params)
             if one is None:
                 return None
             bound.append(one)
-        if not self._room_for(bound, _IDLE):
-            return None
-        try:
-            results = self._pipeline(bound, begin=True, commit=False)
-        except pg_errors.InvalidSqlStatementName:
-            self._result(_sent(self._pgconn, self._pgconn.send_query, b"ROLLBACK"))
-            self._prepared.clear()
-            results = self._pipeline(bound, begin=True, commit=False)
-        return [self.answer(result) for result in results]
+        return bound if self._room_for(bound, _IDLE) else None
 
     def _status(self) -> int | None:
         """The connection's transaction status where a statement may be sent here: idle,
@@ -236,8 +253,8 @@ class Direct:
         new = {b.key for b in bound if b.key not in prepared}
         if len(prepared) + len(new) <= PREPARED_MAX:
             return True
-        if status != _IDLE or len(new) > PREPARED_MAX:
-            return False
+        if status != _IDLE or not new or len(new) > PREPARED_MAX:
+            return False  # (nothing new past the limit: only where it was lowered)
         keep = {b.key for b in bound}
         over = len(prepared) + len(new) - PREPARED_MAX
         count = max(over, PREPARED_MAX // 8)
@@ -245,7 +262,8 @@ class Direct:
         names = [prepared.pop(key) for key in old]
         deallocate = b"; ".join(b"DEALLOCATE " + name for name in names)
         try:
-            self._result(_sent(self._pgconn, self._pgconn.send_query, deallocate))
+            if deallocate:  # (none where the batch's own fill the limit)
+                self._result(_sent(self._pgconn, self._pgconn.send_query, deallocate))
         except pg_errors.InvalidSqlStatementName:  # deallocated by another: all of them
             prepared.clear()
         return len(prepared) + len(new) <= PREPARED_MAX

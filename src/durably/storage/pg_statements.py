@@ -33,7 +33,7 @@ class Ahead:
     read: bool
 
 
-def _claim_woken_params(
+def claim_woken_params(
     owner: str, workflow_id: str, lease_expires_at: float, now: float
 ) -> dict[str, Any]:
     """The parameters of ``claim_woken`` (``_claim_woken``, ``_statements_ahead``)."""
@@ -169,7 +169,7 @@ class OneStatementVerbs(sql.SqlStore):
             owner, workflow_id, runnable, lease_expires_at, now, same_code = args
             if self._temp_tables().runnable != claims.runnable_rows(runnable, same_code):
                 return None
-            params = _claim_woken_params(owner, workflow_id, lease_expires_at, now)
+            params = claim_woken_params(owner, workflow_id, lease_expires_at, now)
             return Ahead(self._queries["claim_woken"], params, read=False)
         if verb == "load_history":
             (workflow_id,) = args
@@ -192,7 +192,7 @@ class OneStatementVerbs(sql.SqlStore):
         self, owner: str, workflow_id: str, lease_expires_at: float, now: float
     ) -> journal.WorkflowInfo | None:
         # The pick and its claim in one statement, as _claim_unqueued's.
-        params = _claim_woken_params(owner, workflow_id, lease_expires_at, now)
+        params = claim_woken_params(owner, workflow_id, lease_expires_at, now)
         found = claims.taken(rows.every(self._q("claim_woken", **params)))
         return found[0] if found else None
 
@@ -365,6 +365,10 @@ class OneStatementVerbs(sql.SqlStore):
         params = self._keep_signal_params(workflow_id, name, payload, idempotency_key, now, tell)
         with self._alone(whole):
             found = self._q("keep_signal", **params).fetchone()
+        return self._kept(workflow_id, found)
+
+    def _kept(self, workflow_id: str, found: Any) -> signals.KeptSignal:
+        """What ``keep_signal``'s row (``found``, None: no row) says was done."""
         if found is None:
             return signals.KeptSignal(None)
         status, duplicate, counted, kept = str(found[0]), bool(found[1]), found[2], found[3]

@@ -81,7 +81,14 @@ import psycopg.pq
 from psycopg import sql as pgsql
 
 from durably import errors
-from durably.storage import base, pg_ahead, pg_direct, pg_listener, pg_statements, sqlbase
+from durably.storage import (
+    base,
+    pg_direct,
+    pg_listener,
+    pg_statements,
+    pg_wakeup,
+    sqlbase,
+)
 
 log = logging.getLogger("durably")
 
@@ -238,7 +245,7 @@ TEXT_ORDER_PROBE = (
 )  # fmt: skip
 
 
-class PostgresStore(pg_ahead.AheadBatches):
+class PostgresStore(pg_wakeup.WakeupVerbs):
     """A Store in one schema of a PostgreSQL database (``durably`` unless the URL names one)."""
 
     driver_errors = (psycopg.Error,)
@@ -802,6 +809,7 @@ class _Session:
         "ended",
         "ends_with",
         "inline",
+        "one_op",
         "skip_begin",
         "solo",
         "temp",
@@ -823,6 +831,7 @@ class _Session:
         self.ends_with: str | None = None
         self.commit_with = False  # the next statement is the op's last: sent with COMMIT
         self.ended = False  # that statement and its COMMIT succeeded: the op's transaction ended
+        self.one_op = False  # the batch is one op (run_batch)
 
 
 class _Elsewhere(Exception):

@@ -730,6 +730,66 @@ SELECT fence.cancel_requested, fence.crash_count, fence.deadline_at, settled.fin
        next.num, next.payload, (SELECT COUNT(*) FROM written) AS written
 FROM fence CROSS JOIN settled LEFT JOIN next ON TRUE
 
+-- name: receive_taken_signal
+-- PostgreSQL only: after claim_woken in the same transaction, the receive of the signal its
+-- workflow is parked on, found here as replay.parked_signal_wait finds it (the journal's
+-- last entry a started signal wait, every other entry final), where this claim took the
+-- row (its owner and lease) and no cancel was asked nor the deadline passed
+-- (cancellation.asked): the wait written completed with the oldest signal of its name
+-- not yet received, the signal consumed by it and the crashes counted in a row ended, as
+-- fence_and_receive_signal writes them. Where the claim took nothing and this
+-- transaction kept a signal (sent at :now), the wake-up notification, as tell_signal
+-- sends it. Returns the wait's seq and the payload received (NULL: nothing received),
+-- and whether it told.
+WITH claimed AS (
+    SELECT cancel_requested, deadline_at FROM workflows
+    WHERE workflow_id = :workflow_id AND owner = :owner
+      AND lease_expires_at = :lease_expires_at AND status = 'running'
+), last AS (
+    SELECT seq, kind, name, status FROM journal
+    WHERE workflow_id = :workflow_id
+    ORDER BY seq DESC
+    LIMIT 1
+), parked AS (
+    SELECT last.seq, last.name FROM last, claimed
+    WHERE last.kind = 'signal' AND last.status = 'started'
+      AND claimed.cancel_requested = 0
+      AND (claimed.deadline_at IS NULL OR claimed.deadline_at > :now)
+      AND NOT EXISTS (SELECT 1 FROM journal o
+                      WHERE o.workflow_id = :workflow_id AND o.seq < last.seq
+                        AND o.status NOT IN ('completed', 'failed', 'timed_out'))
+), next AS (
+    SELECT parked.seq, s.num, s.payload
+    FROM parked CROSS JOIN LATERAL (
+        SELECT num, payload FROM signals
+        WHERE workflow_id = :workflow_id AND name = parked.name AND consumed_seq IS NULL
+        ORDER BY num
+        LIMIT 1
+    ) AS s
+), written AS (
+    UPDATE journal SET status = 'completed', payload = next.payload, finished_at = :now
+    FROM next
+    WHERE journal.workflow_id = :workflow_id AND journal.seq = next.seq
+      AND journal.status = 'started'
+    RETURNING journal.seq
+), consumed AS (
+    UPDATE signals SET consumed_seq = next.seq
+    FROM next
+    WHERE signals.workflow_id = :workflow_id AND signals.num = next.num
+      AND EXISTS (SELECT 1 FROM written)
+), progressed AS (
+    UPDATE workflows SET crash_count = 0, updated_at = :now
+    WHERE workflow_id = :workflow_id AND crash_count > 0
+      AND EXISTS (SELECT 1 FROM written)
+), told AS (
+    SELECT pg_notify(:channel, :wakeup)
+    WHERE NOT EXISTS (SELECT 1 FROM claimed)
+      AND EXISTS (SELECT 1 FROM signals
+                  WHERE workflow_id = :workflow_id AND name = :name AND sent_at = :now)
+)
+SELECT (SELECT seq FROM written), (SELECT payload FROM next WHERE EXISTS (SELECT 1 FROM written)),
+       (SELECT COUNT(*) FROM told)
+
 -- name: consume_and_write_entry
 -- PostgreSQL only: consume_signal and upsert_entry in one statement (its row count is the
 -- upsert's).

@@ -135,6 +135,10 @@ class SignalVerbs(entries.EntryVerbs):
         kept = self._keep_signal(
             workflow_id, name, payload, idempotency_key, now, whole=whole, tell=tell
         )
+        return self._signal_sent(workflow_id, name, kept)
+
+    def _signal_sent(self, workflow_id: str, name: str, kept: KeptSignal) -> bool:
+        """Whether the signal was kept (False: a duplicate); raises where it could not be."""
         if kept.status is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
         if kept.duplicate:
