@@ -6,7 +6,7 @@ connection's libpq object (``pgconn``) costs about 30 (issue 12, seventeenth pas
 The rest is psycopg's cursor: a new one a statement, its query conversion, its
 prepared-statement manager and its generators, all in Python. A plain step's commit, a
 start and a finish are each one statement alone, a group commit BEGIN with one
-statement a workflow, and a signal's wake-up two pipelines: the difference is a tenth
+statement a workflow, and a signal's wake-up one pipeline: the difference is a tenth
 of a step and more than a tenth of a 1-step workflow's client time.
 
 :class:`Direct` sends the store's statements itself and keeps what psycopg would do
