@@ -1302,8 +1302,8 @@ def test_a_signal_whose_claim_takes_nothing_is_still_kept_and_told(pg_store: Any
 
 def test_a_woken_workflows_claim_and_journal_are_one_round_trip(pg_store: Any) -> None:
     """The recovery loop's direct claim of a workflow woken by another process's signal:
-    BEGIN, the claim and the journal's read in one round trip, the receive with COMMIT
-    in the second."""
+    BEGIN, the claim, the receive, the journal's read and COMMIT in one round trip, and
+    no wake-up told (no signal was sent here)."""
     from durably import operations
 
     db = Verbs(pg_store)
@@ -1315,11 +1315,18 @@ def test_a_woken_workflows_claim_and_journal_are_one_round_trip(pg_store: Any) -
     op = base.Op(operations.take_woken, (pg_store, "a", NOW, claimer()), True)
     sent = traced(pg_store, [op])
     assert op.error is None, op.error
-    assert len(sent) == 2, sent
+    assert len(sent) == 1 and sent[-1].strip('" ') == "COMMIT", sent
     assert op.result.taken is not None and op.result.received.payload == '"x"'
+    assert op.result.history == db.load_history("a") == [op.result.received]
     assert [s["consumed_seq"] for s in db.list_signals("a")] == [1]
     parked_on_signal(db, "b")  # nothing sent to it: the claim takes nothing
-    nothing = db.run(operations.take_woken, pg_store, "b", NOW, claimer())
+    listener = psycopg.connect(pg_store.conn.info.dsn, autocommit=True)
+    try:
+        listener.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(pg_store.channel)))
+        nothing = db.run(operations.take_woken, pg_store, "b", NOW, claimer())
+        assert not list(listener.notifies(timeout=0.3, stop_after=1))
+    finally:
+        listener.close()
     assert nothing.taken is None and db.get_workflow("b").status == "waiting"
 
 
@@ -1348,9 +1355,10 @@ def test_a_wake_up_whose_receive_finds_nothing_writes_nothing_after_its_commit(
     assert db.get_workflow("a").owner == "ex-b"
 
 
-def _wake_ups(db: Verbs, store: Any, prefix: str) -> dict[str, tuple[Any, ...]]:
-    """Each case of a signal's wake-up, sent through ``_send_and_claim`` on workflows
-    named ``prefix``-case: what it answered and what the database holds after it."""
+def _wake_ups(db: Verbs, store: Any, prefix: str, via: str) -> dict[str, tuple[Any, ...]]:
+    """Each case of a signal's wake-up on workflows named ``prefix``-case, ``via`` the
+    sender's ``_send_and_claim`` or, after a plain ``send_signal``, ``take_woken``: what
+    it answered and what the database holds after it."""
     from durably import operations
 
     def parked(wid: str, entries: list[journal.Entry], *, timeout: float | None = None) -> None:
@@ -1379,7 +1387,11 @@ def _wake_ups(db: Verbs, store: Any, prefix: str) -> dict[str, tuple[Any, ...]]:
         if case == "cancel":
             db.request_cancel(wid, NOW)
         at = NOW + 1  # past the deadline's half second
-        woken = db.run(operations._send_and_claim, store, wid, "go", '"x"', None, at, claimer())
+        if via == "send":
+            woken = db.run(operations._send_and_claim, store, wid, "go", '"x"', None, at, claimer())
+        else:
+            assert db.send_signal(wid, "go", '"x"', None, at)
+            woken = db.run(operations.take_woken, store, wid, at, claimer())
         taken = None if woken.taken is None else (woken.taken.status, woken.taken.owner)
         row = db.get_workflow(wid)
         found[case] = (
@@ -1415,12 +1427,13 @@ def test_a_wake_up_in_one_round_trip_does_what_the_verbs_one_by_one_do(
         return results
 
     monkeypatch.setattr(pg_direct.Direct, "transaction", transaction)
-    at_once = _wake_ups(db, pg_store, "one")
-    assert committed == [True] * 6  # one round trip each
+    at_once = {via: _wake_ups(db, pg_store, f"one-{via}", via) for via in ("send", "take")}
+    assert committed == [True] * 12  # one round trip each
     monkeypatch.setattr(pg_direct, "PREPARED_MAX", 0)  # Direct declines: verb by verb
-    one_by_one = _wake_ups(db, pg_store, "many")
-    assert committed[6:] == [False] * 6
+    one_by_one = {via: _wake_ups(db, pg_store, f"many-{via}", via) for via in ("send", "take")}
+    assert committed[12:] == [False] * 12
     assert at_once == one_by_one
+    at_once = at_once["send"]
     assert at_once["alone"][3] is not None and at_once["after-steps"][3] is not None
     for case in ("open-intent", "sleep-last", "deadline", "cancel"):
         assert at_once[case][1] is not None and at_once[case][3] is None, case

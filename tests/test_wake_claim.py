@@ -55,16 +55,16 @@ def watch_claims(engine: durably.Engine) -> dict[str, list[Any]]:
         return taken
 
     store.claim_woken, store.claim_next = claim_woken, claim_next
-    at_once = store.send_signal_and_take
+    at_once = store.take_at_once
 
-    def send_signal_and_take(workflow_id: str, *args: Any) -> Any:
+    def take_at_once(workflow_id: str, *args: Any) -> Any:
         done = at_once(workflow_id, *args)  # PostgreSQL's one round trip (pg_wakeup)
         if done is not None and (done.sent or done.taken is not None):
             taken = None if done.taken is None else done.taken.workflow_id
             seen["woken"].append((workflow_id, taken))
         return done
 
-    store.send_signal_and_take = send_signal_and_take
+    store.take_at_once = take_at_once
     return seen
 
 
@@ -175,15 +175,17 @@ def ops_of(engine: durably.Engine, verbs: tuple[str, ...]) -> list[tuple[str, in
             return _real(*args, **kw)
 
         setattr(store, verb, call)
-    real_at_once = store.send_signal_and_take
+    real_at_once = store.take_at_once
 
-    def at_once(*args: Any) -> Any:
+    def at_once(workflow_id: str, signal: Any, *args: Any) -> Any:
         # The verbs PostgreSQL's one round trip stands for (pg_wakeup), in its one op;
         # where it declines (None) the verbs are called, and seen, one by one.
-        woken = real_at_once(*args)
+        woken = real_at_once(workflow_id, signal, *args)
         if woken is not None:
             # (a duplicate that took nothing: its claim's statement changed nothing)
-            done = ["send_signal", "claim_woken"] if woken.sent or woken.taken else ["send_signal"]
+            done = ["send_signal"] if signal is not None else []
+            if woken.sent or woken.taken:
+                done.append("claim_woken")
             if woken.taken is not None:
                 done.append("load_history")
             if woken.received is not None:
@@ -191,7 +193,7 @@ def ops_of(engine: durably.Engine, verbs: tuple[str, ...]) -> list[tuple[str, in
             seen.extend((verb, current[0]) for verb in done if verb in verbs)
         return woken
 
-    store.send_signal_and_take = at_once
+    store.take_at_once = at_once
     return seen
 
 

@@ -516,12 +516,34 @@ def _claim_args(workflow_id: str, now: float, claim: Claimer) -> tuple[Any, ...]
     return (claim.owner, workflow_id, claim.runnable, lease_expires_at, now, claim.same_code)
 
 
+def _claim_calls(workflow_id: str, now: float, claim: Claimer) -> list[base.VerbCall]:
+    """The claim, then the journal's read (``_take_woken_verbs``'s first calls)."""
+    return [("claim_woken", _claim_args(workflow_id, now, claim), {}),
+            ("load_history", (workflow_id,), {})]  # fmt: skip
+
+
+def _at_once_args(
+    workflow_id: str, signal: tuple[str, str, str | None] | None, now: float, claim: Claimer
+) -> tuple[Any, ...]:
+    """The arguments of ``Store.take_at_once``, which does all of an op where it can."""
+    lease_expires_at = now + claim.lease_seconds
+    return (workflow_id, signal, now, claim.owner, claim.runnable, lease_expires_at,
+            claim.same_code)  # fmt: skip
+
+
+def _at_once(
+    workflow_id: str, signal: tuple[str, str, str | None] | None, now: float, claim: Claimer
+) -> base.VerbCall:
+    """The call of ``Store.take_at_once`` an op plans first."""
+    return ("take_at_once", _at_once_args(workflow_id, signal, now, claim), {})
+
+
 def _take_woken_calls(
     store: base.Store, workflow_id: str, now: float, claim: Claimer
 ) -> list[base.VerbCall]:
-    """What ``take_woken`` calls first: the claim, then the journal's read."""
-    return [("claim_woken", _claim_args(workflow_id, now, claim), {}),
-            ("load_history", (workflow_id,), {})]  # fmt: skip
+    """What ``take_woken`` calls first: all of it at once where the store can, else the
+    claim, then the journal's read."""
+    return [_at_once(workflow_id, None, now, claim), *_claim_calls(workflow_id, now, claim)]
 
 
 def _send_and_claim_calls(
@@ -534,25 +556,10 @@ def _send_and_claim_calls(
     claim: Claimer,
 ) -> list[base.VerbCall]:
     """What ``_send_and_claim`` calls first: all of it at once where the store can, else
-    the signal, then ``take_woken``'s."""
-    at_once_args = _at_once_args(workflow_id, name, data, idempotency_key, now, claim)
-    at_once: base.VerbCall = ("send_signal_and_take", at_once_args, {})
+    the signal, then the claim and the journal's read."""
+    at_once = _at_once(workflow_id, (name, data, idempotency_key), now, claim)
     send = ("send_signal", (workflow_id, name, data, idempotency_key, now), {"tell": False})
-    return [at_once, send, *_take_woken_calls(store, workflow_id, now, claim)]
-
-
-def _at_once_args(
-    workflow_id: str,
-    name: str,
-    data: str,
-    idempotency_key: str | None,
-    now: float,
-    claim: Claimer,
-) -> tuple[Any, ...]:
-    """The arguments of ``Store.send_signal_and_take`` (``_send_and_claim``'s)."""
-    lease_expires_at = now + claim.lease_seconds
-    return (workflow_id, name, data, idempotency_key, now,
-            claim.owner, claim.runnable, lease_expires_at, claim.same_code)  # fmt: skip
+    return [at_once, send, *_claim_calls(workflow_id, now, claim)]
 
 
 @base.calls_first(_send_and_claim_calls, ends_with="receive_parked_signal")
@@ -570,14 +577,13 @@ def _send_and_claim(
     Other executors are told of the signal only when this one did not take the workflow:
     told of one it took, each would try to claim it, fail, and look for work.
     """
-    at_once = store.send_signal_and_take(
-        *_at_once_args(workflow_id, name, data, idempotency_key, now, claim)
-    )
+    signal = (name, data, idempotency_key)
+    at_once = store.take_at_once(*_at_once_args(workflow_id, signal, now, claim))
     if at_once is not None:  # all of it, one round trip (PostgreSQL)
         return at_once
     if not store.send_signal(workflow_id, name, data, idempotency_key, now, tell=False):
         return Woken(False)  # a duplicate: it woke nothing
-    woken = take_woken(store, workflow_id, now, claim)
+    woken = _take_woken_verbs(store, workflow_id, now, claim)
     if woken.taken is None:
         store.tell_signal(workflow_id, name)
     return woken
@@ -591,8 +597,17 @@ def take_woken(store: base.Store, workflow_id: str, now: float, claim: Claimer) 
     (``receive_parked_signal`` at the new epoch), so its re-run replays the wait from
     the journal instead of committing it: one commit less on a signal's wake-up. It is
     the state a re-run that received the signal and then crashed would have left. The
-    receive is the op's last call (``ends_with``): PostgreSQL sends it with COMMIT.
+    receive is the op's last call (``ends_with``): PostgreSQL sends it with COMMIT, or
+    does all of it in one round trip (``Store.take_at_once``).
     """
+    at_once = store.take_at_once(*_at_once_args(workflow_id, None, now, claim))
+    if at_once is not None:
+        return at_once
+    return _take_woken_verbs(store, workflow_id, now, claim)
+
+
+def _take_woken_verbs(store: base.Store, workflow_id: str, now: float, claim: Claimer) -> Woken:
+    """``take_woken`` verb by verb."""
     taken = store.claim_woken(*_claim_args(workflow_id, now, claim))
     if taken is None:
         return Woken(True)

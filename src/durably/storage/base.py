@@ -537,24 +537,27 @@ class Store(abc.ABC):
         workflow in the same transaction, or else sends it with :meth:`tell_signal`.
         """
 
-    def send_signal_and_take(
+    def take_at_once(
         self,
         workflow_id: str,
-        name: str,
-        payload: str,
-        idempotency_key: str | None,
+        signal: tuple[str, str, str | None] | None,
         now: float,
         owner: str,
         runnable: Sequence[Runnable],
         lease_expires_at: float,
         same_code: Mapping[str, str] | None,
     ) -> Woken | None:
-        """A signal's send (``send_signal(tell=False)``), the claim of the workflow it
-        woke (``claim_woken``), its journal and the receive of the signal wait it is
-        parked on, committed together in one round trip where the store can; None where
-        it cannot, having done nothing: the caller then calls those verbs one by one
-        (``operations.take_woken``). A duplicate signal may still take a workflow that was
-        due (``sent`` False): it is then run. The wake-up is sent where none was taken."""
+        """The wake-up of a workflow committed in one round trip where the store can; None
+        where it cannot, having done nothing: the caller then calls the verbs one by one
+        (``operations.take_woken``).
+
+        The ``signal`` given (name, payload, idempotency key) is kept first
+        (``send_signal(tell=False)``); then the workflow is claimed (``claim_woken``), its
+        journal read, and the signal wait it is parked on, if that is all it waits for,
+        received (``receive_parked_signal``). A signal kept whose workflow was not taken
+        is told to the other executors. A duplicate signal may still take a workflow
+        that was due (``sent`` False): the caller then runs it.
+        """
         return None
 
     @abc.abstractmethod

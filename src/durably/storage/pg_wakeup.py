@@ -1,31 +1,31 @@
-"""A signal's wake-up on PostgreSQL in one round trip: the send, the claim, the receive.
+"""A workflow's wake-up on PostgreSQL in one round trip: the signal, the claim, the receive.
 
 An engine that sends a signal to a workflow parked on it, which it can run, takes the
-workflow in the same commit (``operations.send_signal_and_claim``). Verb by verb that is
-two round trips: BEGIN with the signal kept, the claim and the journal read, then the
-receive of the parked wait with COMMIT, whose arguments come from that journal. Here
-the server finds the wait itself (``receive_taken_signal`` in queries.sql), so BEGIN,
-the four statements and COMMIT go in one pipeline of libpq's (``pg_direct``), and the
-Python reads what they did instead of deciding it. A part of
+workflow in the same commit (``operations.send_signal_and_claim``); an engine told of a
+signal sent elsewhere claims the workflow by id (``operations.take_woken``). Verb by
+verb each is two round trips: BEGIN with the signal kept, the claim and the journal
+read, then the receive of the parked wait with COMMIT, whose arguments come from that
+journal. Here the server finds the wait itself (``receive_taken_signal`` in
+queries.sql), so BEGIN, the statements and COMMIT go in one pipeline of libpq's
+(``pg_direct``), and the Python reads what they did instead of deciding it. A part of
 :class:`~durably.storage.postgres.PostgresStore`, kept apart from its connections.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from durably.storage import base, claims, pg_ahead, pg_statements, rows
 
 
 class WakeupVerbs(pg_ahead.AheadBatches):
-    """``send_signal_and_take`` in one round trip."""
+    """``take_at_once`` in one round trip."""
 
-    def send_signal_and_take(
+    def take_at_once(
         self,
         workflow_id: str,
-        name: str,
-        payload: str,
-        idempotency_key: str | None,
+        signal: tuple[str, str, str | None] | None,
         now: float,
         owner: str,
         runnable: Sequence[base.Runnable],
@@ -43,24 +43,32 @@ class WakeupVerbs(pg_ahead.AheadBatches):
             return None
         if self._temp_tables().runnable != claims.runnable_rows(runnable, same_code):
             return None
-        keep = self._keep_signal_params(workflow_id, name, payload, idempotency_key, now, False)
         claim = pg_statements.claim_woken_params(owner, workflow_id, lease_expires_at, now)
-        take = {**claim, "name": name, "channel": self.channel, "wakeup": keep["wakeup"]}
         queries = self._queries
+        first: list[tuple[str, dict[str, Any]]] = []
+        told = {"name": "", "channel": self.channel, "wakeup": ""}  # no signal: no one told
+        if signal is not None:
+            name, payload, key = signal
+            keep = self._keep_signal_params(workflow_id, name, payload, key, now, False)
+            first.append((queries["keep_signal"], keep))
+            told = {"name": name, "channel": self.channel, "wakeup": keep["wakeup"]}
         direct = self._direct(self.conn)
         results = direct.transaction(
             [
-                (queries["keep_signal"], keep),
+                *first,
                 (queries["claim_woken"], claim),
-                (queries["receive_taken_signal"], take),
+                (queries["receive_taken_signal"], {**claim, **told}),
                 (queries["load_history"], {"workflow_id": workflow_id}),
             ]
         )
         if results is None:  # what psycopg must send: the verbs go one by one
             return None
         session.begin_pending = False  # BEGIN went with them, and COMMIT: all is committed
-        kept_row, claimed, received, journal_rows = (direct.answer(r) for r in results)
-        sent = self._signal_sent(workflow_id, name, self._kept(workflow_id, kept_row.fetchone()))
+        *kept, claimed, received, journal_rows = [direct.answer(r) for r in results]
+        sent = True
+        if signal is not None:  # (raises where the workflow is unknown or has ended)
+            found_kept = self._kept(workflow_id, kept[0].fetchone())
+            sent = self._signal_sent(workflow_id, signal[0], found_kept)
         found = claims.taken(rows.every(claimed))
         if not found:
             return base.Woken(sent)
