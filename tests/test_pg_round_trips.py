@@ -482,7 +482,7 @@ def test_an_answer_out_of_a_statement_sent_for_several_reads_as_a_cursor(
         for i in infos
     ]
     planned = [
-        [pg_statements.Ahead(pg_store._queries[query], params, read=False)]
+        [pg_statements.Ahead(pg_store._queries[query], params)]
         for _, query, params in map(pg_store._statement_ahead, ops)
     ]
     conn = pg_store.conn
@@ -1567,7 +1567,7 @@ def test_a_statement_after_the_promised_last_one_is_refused(pg_store: Any) -> No
     wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, None)
     db.send_signal("wf-1", "go", '"x"', None, NOW)
 
-    @base.calls_first(lambda: [], ends_with="receive_parked_signal")
+    @base.ends_with("receive_parked_signal")
     def receive_then_read() -> Any:
         pg_store.append_entries("wf-1", info.epoch, [step(0)], NOW)
         got = pg_store.receive_parked_signal("wf-1", info.epoch, wait, NOW)

@@ -516,12 +516,6 @@ def _claim_args(workflow_id: str, now: float, claim: Claimer) -> tuple[Any, ...]
     return (claim.owner, workflow_id, claim.runnable, lease_expires_at, now, claim.same_code)
 
 
-def _claim_calls(workflow_id: str, now: float, claim: Claimer) -> list[base.VerbCall]:
-    """The claim, then the journal's read (``_take_woken_verbs``'s first calls)."""
-    return [("claim_woken", _claim_args(workflow_id, now, claim), {}),
-            ("load_history", (workflow_id,), {})]  # fmt: skip
-
-
 def _at_once_args(
     workflow_id: str, signal: tuple[str, str, str | None] | None, now: float, claim: Claimer
 ) -> tuple[Any, ...]:
@@ -531,38 +525,7 @@ def _at_once_args(
             claim.same_code)  # fmt: skip
 
 
-def _at_once(
-    workflow_id: str, signal: tuple[str, str, str | None] | None, now: float, claim: Claimer
-) -> base.VerbCall:
-    """The call of ``Store.take_at_once`` an op plans first."""
-    return ("take_at_once", _at_once_args(workflow_id, signal, now, claim), {})
-
-
-def _take_woken_calls(
-    store: base.Store, workflow_id: str, now: float, claim: Claimer
-) -> list[base.VerbCall]:
-    """What ``take_woken`` calls first: all of it at once where the store can, else the
-    claim, then the journal's read."""
-    return [_at_once(workflow_id, None, now, claim), *_claim_calls(workflow_id, now, claim)]
-
-
-def _send_and_claim_calls(
-    store: base.Store,
-    workflow_id: str,
-    name: str,
-    data: str,
-    idempotency_key: str | None,
-    now: float,
-    claim: Claimer,
-) -> list[base.VerbCall]:
-    """What ``_send_and_claim`` calls first: all of it at once where the store can, else
-    the signal, then the claim and the journal's read."""
-    at_once = _at_once(workflow_id, (name, data, idempotency_key), now, claim)
-    send = ("send_signal", (workflow_id, name, data, idempotency_key, now), {"tell": False})
-    return [at_once, send, *_claim_calls(workflow_id, now, claim)]
-
-
-@base.calls_first(_send_and_claim_calls, ends_with="receive_parked_signal")
+@base.ends_with("receive_parked_signal")
 def _send_and_claim(
     store: base.Store,
     workflow_id: str,
@@ -589,7 +552,7 @@ def _send_and_claim(
     return woken
 
 
-@base.calls_first(_take_woken_calls, ends_with="receive_parked_signal")
+@base.ends_with("receive_parked_signal")
 def take_woken(store: base.Store, workflow_id: str, now: float, claim: Claimer) -> Woken:
     """``claim_woken`` and, if it took the workflow, its journal: one op, one transaction.
 

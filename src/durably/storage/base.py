@@ -60,43 +60,23 @@ def is_one_read(fn: Callable[..., Any]) -> bool:
     return bool(_marked(fn, "one_read", False))
 
 
-#: A call of a verb by name: (the verb's name, its positional arguments, its keywords).
-VerbCall = tuple[str, tuple[Any, ...], dict[str, Any]]
-
-
-def calls_first(
-    planner: Callable[..., list[VerbCall]], *, ends_with: str | None = None
-) -> Callable[[_Verb], _Verb]:
-    """Mark a function of verbs (an op that is not one verb) with ``planner``: given the
-    op's arguments, the verbs it calls first, in order, when nothing surprises it.
-
-    A store whose statements are round trips may send their statements ahead, pipelined
-    with BEGIN, and must check each against what the function then sends: the plan is a
-    guess, never an instruction (``pg_ahead.AheadBatches._run_ahead``).
-
-    ``ends_with`` names a verb the function calls last whenever it calls it, a promise,
-    not a guess: alone in its batch, a store may send that verb's statement with COMMIT
-    (``pg_statements.OneStatementVerbs._ending``), and refuses any statement after it."""
+def ends_with(verb: str) -> Callable[[_Verb], _Verb]:
+    """Mark a function of verbs (an op that is not one verb) with the verb it calls last
+    whenever it calls it, a promise: alone in its batch, a store may send that verb's
+    statement with COMMIT (``pg_statements.OneStatementVerbs._ending``), and refuses any
+    statement after it."""
 
     def mark(fn: _Verb) -> _Verb:
-        fn.calls_first = planner  # type: ignore[attr-defined]
-        fn.ends_with = ends_with  # type: ignore[attr-defined]
+        fn.ends_with = verb  # type: ignore[attr-defined]
         return fn
 
     return mark
 
 
 def ending_verb(fn: Callable[..., Any]) -> str | None:
-    """The verb ``fn`` promises to call last (``calls_first``'s ``ends_with``), if any."""
+    """The verb ``fn`` promises to call last (:func:`ends_with`), if any."""
     ending: str | None = _marked(fn, "ends_with", None)
     return ending
-
-
-def planned_calls(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[VerbCall]:
-    """The verb calls ``fn`` (marked with :func:`calls_first`) plans for ``args``; none
-    for any other function."""
-    planner = _marked(fn, "calls_first", None)
-    return [] if planner is None else planner(*args)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

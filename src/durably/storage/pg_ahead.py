@@ -1,9 +1,9 @@
 """PostgreSQL batches whose first statements are sent ahead, pipelined with BEGIN.
 
 Every statement to a server is a round trip. Where a batch's first statements are known
-before its ops run (a group commit's one statement per workflow, or the plan a function
-of verbs carries: ``base.calls_first``), they go with BEGIN in one pipeline, and each op
-then finds its statement's answer waiting instead of sending it. The pipeline is
+before its ops run (a group commit's one statement per workflow), they go with BEGIN in
+one pipeline, and each op then finds its statement's answer waiting instead of sending
+it. The pipeline is
 libpq's (``pg_direct.Direct.begin_with``: one wait for all); where that declines, it is
 psycopg's, where a query many ops of a group commit share goes as one ``executemany``
 (a wait more in the pipeline, ``_send``). The plan is checked, never trusted: an op
@@ -79,15 +79,11 @@ class AheadBatches(pg_statements.OneStatementVerbs):
         arguments and the ops are of different workflows (``_statement_ahead``). A
         finish's statement here is ``finish_and_wake``, which wakes its parent itself: a
         parent's row is locked with the finish (in the batch's order, or with the other
-        finishes: ``_send``), not after every op. One op: the first
-        statements of a function of verbs with a plan (``_statements_ahead``: a signal's
-        send, the claim it makes and the journal it reads).
+        finishes: ``_send``), not after every op. One op alone sends its own first
+        statement with BEGIN anyway (``PostgresStore._send_first``); a wake-up is one
+        round trip of its own (``pg_wakeup``).
         """
-        if len(ops) == 1:  # one verb (a step's commit) has no plan: nothing more is looked at
-            calls = base.planned_calls(ops[0].fn, ops[0].args)
-            alone = self._statements_ahead(calls) if calls and self._connected() else None
-            return None if alone is None else [alone]
-        if not ops or not self._connected():
+        if len(ops) < 2 or not self._connected():
             return None
         planned: list[list[pg_statements.Ahead]] = []
         seen: set[str] = set()
@@ -96,7 +92,7 @@ class AheadBatches(pg_statements.OneStatementVerbs):
             if ahead is None or ahead[0] in seen:
                 return None
             seen.add(ahead[0])
-            planned.append([pg_statements.Ahead(self._queries[ahead[1]], ahead[2], read=False)])
+            planned.append([pg_statements.Ahead(self._queries[ahead[1]], ahead[2])])
         return planned
 
     def _connected(self) -> bool:
@@ -110,14 +106,12 @@ class AheadBatches(pg_statements.OneStatementVerbs):
         with BEGIN: two round trips (that and COMMIT) where each statement was one more
         (and one per ``executemany``, ``_send``).
 
-        Each op must then send its planned statements first, in order (a planned read it
-        does not send is dropped); its later statements (rare in a group commit: entries
-        after the first, an error's details) follow in the same transaction. False, with
-        nothing left done, where a verb sent another statement before a planned write,
-        or left one unsent: the batch then runs as usual. An op that fails undoes all, as
-        in ``SqlBase.run_batch``, and the batch runs again guarded; an op alone in its
-        batch fails with its error, as ``_run_alone`` would (everything planned was
-        answered without error, or the pipeline itself would have failed: as usual).
+        Each op must then send its planned statements first, in order; its later
+        statements (rare in a group commit: entries after the first, an error's details)
+        follow in the same transaction. False, with nothing left done, where a verb sent
+        another statement before a planned one, or left one unsent: the batch then runs
+        as usual. An op that fails undoes all, as in ``SqlBase.run_batch``, and the batch
+        runs again guarded.
         """
         if not self._begin_batch(ops):
             return True  # every op failed with why
@@ -138,19 +132,13 @@ class AheadBatches(pg_statements.OneStatementVerbs):
             for op, ahead in zip(ops, sent, strict=True):
                 session.ahead = ahead
                 op.result = op.fn(*op.args)
-                if any(not a.read for a, _ in session.ahead):
-                    raise Unplanned  # a write the op did not send: not what was planned
+                if session.ahead:
+                    raise Unplanned  # a statement the op did not send: not what was planned
         except Unplanned:
-            # (raised before anything went with COMMIT: the op's last statement sent with
-            # COMMIT first takes every planned one, ``_sent_ahead``, or raises this)
-            assert not session.ended, "a batch rolled back to run again after its COMMIT"
             self._undo(ops)
             return False
-        except Exception as exc:
+        except Exception:
             self._undo(ops)
-            if len(ops) == 1:  # its own error (what it planned was sent and answered): kept
-                ops[0].error = self._translate(exc)
-                return True
             if self._begin_batch(ops):
                 self._run_guarded(ops)
             return True
@@ -162,17 +150,15 @@ class AheadBatches(pg_statements.OneStatementVerbs):
     def _sent_ahead(self, sql_text: str, params: Mapping[str, Any] | None) -> Any:
         """The cursor of this statement if it was sent ahead (``_run_ahead``), else None.
 
-        Raises Unplanned where the op sends a statement before a planned write it skips;
-        a planned read the op no longer wants (what it found sent it elsewhere) is dropped.
+        Raises Unplanned where the op sends another statement before a planned one.
         """
         ahead = self._session.ahead
-        while ahead:
-            planned, cursor = ahead.pop(0)
-            if sql_text is planned.sql_text and params == planned.params:
-                return cursor
-            if not planned.read:
-                raise Unplanned
-        return None
+        if not ahead:
+            return None
+        planned, cursor = ahead.pop(0)
+        if sql_text is planned.sql_text and params == planned.params:
+            return cursor
+        raise Unplanned
 
     def _undo(self, ops: Sequence[base.Op]) -> None:
         """Roll the batch's transaction back (a broken connection is dropped: the next

@@ -24,19 +24,17 @@ _WORK = sqlbase.encode_wakeup(base.Wakeup("work"))
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Ahead:
-    """A statement a verb is planned to send first, to be sent ahead of it
-    (``OneStatementVerbs._statements_ahead``); ``read``: it writes nothing, so a verb
-    that does not send it after all changes nothing by it."""
+    """A statement an op of a group commit is planned to send first, to be sent ahead of
+    it (``OneStatementVerbs._statement_ahead``, ``pg_ahead``)."""
 
     sql_text: str
     params: dict[str, Any]
-    read: bool
 
 
 def claim_woken_params(
     owner: str, workflow_id: str, lease_expires_at: float, now: float
 ) -> dict[str, Any]:
-    """The parameters of ``claim_woken`` (``_claim_woken``, ``_statements_ahead``)."""
+    """The parameters of ``claim_woken`` (``_claim_woken``, ``pg_wakeup``)."""
     return {"owner": owner, "workflow_id": workflow_id, "lease_expires_at": lease_expires_at,
             "now": now}  # fmt: skip
 
@@ -79,7 +77,7 @@ class OneStatementVerbs(sql.SqlStore):
     @contextlib.contextmanager
     def _ending(self, verb: str) -> Iterator[None]:
         """Around the one statement of ``verb``, where the batch's one op promised to call
-        it last (``base.calls_first``'s ``ends_with``): the statement is sent with COMMIT,
+        it last (``base.ends_with``): the statement is sent with COMMIT,
         pipelined, and the transaction ends with it: a round trip less. If it fails, the
         COMMIT is not applied and the batch is rolled back as usual."""
         session = self._session
@@ -137,43 +135,6 @@ class OneStatementVerbs(sql.SqlStore):
                 return None
             params = claims.workflow_params(new, owner, lease_expires_at, now)
             return new.workflow_id, "create_owned_workflow", params
-        return None
-
-    def _statements_ahead(self, calls: list[base.VerbCall]) -> list[Ahead] | None:
-        """The statements a function of verbs sends first, as far as they can be told from
-        the ``calls`` it plans (``base.calls_first``): each verb call as the statement it
-        sends first (a read may be left unsent: its answer is then dropped). None for a
-        plan of less than two statements (BEGIN goes with the first statement anyway).
-        PostgresStore pipelines them with BEGIN: one round trip."""
-        planned: list[Ahead] = []
-        for verb, args, keywords in calls:
-            ahead = self._verb_statement(verb, args, keywords)
-            if ahead is None:
-                break  # what follows depends on what this verb will find
-            planned.append(ahead)
-        return planned if len(planned) > 1 else None
-
-    def _verb_statement(
-        self, verb: str, args: tuple[Any, ...], keywords: dict[str, Any]
-    ) -> Ahead | None:
-        """The one statement ``verb`` called with these arguments sends first, if it can be
-        told from them: (the query, its parameters, whether it only reads)."""
-        if verb == "send_signal":  # keep_signal, whatever the signal finds
-            workflow_id, name, payload, idempotency_key, now = args
-            tell = keywords.get("tell", True)
-            params = self._keep_signal_params(
-                workflow_id, name, payload, idempotency_key, now, tell
-            )
-            return Ahead(self._queries["keep_signal"], params, read=False)
-        if verb == "claim_woken":  # one statement once the connection holds its runnable set
-            owner, workflow_id, runnable, lease_expires_at, now, same_code = args
-            if self._temp_tables().runnable != claims.runnable_rows(runnable, same_code):
-                return None
-            params = claim_woken_params(owner, workflow_id, lease_expires_at, now)
-            return Ahead(self._queries["claim_woken"], params, read=False)
-        if verb == "load_history":
-            (workflow_id,) = args
-            return Ahead(self._queries["load_history"], {"workflow_id": workflow_id}, read=True)
         return None
 
     def _claim_and_record(self, **params: Any) -> journal.WorkflowInfo | None:
@@ -344,7 +305,7 @@ class OneStatementVerbs(sql.SqlStore):
         now: float,
         tell: bool,
     ) -> dict[str, Any]:
-        """The parameters of ``keep_signal`` (``_keep_signal``, ``_statements_ahead``)."""
+        """The parameters of ``keep_signal`` (``_keep_signal``, ``pg_wakeup``)."""
         wakeup = sqlbase.encode_wakeup(base.Wakeup("signal", workflow_id, name))
         return {"workflow_id": workflow_id, "name": name, "payload": payload,
                 "idempotency_key": idempotency_key, "now": now, "channel": self.channel,
