@@ -24,7 +24,7 @@ from psycopg import sql as pgsql
 
 import durably
 from durably import errors, journal
-from durably.storage import base, create_store, pg_ahead, pg_direct, pg_statements, rows
+from durably.storage import base, create_store, pg_ahead, pg_direct, pg_statements, postgres, rows
 from tests.test_store import (
     LEASE,
     NOW,
@@ -1463,6 +1463,29 @@ def test_a_duplicate_signal_takes_a_workflow_that_was_due_and_tells_no_one(
     finally:
         listener.close()
     assert [(s["payload"], s["consumed_seq"]) for s in db.list_signals("due")] == [('"first"', 1)]
+
+
+def test_a_wake_up_on_a_connection_the_server_closed_while_idle_connects_again(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """A connection the server ended while it sat idle (a restart, an idle timeout) is
+    seen before the one round trip is sent: the wake-up goes verb by verb on a new
+    connection, as any batch's first statement does, and the signal is kept once."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")
+    db.run(operations._send_and_claim, pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    parked_on_signal(db, "a")
+    before = pg_store.conn.info.backend_pid
+    url, _ = postgres.split_schema(postgres_url)
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", (before,))
+    time.sleep(0.2)  # its FATAL message is on the socket
+    woken = db.run(operations._send_and_claim, pg_store, "a", "go", '"x"', None, NOW, claimer())
+    assert pg_store.conn.info.backend_pid != before  # connected again
+    assert woken.sent and woken.taken is not None and woken.received is not None
+    assert [(s["payload"], s["consumed_seq"]) for s in db.list_signals("a")] == [('"x"', 1)]
 
 
 def test_a_last_statement_that_fails_with_its_commit_leaves_nothing_committed(

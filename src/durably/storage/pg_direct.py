@@ -202,6 +202,19 @@ class Direct:
             self._prepared.clear()
             return self._pipeline(bound, begin=True, commit=commit)
 
+    def lost(self) -> bool:
+        """Whether the server closed the connection while it was idle (a restart, an
+        idle timeout): what it sent then is read here without waiting. Nothing sent on
+        such a connection would have run, so a caller may send it on a new one instead;
+        one that fails once sent may have committed."""
+        pgconn = self._pgconn
+        try:
+            for _ in range(2):  # the server's last message, then the end of the stream
+                pgconn.consume_input()
+        except psycopg.OperationalError:
+            return True
+        return pgconn.status != _OK
+
     def _bind_all(self, statements: Sequence[tuple[Any, Any]]) -> list[_Bound] | None:
         """Each statement bound, from an idle connection, room made for those not yet
         prepared; None where psycopg must send one of them."""

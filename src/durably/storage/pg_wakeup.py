@@ -53,6 +53,8 @@ class WakeupVerbs(pg_ahead.AheadBatches):
             first.append((queries["keep_signal"], keep))
             told = {"name": name, "channel": self.channel, "wakeup": keep["wakeup"]}
         direct = self._direct(self.conn)
+        if direct.lost():  # closed by the server while idle: the verbs connect again
+            return None
         results = direct.transaction(
             [
                 *first,
@@ -64,7 +66,9 @@ class WakeupVerbs(pg_ahead.AheadBatches):
         if results is None:  # what psycopg must send: the verbs go one by one
             return None
         session.begin_pending = False  # BEGIN went with them, and COMMIT: all is committed
+        session.ended = True  # an answer that fails to load fails after the commit
         *kept, claimed, received, journal_rows = [direct.answer(r) for r in results]
+        session.ended = False  # what follows raises only where nothing was written
         sent = True
         if signal is not None:  # (raises where the workflow is unknown or has ended)
             found_kept = self._kept(workflow_id, kept[0].fetchone())
