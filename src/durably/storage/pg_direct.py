@@ -281,6 +281,14 @@ class Direct:
             prepared.clear()
         return len(prepared) + len(new) <= PREPARED_MAX
 
+    def _used(self, key: tuple[str, tuple[int, ...]]) -> bytes | None:
+        """The name ``key`` is prepared under, if it is, made the most recently used (the
+        last ``_room_for`` deallocates)."""
+        name = self._prepared.pop(key, None)
+        if name is not None:
+            self._prepared[key] = name
+        return name
+
     def _new_name(self) -> bytes:
         name = b"durably_%d" % self._made
         self._made += 1
@@ -289,10 +297,8 @@ class Direct:
     def _sending(self, bound: _Bound) -> Any:
         """What sends ``bound`` alone (prepared first if it is not yet), for ``_result``."""
         pgconn = self._pgconn
-        name = self._prepared.pop(bound.key, None)
-        if name is not None:
-            self._prepared[bound.key] = name  # the most recently used: evicted last
-        else:
+        name = self._used(bound.key)
+        if name is None:
             name = self._new_name()
             self._result(
                 _sent(pgconn, pgconn.send_prepare, name, bound.query, param_types=bound.types)
@@ -316,13 +322,8 @@ class Direct:
         slots: list[Any] = [None] if begin else []  # each answer's: BEGIN, a name, a place
         naming: dict[tuple[str, tuple[int, ...]], bytes] = {}
         commands: list[tuple[bool, bytes, Any, Any]] = []  # (prepare?, name, what, how)
-        prepared = self._prepared
         for place, one in enumerate(bound):
-            name = prepared.pop(one.key, None)
-            if name is not None:
-                prepared[one.key] = name  # the most recently used: evicted last
-            else:
-                name = naming.get(one.key)
+            name = self._used(one.key) or naming.get(one.key)
             if name is None:
                 name = naming[one.key] = self._new_name()
                 commands.append((True, name, one.query, one.types))

@@ -37,7 +37,7 @@ class WakeupVerbs(pg_ahead.AheadBatches):
         # set (the claim is then one statement): else the verbs go one by one, and the
         # claim writes it for the next time.
         session = self._session
-        if not (session.one_op and session.begin_pending and not session.ahead):
+        if not (session.one_op and session.begin_pending):
             return None
         if not self._connected():
             return None
