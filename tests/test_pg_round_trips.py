@@ -1300,6 +1300,33 @@ def test_a_signal_whose_claim_takes_nothing_is_still_kept_and_told(pg_store: Any
     assert pg_store.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
+def test_a_wake_up_receives_only_into_a_workflow_its_own_claim_took(pg_store: Any) -> None:
+    """The one round trip receives a signal only where this transaction's claim took the
+    workflow, whatever the row's owner and lease say: a workflow this engine already runs,
+    holding its signal wait in memory, with the very owner and lease this claim would set
+    (one clock reading for both, as a frozen test clock gives), is left to its run: the
+    claim takes nothing, the wait stays open and the signal unconsumed for the run to
+    receive, as the verbs one by one leave it."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")  # the first claim on a connection writes its runnable set
+    db.run(operations._send_and_claim, pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    info = owned(db, "held", owner="ex-b")  # running here, lease NOW + LEASE: the claim's
+    wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, None)
+    db.append_entries("held", info.epoch, [wait], NOW)  # held in memory, not parked
+    op = base.Op(
+        operations._send_and_claim, (pg_store, "held", "go", '"x"', None, NOW, claimer()), True
+    )
+    sent = traced(pg_store, [op])
+    assert op.error is None, op.error
+    assert len(sent) == 1, sent  # the one round trip answered (not the verbs one by one)
+    assert op.result.sent and op.result.taken is None
+    assert db.load_history("held") == [wait]  # the run's wait, still open
+    assert [s["consumed_seq"] for s in db.list_signals("held")] == [None]
+    assert db.get_workflow("held").epoch == info.epoch
+
+
 def test_a_woken_workflows_claim_and_journal_are_one_round_trip(pg_store: Any) -> None:
     """The recovery loop's direct claim of a workflow woken by another process's signal:
     BEGIN, the claim, the receive, the journal's read and COMMIT in one round trip, and

@@ -46,12 +46,12 @@ class WakeupVerbs(pg_ahead.AheadBatches):
         claim = pg_statements.claim_woken_params(owner, workflow_id, lease_expires_at, now)
         queries = self._queries
         first: list[tuple[str, dict[str, Any]]] = []
-        told = {"name": "", "channel": self.channel, "wakeup": ""}  # no signal: no one told
+        told = {"channel": self.channel, "wakeup": ""}  # no signal kept here: no one told
         if signal is not None:
             name, payload, key = signal
             keep = self._keep_signal_params(workflow_id, name, payload, key, now, False)
             first.append((queries["keep_signal"], keep))
-            told = {"name": name, "channel": self.channel, "wakeup": keep["wakeup"]}
+            told = {"channel": self.channel, "wakeup": keep["wakeup"]}
         direct = self._direct(self.conn)
         if direct.lost():  # closed by the server while idle: the verbs connect again
             return None

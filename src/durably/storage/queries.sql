@@ -738,13 +738,16 @@ FROM fence CROSS JOIN settled LEFT JOIN next ON TRUE
 -- (cancellation.asked): the wait written completed with the oldest signal of its name
 -- not yet received, the signal consumed by it and the crashes counted in a row ended, as
 -- fence_and_receive_signal writes them. Where the claim took nothing and this
--- transaction kept a signal (sent at :now), the wake-up notification, as tell_signal
--- sends it. Returns the wait's seq and the payload received (NULL: nothing received),
--- and whether it told.
+-- transaction kept a signal, the wake-up notification, as tell_signal sends it. Returns
+-- the wait's seq and the payload received (NULL: nothing received), and whether it told.
+-- "This transaction's" is read from the rows' xmin: the claim's record of the workflow's
+-- epoch now, the workflow's newest signal. An owner, lease and time the row holds could
+-- be an earlier claim's or send's at the same clock reading (a frozen test clock).
 WITH claimed AS (
-    SELECT cancel_requested, deadline_at FROM workflows
-    WHERE workflow_id = :workflow_id AND owner = :owner
-      AND lease_expires_at = :lease_expires_at AND status = 'running'
+    SELECT w.cancel_requested, w.deadline_at FROM workflows w
+    JOIN claims c ON c.workflow_id = w.workflow_id AND c.epoch = w.epoch
+    WHERE w.workflow_id = :workflow_id AND w.owner = :owner AND w.status = 'running'
+      AND c.xmin = pg_current_xact_id_if_assigned()::xid
 ), last AS (
     SELECT seq, kind, name, status FROM journal
     WHERE workflow_id = :workflow_id
@@ -784,8 +787,9 @@ WITH claimed AS (
 ), told AS (
     SELECT pg_notify(:channel, :wakeup)
     WHERE NOT EXISTS (SELECT 1 FROM claimed)
-      AND EXISTS (SELECT 1 FROM signals
-                  WHERE workflow_id = :workflow_id AND name = :name AND sent_at = :now)
+      AND EXISTS (SELECT 1 FROM (SELECT xmin FROM signals WHERE workflow_id = :workflow_id
+                                 ORDER BY num DESC LIMIT 1) AS newest
+                  WHERE newest.xmin = pg_current_xact_id_if_assigned()::xid)
 )
 SELECT (SELECT seq FROM written), (SELECT payload FROM next WHERE EXISTS (SELECT 1 FROM written)),
        (SELECT COUNT(*) FROM told)
