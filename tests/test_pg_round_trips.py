@@ -1853,3 +1853,49 @@ def test_a_fence_finds_its_row_by_the_key_while_statistics_say_none_is_owned(
         assert "workflows_by_owner" not in plan, plan
         assert "Index Scan using workflows_pkey on workflows" in plan, plan
     assert db.load_history("wf-1") == []  # the write EXPLAIN ANALYZE ran, rolled back
+
+
+def test_a_wake_ups_receive_reads_its_workflow_by_key_and_only_the_open_entries(
+    pg_store: Any,
+) -> None:
+    """The one-round-trip receive (``receive_taken_signal``) finds its workflow by the
+    primary key, however many run (not through ``workflows_by_status``, all the running
+    ones), and checks that the entries before the wait are final through the open
+    entries' index (``journal_open``), not by reading every entry of a long journal.
+    Here 5,000 workflows run elsewhere, analyzed, and the woken one has 2,000 steps."""
+    from durably.storage import claims
+
+    conn = pg_store.conn
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO workflows (workflow_id, name, status, input, owner, epoch, "
+            "created_at, updated_at) SELECT 'old-' || n, 'refund', 'running', '[]', "
+            "'ex-a', 1, %s, %s FROM generate_series(1, 5000) AS n",
+            (NOW, NOW),
+        )
+    db = Verbs(pg_store)
+    info = owned(db, "long")
+    db.append_entries("long", info.epoch, [step(n) for n in range(1, 2001)], NOW)
+    wait = journal.Entry(2001, "signal", "go", "started", 1, None, NOW, None, None)
+    db.park("long", info.epoch, "waiting", None, [wait], ["go"], [], NOW)
+    db.send_signal("long", "go", '"x"', None, NOW)
+    conn.execute("ANALYZE workflows")
+    conn.execute("ANALYZE journal")
+    claim = pg_statements.claim_woken_params("ex-b", "long", NOW + LEASE, NOW)
+    with conn.transaction(force_rollback=True):  # (EXPLAIN ANALYZE runs the writes)
+        pg_store._fill_runnable(claims.runnable_rows(RUNNABLE, None))
+        taken = conn.execute(pg_store._queries["claim_woken"], claim).fetchall()
+        assert len(taken) == 1 and taken[0][1] == "long", taken
+        explained = conn.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF) " + pg_store._queries["receive_taken_signal"],
+            {**claim, "channel": pg_store.channel, "wakeup": ""},
+        )
+        plan = "\n".join(row[0] for row in explained)
+        received = conn.execute(
+            "SELECT status FROM journal WHERE workflow_id = 'long' AND seq = 2001"
+        ).fetchone()
+        assert received == ("completed",), plan  # it received, in this transaction
+    assert "workflows_by_status" not in plan, plan
+    assert "Index Scan using workflows_pkey on workflows w" in plan, plan
+    assert "journal_open" in plan, plan
+    assert db.load_history("long")[-1] == wait  # EXPLAIN ANALYZE's writes, rolled back

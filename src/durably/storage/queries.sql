@@ -743,10 +743,17 @@ FROM fence CROSS JOIN settled LEFT JOIN next ON TRUE
 -- "This transaction's" is read from the rows' xmin: the claim's record of the workflow's
 -- epoch now, the workflow's newest signal. An owner, lease and time the row holds could
 -- be an earlier claim's or send's at the same clock reading (a frozen test clock).
+-- The workflow's row is found by its key alone (as the fence finds it: with the other terms
+-- in its WHERE, PostgreSQL may scan workflows_by_owner or workflows_by_status, every
+-- workflow this executor owns or every running one), and the entries before the wait
+-- through journal_open: the non-final statuses are exactly those it holds.
 WITH claimed AS (
-    SELECT w.cancel_requested, w.deadline_at FROM workflows w
+    SELECT w.cancel_requested, w.deadline_at FROM (
+        SELECT workflow_id, epoch, owner, status, cancel_requested, deadline_at
+        FROM workflows WHERE workflow_id = :workflow_id LIMIT 1
+    ) AS w
     JOIN claims c ON c.workflow_id = w.workflow_id AND c.epoch = w.epoch
-    WHERE w.workflow_id = :workflow_id AND w.owner = :owner AND w.status = 'running'
+    WHERE w.owner = :owner AND w.status = 'running'
       AND c.xmin = pg_current_xact_id_if_assigned()::xid
 ), last AS (
     SELECT seq, kind, name, status FROM journal
@@ -760,7 +767,7 @@ WITH claimed AS (
       AND (claimed.deadline_at IS NULL OR claimed.deadline_at > :now)
       AND NOT EXISTS (SELECT 1 FROM journal o
                       WHERE o.workflow_id = :workflow_id AND o.seq < last.seq
-                        AND o.status NOT IN ('completed', 'failed', 'timed_out'))
+                        AND o.status IN ('started', 'retrying'))
 ), next AS (
     SELECT parked.seq, s.num, s.payload
     FROM parked CROSS JOIN LATERAL (
