@@ -1795,6 +1795,46 @@ async def _begins_sent(engine: durably.Engine, steps: int) -> int:
     return begins
 
 
+@pytest.mark.parametrize(
+    ("query", "status"),
+    [
+        ("keep_lease", "running"),
+        ("cancel_unstarted", "pending"),
+        ("dequeue", "pending"),
+        ("review_decided", "needs_review"),
+    ],
+)
+def test_a_one_workflow_update_finds_its_row_by_the_key_whatever_the_statistics_say(
+    pg_store: Any, query: str, status: str
+) -> None:
+    """The updates of one workflow that also name its owner or status look the row up by
+    the primary key, never through ``workflows_by_owner`` or ``workflows_by_status``:
+    with the statistics taken while no workflow was owned or had that status (the
+    fence's trap, above), PostgreSQL planned them as a scan of every workflow an
+    executor owns, or of every one in that status. Here 5,000 such, analyzed before."""
+    conn = pg_store.conn
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO workflows (workflow_id, name, status, input, owner, epoch, "
+            "created_at, updated_at) SELECT 'old-' || n, 'refund', 'completed', '[]', "
+            "NULL, 1, %s, %s FROM generate_series(1, 5000) AS n",
+            (NOW, NOW),
+        )
+    conn.execute("ANALYZE workflows")
+    with conn.transaction():
+        conn.execute(
+            "UPDATE workflows SET status = %s, owner = 'ex-a' WHERE workflow_id LIKE 'old-%%'",
+            (status,),
+        )
+    params = {"workflow_id": "old-7", "owner": "ex-a", "epoch": 1, "now": NOW,
+              "lease_expires_at": NOW + LEASE, "error": "{}"}  # fmt: skip
+    with conn.transaction(force_rollback=True):  # (EXPLAIN ANALYZE runs the write)
+        explained = conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + pg_store._queries[query], params)
+        plan = "\n".join(row[0] for row in explained)
+    assert "workflows_by_owner" not in plan and "workflows_by_status" not in plan, plan
+    assert "Index Scan using workflows_pkey on workflows" in plan, plan
+
+
 @pytest.mark.parametrize("inline", [True, False])
 async def test_an_engines_one_step_workflow_sends_no_begin(postgres_url: str, inline: bool) -> None:
     """Through a running engine, a 1-step workflow's start, step and finish are each

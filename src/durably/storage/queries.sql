@@ -538,8 +538,10 @@ RETURNING workflow_id, epoch
 
 -- name: keep_lease
 -- Extend one lease while this owner still holds it at this epoch (the watchdog's renewal).
+-- The row is found by its key alone: "(...) IS TRUE" keeps the other terms out of the
+-- lookup, as fence does (PostgreSQL planned them as a scan of workflows_by_owner).
 UPDATE workflows SET lease_expires_at = :lease_expires_at
-WHERE workflow_id = :workflow_id AND owner = :owner AND epoch = :epoch
+WHERE workflow_id = :workflow_id AND (owner = :owner AND epoch = :epoch) IS TRUE
 
 -- name: expire_leases
 -- End every lease of an owner now (it is gone), so others recover at once.
@@ -878,7 +880,8 @@ WHERE workflow_id = :workflow_id
 UPDATE workflows
 SET status = 'cancelled', cancel_requested = 1, error = :error, wake_at = NULL,
     updated_at = :now
-WHERE workflow_id = :workflow_id AND status = 'pending' AND epoch = 0 AND owner IS NULL
+WHERE workflow_id = :workflow_id  -- by its key alone, as keep_lease
+  AND (status = 'pending' AND epoch = 0 AND owner IS NULL) IS TRUE
 RETURNING parent_id
 
 -- name: unfinished_children
@@ -900,7 +903,8 @@ WHERE workflow_id = :workflow_id
 -- Resume of a workflow still waiting on its queue: it leaves the queue (and any delay), so
 -- any executor running its code claims it now, whatever the queue's limits.
 UPDATE workflows SET queue = NULL, wake_at = NULL, updated_at = :now
-WHERE workflow_id = :workflow_id AND status = 'pending' AND queue IS NOT NULL
+WHERE workflow_id = :workflow_id  -- by its key alone, as keep_lease
+  AND (status = 'pending' AND queue IS NOT NULL) IS TRUE
 
 -- name: delete_entries_from
 -- Drop a workflow's journal from seq on.
@@ -964,7 +968,7 @@ LIMIT 1
 -- name: review_decided
 -- A review was decided: the workflow is pending again.
 UPDATE workflows SET status = 'pending', wake_at = NULL, updated_at = :now
-WHERE workflow_id = :workflow_id AND status = 'needs_review'
+WHERE workflow_id = :workflow_id AND (status = 'needs_review') IS TRUE  -- as keep_lease
 
 -- name: cancel_delivered
 -- Whether the cancellation was delivered (journaled) in the workflow.
