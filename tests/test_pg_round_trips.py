@@ -1835,6 +1835,34 @@ def test_a_one_workflow_update_finds_its_row_by_the_key_whatever_the_statistics_
     assert "Index Scan using workflows_pkey on workflows" in plan, plan
 
 
+def test_a_debounced_start_reads_its_keys_workflows_not_every_pending_one(
+    pg_store: Any,
+) -> None:
+    """A debounced start ends the earlier unstarted workflows of its queue and key through
+    ``workflows_debounced``, not through ``workflows_by_status``: a burst leaves thousands
+    pending, and statistics taken before it say none is. Here 5,000 of other keys."""
+    conn = pg_store.conn
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO workflows (workflow_id, name, status, input, epoch, queue, "
+            "debounce_key, created_at, updated_at) SELECT 'old-' || n, 'refund', "
+            "'completed', '[]', 0, 'q', 'k-' || n, %s, %s FROM generate_series(1, 5000) AS n",
+            (NOW, NOW),
+        )
+    conn.execute("ANALYZE workflows")
+    with conn.transaction():
+        conn.execute("UPDATE workflows SET status = 'pending' WHERE workflow_id LIKE 'old-%%'")
+    params = {"queue": "q", "debounce_key": "k-7", "workflow_id": "new", "now": NOW,
+              "error": "{}"}  # fmt: skip
+    with conn.transaction(force_rollback=True):  # (EXPLAIN ANALYZE runs the write)
+        explained = conn.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF) " + pg_store._queries["supersede_debounced"], params
+        )
+        plan = "\n".join(row[0] for row in explained)
+    assert "workflows_by_status" not in plan, plan
+    assert "workflows_debounced" in plan, plan
+
+
 @pytest.mark.parametrize("inline", [True, False])
 async def test_an_engines_one_step_workflow_sends_no_begin(postgres_url: str, inline: bool) -> None:
     """Through a running engine, a 1-step workflow's start, step and finish are each

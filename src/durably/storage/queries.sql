@@ -43,10 +43,13 @@ SELECT * FROM created
 -- name: supersede_debounced
 -- End, as cancelled, the workflows of a queue under a debounce key that have not started
 -- (pending, never claimed), but the one just enqueued: a debounced burst keeps its last.
+-- Found through workflows_debounced, the other terms kept out of the lookup as keep_lease
+-- keeps them (PostgreSQL planned a scan of every pending workflow of the queue).
 UPDATE workflows
 SET status = 'cancelled', error = :error, wake_at = NULL, updated_at = :now
-WHERE queue = :queue AND debounce_key = :debounce_key AND workflow_id <> :workflow_id
-  AND status = 'pending' AND owner IS NULL AND started_at IS NULL
+WHERE queue = :queue AND debounce_key = :debounce_key
+  AND (workflow_id <> :workflow_id AND status = 'pending' AND owner IS NULL
+       AND started_at IS NULL) IS TRUE
 
 -- name: deduplicated
 -- The unfinished workflow of a queue that holds this deduplication id.
@@ -880,7 +883,7 @@ WHERE workflow_id = :workflow_id
 UPDATE workflows
 SET status = 'cancelled', cancel_requested = 1, error = :error, wake_at = NULL,
     updated_at = :now
-WHERE workflow_id = :workflow_id  -- by its key alone, as keep_lease
+WHERE workflow_id = :workflow_id  -- (found by its key alone, as keep_lease is)
   AND (status = 'pending' AND epoch = 0 AND owner IS NULL) IS TRUE
 RETURNING parent_id
 
@@ -903,7 +906,7 @@ WHERE workflow_id = :workflow_id
 -- Resume of a workflow still waiting on its queue: it leaves the queue (and any delay), so
 -- any executor running its code claims it now, whatever the queue's limits.
 UPDATE workflows SET queue = NULL, wake_at = NULL, updated_at = :now
-WHERE workflow_id = :workflow_id  -- by its key alone, as keep_lease
+WHERE workflow_id = :workflow_id  -- (found by its key alone, as keep_lease is)
   AND (status = 'pending' AND queue IS NOT NULL) IS TRUE
 
 -- name: delete_entries_from
@@ -968,7 +971,8 @@ LIMIT 1
 -- name: review_decided
 -- A review was decided: the workflow is pending again.
 UPDATE workflows SET status = 'pending', wake_at = NULL, updated_at = :now
-WHERE workflow_id = :workflow_id AND (status = 'needs_review') IS TRUE  -- as keep_lease
+WHERE workflow_id = :workflow_id  -- (found by its key alone, as keep_lease is)
+  AND (status = 'needs_review') IS TRUE
 
 -- name: cancel_delivered
 -- Whether the cancellation was delivered (journaled) in the workflow.
