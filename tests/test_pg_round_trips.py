@@ -1967,3 +1967,53 @@ def test_a_wake_ups_receive_reads_its_workflow_by_key_and_only_the_open_entries(
     assert "Index Scan using workflows_pkey on workflows w" in plan, plan
     assert "journal_open" in plan, plan
     assert db.load_history("long")[-1] == wait  # EXPLAIN ANALYZE's writes, rolled back
+
+
+def _slow_keep(pg_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keep_signal as it is, plus a pause at its end: a commit elsewhere lands between its
+    snapshot and the claim's (the real window, wider; found by a second read)."""
+    text = pg_store._queries["keep_signal"]
+    slow = text.replace("), woken AS (", "), slept AS (SELECT pg_sleep(0.6) AS z\n), woken AS (")
+    slow = slow.replace(
+        "FROM workflows WHERE workflow_id = %(workflow_id)s",
+        "FROM workflows WHERE workflow_id = %(workflow_id)s"
+        " AND (SELECT z IS NULL OR true FROM slept)",
+    )
+    assert slow != text
+    monkeypatch.setitem(pg_store._queries, "keep_signal", slow)
+
+
+@pytest.mark.parametrize("verbs", [False, True], ids=["at-once", "verbs"])
+def test_a_signal_refused_as_unknown_claims_nothing_created_meanwhile(
+    pg_store: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch, verbs: bool
+) -> None:
+    """A signal to a workflow that did not exist when it was kept is refused, and the
+    claim in its transaction takes nothing, even where the workflow was created by
+    another transaction between the two statements: the one round trip took it and then
+    raised, leaving it running under a lease and no run launched."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")  # the connection's runnable set
+    db.run(operations._send_and_claim, pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    _slow_keep(pg_store, monkeypatch)
+    if verbs:
+        monkeypatch.setattr(pg_direct, "PREPARED_MAX", 0)  # Direct declines: verb by verb
+    other = create_store(postgres_url)
+    other.open()
+    try:
+
+        def start() -> None:
+            time.sleep(0.2)
+            Verbs(other).create_workflow(new("late"), None, None, NOW)  # pending, unowned
+
+        t = threading.Thread(target=start)
+        t.start()
+        with pytest.raises(errors.WorkflowNotFound):
+            db.run(operations._send_and_claim, pg_store, "late", "go", '"x"', None, NOW,
+                   claimer())  # fmt: skip
+        t.join()
+    finally:
+        other.close()
+    row = db.get_workflow("late")
+    assert (row.status, row.owner, row.epoch) == ("pending", None, 0)

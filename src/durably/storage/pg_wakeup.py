@@ -47,18 +47,20 @@ class WakeupVerbs(pg_ahead.AheadBatches):
         queries = self._queries
         first: list[tuple[str, dict[str, Any]]] = []
         told = {"channel": self.channel, "wakeup": ""}  # no signal kept here: no one told
+        take = (queries["claim_woken"], claim)
         if signal is not None:
             name, payload, key = signal
             keep = self._keep_signal_params(workflow_id, name, payload, key, now, False)
             first.append((queries["keep_signal"], keep))
             told = {"channel": self.channel, "wakeup": keep["wakeup"]}
+            take = (queries["claim_kept_woken"], {**claim, "idempotency_key": key})
         direct = self._direct(self.conn)
         if direct.lost():  # closed by the server while idle: the verbs connect again
             return None
         results = direct.transaction(
             [
                 *first,
-                (queries["claim_woken"], claim),
+                take,
                 (queries["receive_taken_signal"], {**claim, **told}),
                 (queries["load_history"], {"workflow_id": workflow_id}),
             ]
@@ -68,16 +70,16 @@ class WakeupVerbs(pg_ahead.AheadBatches):
         session.begin_pending = False  # BEGIN went with them, and COMMIT: all is committed
         session.ended = True  # an answer that fails to load fails after the commit
         *kept, claimed, received, journal_rows = [direct.answer(r) for r in results]
-        session.ended = False  # what follows raises only where nothing was written
-        sent = True
+        found = claims.taken(rows.every(claimed))
+        history = [rows.entry(r) for r in rows.every(journal_rows)] if found else []
+        seq = received.fetchone()[0]
+        session.ended = False  # what follows raises only where nothing was written: a
+        sent = True  # send refused claims nothing (claim_kept_woken)
         if signal is not None:  # (raises where the workflow is unknown or has ended)
             found_kept = self._kept(workflow_id, kept[0].fetchone())
             sent = self._signal_sent(workflow_id, signal[0], found_kept)
-        found = claims.taken(rows.every(claimed))
         if not found:
             return base.Woken(sent)
-        history = [rows.entry(r) for r in rows.every(journal_rows)]
-        seq = received.fetchone()[0]
         if seq is None or not history or history[-1].seq != seq:
             return base.Woken(sent, found[0], history)  # nothing received: the run will
         return base.Woken(sent, found[0], history, history[-1])

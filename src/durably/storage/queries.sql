@@ -348,6 +348,20 @@ WITH picked AS (
 FOR UPDATE SKIP LOCKED
 ), {{claim_picked}}
 
+-- name: claim_kept_woken
+-- PostgreSQL only: claim_woken after keep_signal in the same transaction, taking the row
+-- only where that send saw the workflow unfinished: it counted the signal on the row (the
+-- row's xmin is this transaction's) or found the key used before. A workflow created or
+-- resumed by another transaction between the two statements is not taken: the send is
+-- refused as not found or finished, as the verbs one by one refuse it, before any claim.
+WITH picked AS (
+{{claimable_woken}}
+  AND (w.xmin = pg_current_xact_id_if_assigned()::xid
+       OR EXISTS (SELECT 1 FROM signals
+                  WHERE workflow_id = :workflow_id AND idempotency_key = :idempotency_key))
+FOR UPDATE SKIP LOCKED
+), {{claim_picked}}
+
 -- name: load_claims
 -- Every change of owner of a workflow, oldest first.
 SELECT workflow_id, epoch, owner, claimed_at, previous_owner, reason
