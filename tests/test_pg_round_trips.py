@@ -1813,13 +1813,7 @@ def test_a_one_workflow_update_finds_its_row_by_the_key_whatever_the_statistics_
     fence's trap, above), PostgreSQL planned them as a scan of every workflow an
     executor owns, or of every one in that status. Here 5,000 such, analyzed before."""
     conn = pg_store.conn
-    with conn.transaction():
-        conn.execute(
-            "INSERT INTO workflows (workflow_id, name, status, input, owner, epoch, "
-            "created_at, updated_at) SELECT 'old-' || n, 'refund', 'completed', '[]', "
-            "NULL, 1, %s, %s FROM generate_series(1, 5000) AS n",
-            (NOW, NOW),
-        )
+    _five_thousand(conn, "completed", None)
     conn.execute("ANALYZE workflows")
     with conn.transaction():
         conn.execute(
@@ -1886,6 +1880,17 @@ async def test_an_engines_plain_step_commits_without_begin(postgres_url: str, in
     assert many - few <= 2, (few, many)  # not one per step
 
 
+def _five_thousand(conn: psycopg.Connection[Any], status: str, owner: str | None) -> None:
+    """Workflows old-1 to old-5000 with this status and owner, in one statement."""
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO workflows (workflow_id, name, status, input, owner, epoch, "
+            "created_at, updated_at) SELECT 'old-' || n, 'refund', %s, '[]', %s, 1, %s, "
+            "%s FROM generate_series(1, 5000) AS n",
+            (status, owner, NOW, NOW),
+        )
+
+
 def test_a_fence_finds_its_row_by_the_key_while_statistics_say_none_is_owned(
     pg_store: Any,
 ) -> None:
@@ -1897,13 +1902,8 @@ def test_a_fence_finds_its_row_by_the_key_while_statistics_say_none_is_owned(
     the benchmark's database, 896 buffers and 2.5 ms for one step's commit (issue 12,
     sixteenth pass). Here: 5,000 workflows owned and let go, analyzed, then one owned."""
     conn = pg_store.conn
+    _five_thousand(conn, "running", "ex-a")
     with conn.transaction():
-        conn.execute(
-            "INSERT INTO workflows (workflow_id, name, status, input, owner, epoch, "
-            "created_at, updated_at) SELECT 'old-' || n, 'refund', 'running', '[]', "
-            "'ex-a', 1, %s, %s FROM generate_series(1, 5000) AS n",
-            (NOW, NOW),
-        )
         conn.execute("UPDATE workflows SET owner = NULL WHERE workflow_id LIKE 'old-%%'")
     conn.execute("ANALYZE workflows")
     db = Verbs(pg_store)
@@ -1934,13 +1934,7 @@ def test_a_wake_ups_receive_reads_its_workflow_by_key_and_only_the_open_entries(
     from durably.storage import claims
 
     conn = pg_store.conn
-    with conn.transaction():
-        conn.execute(
-            "INSERT INTO workflows (workflow_id, name, status, input, owner, epoch, "
-            "created_at, updated_at) SELECT 'old-' || n, 'refund', 'running', '[]', "
-            "'ex-a', 1, %s, %s FROM generate_series(1, 5000) AS n",
-            (NOW, NOW),
-        )
+    _five_thousand(conn, "running", "ex-a")
     db = Verbs(pg_store)
     info = owned(db, "long")
     db.append_entries("long", info.epoch, [step(n) for n in range(1, 2001)], NOW)
