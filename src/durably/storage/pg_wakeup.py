@@ -73,8 +73,10 @@ class WakeupVerbs(pg_ahead.AheadBatches):
         found = claims.taken(rows.every(claimed))
         history = [rows.entry(r) for r in rows.every(journal_rows)] if found else []
         seq = received.fetchone()[0]
-        session.ended = False  # what follows raises only where nothing was written: a
-        sent = True  # send refused claims nothing (claim_kept_woken)
+        # What follows raises only where nothing was written: a send refused as unknown or
+        # finished claims nothing (claim_kept_woken), so it received nothing either.
+        session.ended = False
+        sent = True
         if signal is not None:  # (raises where the workflow is unknown or has ended)
             found_kept = self._kept(workflow_id, kept[0].fetchone())
             sent = self._signal_sent(workflow_id, signal[0], found_kept)
