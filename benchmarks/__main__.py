@@ -44,6 +44,7 @@ from typing import Any
 
 import durably
 from benchmarks import workloads
+from durably.bench.report import cell, ratio
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -387,20 +388,6 @@ def delayed(
 
 
 # --- the table ------------------------------------------------------------------------------
-
-
-def cell(values: list[float]) -> str:
-    if not values:
-        return "-"
-    med, lo, hi = statistics.median(values), min(values), max(values)
-    digits = 0 if med >= 100 else 1 if med >= 1 else 3
-    return f"{med:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]"
-
-
-def ratio(a: list[float], b: list[float]) -> str:
-    if not a or not b or statistics.median(b) == 0:
-        return "-"
-    return f"{statistics.median(a) / statistics.median(b):.2f}x"
 
 
 def lead(row: Row) -> str:

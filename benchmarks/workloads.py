@@ -9,38 +9,49 @@ run: each round adds to the same database, as a long-running engine would.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sqlite3
-import statistics
 import subprocess
 import sys
 import time
-from typing import Any
 
 import durably
 
-PAYLOAD = {"ok": True, "n": 0, "text": "a small result"}
-PAYLOAD_JSON = json.dumps(PAYLOAD, separators=(",", ":"))
+# The workloads and baselines ``durably bench`` times too live in the package:
+# ``python -m benchmarks`` times the same ones.
+from durably.bench.workloads import (  # re-exported for __main__ and statements
+    PAYLOAD,
+    PAYLOAD_JSON,
+    RawPostgres,
+    RawSqlite,
+    bench_step,
+    replay_us,
+    signal_us,
+    step_us,
+    steps_workflow,
+    sync_step_us,
+    throughput,
+)
 
-# --- workflows ----------------------------------------------------------------------------
+__all__ = [
+    "PAYLOAD",
+    "PAYLOAD_JSON",
+    "RawPostgres",
+    "RawSqlite",
+    "fresh_seconds",
+    "journal_bytes_per_step",
+    "processes_throughput",
+    "recovery_seconds",
+    "replay_us",
+    "signal_us",
+    "step_us",
+    "sync_step_us",
+    "throughput",
+]
 
-_spans: list[tuple[float, float]] = []  # (first step began, last step ended) per pass
-_signal_seen: list[float] = []  # perf_counter when wait_for_signal returned
 _blocked = 0  # recovery child: workflows parked in the blocking step
 _CHILD = os.environ.get("DURABLY_BENCH_CHILD") == "1"
-
-
-@durably.step
-async def bench_step(i: int) -> dict[str, Any]:
-    return {**PAYLOAD, "n": i}
-
-
-@durably.step
-def bench_sync_step(i: int) -> dict[str, Any]:
-    """The same step as a plain ``def``: it runs on one of the engine's step threads."""
-    return {**PAYLOAD, "n": i}
 
 
 @durably.step
@@ -52,198 +63,12 @@ async def bench_block() -> None:
         await asyncio.Event().wait()
 
 
-@durably.workflow(name="bench-steps")
-async def steps_workflow(steps: int) -> int:
-    t0 = time.perf_counter()
-    for i in range(steps):
-        await bench_step(i)
-    _spans.append((t0, time.perf_counter()))
-    return steps
-
-
-@durably.workflow(name="bench-sync-steps")
-async def sync_steps_workflow(steps: int) -> int:
-    t0 = time.perf_counter()
-    for i in range(steps):
-        await bench_sync_step(i)
-    _spans.append((t0, time.perf_counter()))
-    return steps
-
-
 @durably.workflow(name="bench-recover")
 async def recover_workflow() -> int:
     await bench_step(0)
     await bench_block()
     await bench_step(1)
     return 2
-
-
-@durably.workflow(name="bench-replay")
-async def replay_workflow(steps: int) -> int:
-    t0 = time.perf_counter()
-    for i in range(steps):
-        await bench_step(i)
-    _spans.append((t0, time.perf_counter()))
-    await durably.wait_for_signal("go")
-    return steps
-
-
-@durably.workflow(name="bench-signal")
-async def signal_workflow() -> None:
-    await durably.wait_for_signal("go")
-    _signal_seen.append(time.perf_counter())
-
-
-# --- baselines ----------------------------------------------------------------------------
-
-
-class RawSqlite:
-    """One warm SQLite file written one committed row at a time: the floor of a step."""
-
-    def __init__(self, path: str, synchronous: str) -> None:
-        # Used from a worker thread (asyncio.to_thread), off the engines' event loop.
-        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.conn.execute("PRAGMA journal_mode = WAL")
-        self.conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-        self.conn.execute(
-            "CREATE TABLE IF NOT EXISTS journal (workflow_id TEXT NOT NULL, seq BIGINT NOT NULL, "
-            "payload TEXT, PRIMARY KEY (workflow_id, seq))"
-        )
-        self.seq = 0
-        self.commit_us(200)  # warm the file, the WAL and the statement cache
-
-    def commit_us(self, n: int) -> float:
-        """Mean microseconds of ``BEGIN IMMEDIATE; INSERT; COMMIT``."""
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self.seq += 1
-            self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.execute("INSERT INTO journal VALUES ('wf', ?, ?)", (self.seq, PAYLOAD_JSON))
-            self.conn.execute("COMMIT")
-        return (time.perf_counter() - t0) / n * 1e6
-
-    def read_us(self, n: int) -> float:
-        """Microseconds per row to read back the last ``n`` rows and decode their JSON."""
-        t0 = time.perf_counter()
-        rows = self.conn.execute(
-            "SELECT seq, payload FROM journal WHERE workflow_id = 'wf' ORDER BY seq DESC LIMIT ?",
-            (n,),
-        ).fetchall()
-        for _, payload in rows:
-            json.loads(payload)
-        return (time.perf_counter() - t0) / max(1, len(rows)) * 1e6
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-class RawPostgres:
-    """One psycopg connection doing ``BEGIN; INSERT; COMMIT`` per row: the PostgreSQL floor."""
-
-    def __init__(self, url: str) -> None:
-        import psycopg
-
-        self.conn = psycopg.connect(url, autocommit=True)
-        self.conn.execute(
-            "CREATE TABLE IF NOT EXISTS raw_journal (workflow_id TEXT NOT NULL, "
-            "seq BIGINT NOT NULL, payload TEXT, PRIMARY KEY (workflow_id, seq))"
-        )
-        self.seq = 0
-        self.commit_us(100)
-
-    def commit_us(self, n: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            self.seq += 1
-            self.conn.execute("BEGIN")
-            self.conn.execute(
-                "INSERT INTO raw_journal VALUES ('wf', %s, %s)", (self.seq, PAYLOAD_JSON)
-            )
-            self.conn.execute("COMMIT")
-        return (time.perf_counter() - t0) / n * 1e6
-
-    def read_us(self, n: int) -> float:
-        t0 = time.perf_counter()
-        rows = self.conn.execute(
-            "SELECT seq, payload FROM raw_journal WHERE workflow_id = 'wf' "
-            "ORDER BY seq DESC LIMIT %s",
-            (n,),
-        ).fetchall()
-        for _, payload in rows:
-            json.loads(payload)
-        return (time.perf_counter() - t0) / max(1, len(rows)) * 1e6
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-# --- durably measurements -------------------------------------------------------------------
-
-
-async def step_us(engine: durably.Engine, steps: int) -> float:
-    """Microseconds per plain async step, timed inside one workflow of ``steps`` steps."""
-    _spans.clear()
-    await (await engine.start(steps_workflow, steps)).result()
-    ((t0, t1),) = _spans
-    return (t1 - t0) / steps * 1e6
-
-
-async def sync_step_us(engine: durably.Engine, steps: int) -> float:
-    """Microseconds per plain ``def`` step, timed like ``step_us``."""
-    _spans.clear()
-    await (await engine.start(sync_steps_workflow, steps)).result()
-    ((t0, t1),) = _spans
-    return (t1 - t0) / steps * 1e6
-
-
-async def throughput(engine: durably.Engine, steps: int, in_flight: int, total: int) -> float:
-    """Workflows of ``steps`` steps finished per second, ``in_flight`` at a time."""
-    left = [total]
-
-    async def lane() -> None:
-        while left[0] > 0:
-            left[0] -= 1
-            await (await engine.start(steps_workflow, steps)).result()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(lane() for _ in range(in_flight)))
-    return total / (time.perf_counter() - t0)
-
-
-async def replay_us(engine: durably.Engine, steps: int) -> float:
-    """Microseconds per recorded step when a parked workflow of ``steps`` steps re-runs."""
-    _spans.clear()
-    handle = await engine.start(replay_workflow, steps)
-    await _until_parked(handle)
-    await engine.send_signal(handle.workflow_id, "go")
-    await handle.result()
-    if len(_spans) < 2:
-        raise RuntimeError("the workflow did not re-run from its first line after the signal")
-    t0, t1 = _spans[-1]
-    return (t1 - t0) / steps * 1e6
-
-
-async def signal_us(engine: durably.Engine, n: int) -> float:
-    """Microseconds from ``send_signal`` being called to the parked workflow holding it:
-    the median of ``n`` wake-ups, each of a workflow started and parked for it."""
-    took = []
-    for _ in range(n):
-        _signal_seen.clear()
-        handle = await engine.start(signal_workflow)
-        await _until_parked(handle)
-        t0 = time.perf_counter()
-        await engine.send_signal(handle.workflow_id, "go")
-        await handle.result()
-        took.append((_signal_seen[-1] - t0) * 1e6)
-    return statistics.median(took)
-
-
-async def _until_parked(handle: durably.WorkflowHandle, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while await handle.status() != durably.Status.WAITING:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{handle.workflow_id} did not park within {timeout} s")
-        await asyncio.sleep(0.001)
 
 
 async def journal_bytes_per_step(engine: durably.Engine, url: str, steps: int) -> float:

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "approvals": ("durably.agents.cli", "approvals_cmd", "List tool calls waiting for approval."),
     "approve": ("durably.agents.cli", "approve_cmd", "Approve a workflow's pending tool call."),
     "backup": ("durably.admin", "backup_cmd", "Copy a SQLite database while workers run."),
+    "bench": ("durably.cli.bench", "bench", "Time durably here, beside a raw commit."),
     "budget": ("durably.agents.cli", "budget_cmd", "Raise the model budget of a parked agent."),
     "cancel": ("durably.cli.workflows", "cancel", "Cancel workflows and their children."),
     "delete": ("durably.cli.selection", "delete_cmd", "Delete workflows and all they wrote."),

@@ -1,0 +1,65 @@
+"""``durably bench``: what durably costs on this machine and database, beside a raw commit.
+
+The work is :mod:`durably.bench`; this is its command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import click
+
+import durably
+from durably.cli import base
+
+
+@click.command("bench")
+@click.option("--rounds", type=click.IntRange(1, 50), default=None, help="Rounds (default 3).")
+@click.option("--quick", is_flag=True, help="Small sizes, 2 rounds: about 15 seconds.")
+@click.option(
+    "--rows",
+    "wanted",
+    default="",
+    metavar="NAMES",
+    help="Only these rows, comma-separated names or prefixes "
+    "(step, step-sync, tp1-1, tp1-10, tp1-100, replay, signal).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object, not the table.")
+@click.pass_obj
+def bench(database: str, rounds: int | None, quick: bool, wanted: str, as_json: bool) -> None:
+    """Time durably on this machine and the --database's disk or server.
+
+    Each figure stands beside a baseline measured in the same run: a raw commit of the
+    same database, or the async step for a def step. It measures in scratch files
+    beside a SQLite database (or scratch schemas of a PostgreSQL one) and removes
+    them; the database's own data is never read or written. About a minute.
+    """
+    from dataclasses import replace
+
+    from durably.bench import report
+
+    sizes = report.QUICK if quick else report.DEFAULT
+    if rounds is not None:
+        sizes = replace(sizes, rounds=rounds)
+    try:
+        rows = report.select(report.make_rows(sizes), [w for w in wanted.split(",") if w])
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--rows'") from None
+
+    def progress(line: str) -> None:
+        click.echo(line, err=True)
+
+    try:
+        done = asyncio.run(report.run(database, sizes, rows, progress))
+    except durably.DurablyError as exc:
+        base._fail(exc)
+    except KeyboardInterrupt:
+        click.echo("interrupted: the scratch databases are removed", err=True)
+        sys.exit(130)
+    if as_json:
+        click.echo(json.dumps(report.as_json(done), indent=2))
+    else:
+        for line in report.table(done):
+            base._say(line)

@@ -1,0 +1,180 @@
+"""``durably bench``: every row timed beside its baseline, in scratch databases beside the
+one given (never in it), removed at the end however the run ends.
+
+Speed is never asserted here: only that each figure was measured (positive, its
+min/median/max in order, the ratio the medians') and where the run wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from durably import cli
+from tests import children
+
+#: A row of the table: its name, durably's cell and unit, the baseline's, the ratio.
+ROW = re.compile(
+    r"^(?P<row>[a-z0-9-]+) +(?P<dmed>[\d.]+) \[(?P<dlo>[\d.]+)-(?P<dhi>[\d.]+)\] (?P<dunit>\S+)"
+    r" +(?P<bmed>[\d.]+) \[(?P<blo>[\d.]+)-(?P<bhi>[\d.]+)\] (?P<bunit>\S+) +(?P<ratio>[\d.]+)x$"
+)
+ROWS = ["step", "step-sync", "tp1-1", "tp1-10", "tp1-100", "replay", "signal"]
+
+
+def _bench(database: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        children.durably_cli(database, "bench", *argv),
+        env=children.child_env({"COLUMNS": "80"}),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _app_database(tmp_path: Path) -> Path:
+    """A database with one finished workflow in it: the user's, which bench must not touch."""
+    from durably import Client
+
+    path = tmp_path / "app.db"
+    with Client(f"sqlite:///{path}") as client:
+        client.start("some-workflow", workflow_id="kept")
+    return path
+
+
+def _scratch_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith(".durably-bench"))
+
+
+def test_the_table_has_every_row_beside_its_baseline_and_the_database_is_untouched(
+    tmp_path: Path,
+) -> None:
+    app = _app_database(tmp_path)
+    before = {p.name: _digest(p) for p in tmp_path.iterdir()}
+    done = _bench(f"sqlite:///{app}", "--quick")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"durably bench: sqlite:///{app} (SQLite FULL)"
+    table = [m for m in map(ROW.match, lines) if m]
+    assert [m["row"] for m in table] == ROWS
+    for m in table:  # each figure measured: median inside [min-max], the ratio the medians'
+        for side in ("d", "b"):
+            low, median, high = (float(m[f"{side}{k}"]) for k in ("lo", "med", "hi"))
+            assert 0 < low <= median <= high, m[0]
+        assert m["dunit"] == m["bunit"] == ("wf/s" if m["row"].startswith("tp") else "us")
+        shown = float(m["dmed"]) / float(m["bmed"])
+        assert float(m["ratio"]) == pytest.approx(shown, rel=0.1, abs=0.01), m[0]
+    for line in lines:  # 80 columns, but the lines that quote the user's paths
+        assert len(line) <= 80 or str(tmp_path) in line, line
+    assert "round 2/2 done" in done.stderr
+    # the user's database and its directory are as they were: nothing left behind
+    assert {p.name: _digest(p) for p in tmp_path.iterdir()} == before
+    assert _scratch_files(tmp_path) == []
+
+
+def test_json_gives_each_row_its_figures_and_the_ratio_of_their_medians(tmp_path: Path) -> None:
+    database = f"sqlite:///{tmp_path / 'never-made.db'}?synchronous=normal"
+    done = _bench(database, "--quick", "--rounds", "3", "--rows", "step,tp1-1", "--json")
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout)
+    assert report["setting"] == "SQLite NORMAL"
+    assert report["rounds"] == 3
+    assert [row["row"] for row in report["rows"]] == ["step", "tp1-1"]
+    for row in report["rows"]:
+        for side in ("durably", "baseline"):
+            cell = row[side]
+            assert 0 < cell["min"] <= cell["median"] <= cell["max"], row
+        assert row["ratio"] == pytest.approx(row["durably"]["median"] / row["baseline"]["median"])
+    assert [row["unit"] for row in report["rows"]] == ["us", "wf/s"]
+    assert not (tmp_path / "never-made.db").exists()  # the database given is never made
+    assert _scratch_files(tmp_path) == []
+
+
+def test_an_unknown_row_is_refused_naming_the_rows() -> None:
+    result = CliRunner().invoke(cli.main, ["bench", "--rows", "step,stpe"])
+    assert result.exit_code == 2
+    assert "no row named 'stpe'" in result.output
+    assert "step, step-sync, tp1-1, tp1-10, tp1-100, replay, signal" in result.output
+
+
+def test_a_missing_directory_or_a_memory_database_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such"
+    done = _bench(f"sqlite:///{missing / 'x.db'}", "--quick")
+    assert done.returncode == 1
+    assert f"no directory {str(missing)!r}" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not missing.parent.exists()
+    done = _bench("sqlite:///:memory:", "--quick")
+    assert done.returncode == 1
+    assert "measures a database on disk" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_an_interrupted_run_removes_its_scratch_files(tmp_path: Path) -> None:
+    app = _app_database(tmp_path)
+    proc = subprocess.Popen(
+        children.durably_cli(f"sqlite:///{app}", "bench"),  # the full sizes: a minute or more
+        env=children.child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith("measuring in "), first
+        deadline = time.monotonic() + 30
+        while len(_scratch_files(tmp_path)) < 2:  # durably's file and the raw one
+            assert time.monotonic() < deadline, _scratch_files(tmp_path)
+            time.sleep(0.01)
+        time.sleep(0.5)  # well into the warm-up or the first row
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted: the scratch databases are removed" in err
+    assert "Traceback" not in err
+    assert _scratch_files(tmp_path) == []
+
+
+def test_on_postgresql_it_measures_in_scratch_schemas_and_drops_them(postgres_url: str) -> None:
+    import psycopg
+
+    def state() -> tuple[list[str], int]:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            schemas = conn.execute(  # but each session's temporary schemas, which stay
+                "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%temp\\_%' "
+                "ORDER BY 1"
+            ).fetchall()
+            count = conn.execute("SELECT count(*) FROM durably.workflows").fetchone()
+        assert count is not None
+        return [str(s[0]) for s in schemas], int(count[0])
+
+    before = state()
+    done = _bench(
+        f"{postgres_url}?connections=2", "--quick", "--rows", "step,tp1-10,signal", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["setting"] == "PostgreSQL"
+    assert [row["row"] for row in report["rows"]] == ["step", "tp1-10", "signal"]
+    for row in report["rows"]:
+        assert row["durably"]["median"] > 0 and row["baseline"]["median"] > 0
+    assert "durably_bench_" in done.stderr  # it said where it measured
+    assert state() == before  # no schema left, no workflow in durably's own tables
