@@ -79,7 +79,7 @@ def make_rows(sizes: Sizes) -> list[Row]:
     sync_legend = "us per def step; base: the async step of the same round"
     rows = [Row("step", "us", step_legend, step), Row("step-sync", "us", sync_legend, sync_step)]
     for k in sorted(sizes.totals):
-        legend = f"1-step workflows/s, {k} in flight; base: raw commits/s"
+        legend = f"1-step workflows/s, {k} in flight, 3 commits each; base: commits/s"
         rows.append(Row(f"tp1-{k}", "wf/s", legend, throughput(k)))
     rows += [
         Row("replay", "us", f"us per recorded step, {sizes.replay} re-run; base: raw read+decode",
