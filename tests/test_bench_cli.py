@@ -167,12 +167,14 @@ def test_on_postgresql_it_measures_in_scratch_schemas_and_drops_them(postgres_ur
         return [str(s[0]) for s in schemas], int(count[0])
 
     before = state()
-    done = _bench(
-        f"{postgres_url}?connections=2", "--quick", "--rows", "step,tp1-10,signal", "--json"
-    )
+    url = f"{postgres_url}?connections=2&password=sekret"  # (trust: the password is unused)
+    done = _bench(url, "--quick", "--rows", "step,tp1-10,signal", "--json")
     assert done.returncode == 0, done.stderr
+    assert "sekret" not in done.stdout + done.stderr  # a URL's password is never printed
     report = json.loads(done.stdout)
-    assert report["setting"] == "PostgreSQL"
+    assert report["database"] == f"{postgres_url}?connections=2&password=***"
+    assert report["setting"].startswith("PostgreSQL 1")  # the server's version, 13 or later
+    assert report["measured_in"].startswith("schemas durably_bench_")
     assert [row["row"] for row in report["rows"]] == ["step", "tp1-10", "signal"]
     for row in report["rows"]:
         assert row["durably"]["median"] > 0 and row["baseline"]["median"] > 0

@@ -215,6 +215,7 @@ def as_json(report: Report) -> dict[str, Any]:
     return {
         "database": report.database,
         "setting": report.setting,
+        "measured_in": report.where,
         "rounds": report.rounds,
         "versions": versions(),
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",

@@ -33,7 +33,7 @@ class Scratch:
 
     url: str  # durably's scratch database, with the options of the URL given
     raw: workloads.Raw  # the baseline, open and warm
-    setting: str  # "SQLite FULL", "SQLite NORMAL", "PostgreSQL"
+    setting: str  # "SQLite FULL", "SQLite NORMAL", "PostgreSQL 15.18"
     where: str  # where the scratch lives, for the report's header
 
 
@@ -110,6 +110,7 @@ def _postgres(url: str, shown: str) -> Iterator[Scratch]:
     try:
         try:
             admin.execute(f"CREATE SCHEMA {raw_schema}")
+            found = admin.execute("SHOW server_version").fetchone()
             raw = workloads.RawPostgres(libpq_url, f"{raw_schema}.raw_journal")
         except psycopg.Error as exc:
             text = " ".join(str(exc).split())
@@ -118,7 +119,9 @@ def _postgres(url: str, shown: str) -> Iterator[Scratch]:
                 "(durably bench needs CREATE on the database)"
             ) from None
         try:
-            yield Scratch(scratch_url, raw, "PostgreSQL", f"schemas {schema}, {raw_schema}")
+            version = str(found[0]).split()[0] if found else "?"
+            where = f"schemas {schema}, {raw_schema}"
+            yield Scratch(scratch_url, raw, f"PostgreSQL {version}", where)
         finally:
             raw.close()
     finally:
