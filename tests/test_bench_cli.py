@@ -74,7 +74,8 @@ def test_the_table_has_every_row_beside_its_baseline_and_the_database_is_untouch
         for side in ("d", "b"):
             low, median, high = (float(m[f"{side}{k}"]) for k in ("lo", "med", "hi"))
             assert 0 < low <= median <= high, m[0]
-        assert m["dunit"] == m["bunit"] == ("wf/s" if m["row"].startswith("tp") else "us")
+        throughput = m["row"].startswith("tp")
+        assert (m["dunit"], m["bunit"]) == (("wf/s", "commit/s") if throughput else ("us", "us"))
         shown = float(m["dmed"]) / float(m["bmed"])
         assert float(m["ratio"]) == pytest.approx(shown, rel=0.1, abs=0.01), m[0]
     for line in lines:  # 80 columns, but the lines that quote the user's paths
@@ -87,18 +88,19 @@ def test_the_table_has_every_row_beside_its_baseline_and_the_database_is_untouch
 
 def test_json_gives_each_row_its_figures_and_the_ratio_of_their_medians(tmp_path: Path) -> None:
     database = f"sqlite:///{tmp_path / 'never-made.db'}?synchronous=normal"
-    done = _bench(database, "--quick", "--rounds", "3", "--rows", "step,tp1-1", "--json")
+    done = _bench(database, "--quick", "--rounds", "3", "--rows", "step,tp1", "--json")
     assert done.returncode == 0, done.stderr
     report: dict[str, Any] = json.loads(done.stdout)
     assert report["setting"] == "SQLite NORMAL"
     assert report["rounds"] == 3
-    assert [row["row"] for row in report["rows"]] == ["step", "tp1-1"]
+    assert [row["row"] for row in report["rows"]] == ["step", "tp1-1", "tp1-10", "tp1-100"]
     for row in report["rows"]:
         for side in ("durably", "baseline"):
             cell = row[side]
             assert 0 < cell["min"] <= cell["median"] <= cell["max"], row
         assert row["ratio"] == pytest.approx(row["durably"]["median"] / row["baseline"]["median"])
-    assert [row["unit"] for row in report["rows"]] == ["us", "wf/s"]
+    assert [row["unit"] for row in report["rows"]] == ["us", "wf/s", "wf/s", "wf/s"]
+    assert [row["baseline_unit"] for row in report["rows"]] == ["us"] + ["commit/s"] * 3
     assert not (tmp_path / "never-made.db").exists()  # the database given is never made
     assert _scratch_files(tmp_path) == []
 
@@ -121,6 +123,11 @@ def test_a_missing_directory_or_a_memory_database_is_a_clear_error(tmp_path: Pat
     assert done.returncode == 1
     assert "measures a database on disk" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+    done = _bench(f"sqlite:///{tmp_path / 'x.db'}?busy_timeout=soon", "--quick")
+    assert done.returncode == 1
+    assert "bad database URL" in done.stdout and "soon" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_an_interrupted_run_removes_its_scratch_files(tmp_path: Path) -> None:
@@ -153,30 +160,74 @@ def test_an_interrupted_run_removes_its_scratch_files(tmp_path: Path) -> None:
     assert _scratch_files(tmp_path) == []
 
 
-def test_on_postgresql_it_measures_in_scratch_schemas_and_drops_them(postgres_url: str) -> None:
+def _pg_state(url: str) -> tuple[list[str], list[tuple[Any, ...]], int]:
+    """The database's schemas (but each session's temporary ones, which stay), the rows of
+    the user's own workflows (schema ``app``), and how many durably's default schema holds."""
     import psycopg
 
-    def state() -> tuple[list[str], int]:
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            schemas = conn.execute(  # but each session's temporary schemas, which stay
-                "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%temp\\_%' "
-                "ORDER BY 1"
-            ).fetchall()
-            count = conn.execute("SELECT count(*) FROM durably.workflows").fetchone()
-        assert count is not None
-        return [str(s[0]) for s in schemas], int(count[0])
+    with psycopg.connect(url, autocommit=True) as conn:
+        schemas = conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%temp\\_%' ORDER BY 1"
+        ).fetchall()
+        app = conn.execute("SELECT * FROM app.workflows ORDER BY workflow_id").fetchall()
+        count = conn.execute("SELECT count(*) FROM durably.workflows").fetchone()
+    assert count is not None
+    return [str(s[0]) for s in schemas], app, int(count[0])
 
-    before = state()
-    url = f"{postgres_url}?connections=2&password=sekret"  # (trust: the password is unused)
+
+@pytest.fixture
+def app_on_postgres(postgres_url: str) -> str:
+    """A database whose durably tables are in the schema ``app``, with one workflow in it."""
+    from durably import Client
+
+    with Client(f"{postgres_url}?schema=app") as client:
+        client.start("some-workflow", workflow_id="kept")
+    return postgres_url
+
+
+def test_on_postgresql_it_measures_in_scratch_schemas_and_drops_them(
+    app_on_postgres: str,
+) -> None:
+    before = _pg_state(app_on_postgres)
+    assert len(before[1]) == 1
+    url = f"{app_on_postgres}?schema=app&connections=2&password=sekret"  # (trust: unused)
     done = _bench(url, "--quick", "--rows", "step,tp1-10,signal", "--json")
     assert done.returncode == 0, done.stderr
     assert "sekret" not in done.stdout + done.stderr  # a URL's password is never printed
     report = json.loads(done.stdout)
-    assert report["database"] == f"{postgres_url}?connections=2&password=***"
+    assert report["database"] == f"{app_on_postgres}?schema=app&connections=2&password=***"
     assert report["setting"].startswith("PostgreSQL 1")  # the server's version, 13 or later
     assert report["measured_in"].startswith("schemas durably_bench_")
     assert [row["row"] for row in report["rows"]] == ["step", "tp1-10", "signal"]
     for row in report["rows"]:
         assert row["durably"]["median"] > 0 and row["baseline"]["median"] > 0
     assert "durably_bench_" in done.stderr  # it said where it measured
-    assert state() == before  # no schema left, no workflow in durably's own tables
+    # no schema left; the schema the URL names and durably's default one as they were
+    assert _pg_state(app_on_postgres) == before
+
+
+def test_sigterm_on_postgresql_drops_the_scratch_schemas(app_on_postgres: str) -> None:
+    before = _pg_state(app_on_postgres)
+    proc = subprocess.Popen(
+        children.durably_cli(f"{app_on_postgres}?schema=app", "bench"),  # full sizes
+        env=children.child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert first.startswith("measuring in schemas durably_bench_"), first
+        time.sleep(0.5)  # well into the warm-up or the first row
+        assert len(_pg_state(app_on_postgres)[0]) == len(before[0]) + 2  # both are there
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted: the scratch databases are removed" in err
+    assert "Traceback" not in err
+    assert _pg_state(app_on_postgres) == before

@@ -24,7 +24,7 @@ class Sizes:
     steps: int  # steps of the one workflow the step rows time
     totals: dict[int, int]  # in flight -> workflows a throughput row runs
     replay: int  # steps of the replayed workflow
-    signals: int  # wake-ups a signal row times (each after a park of about a second)
+    signals: int  # wake-ups a signal row times (each waits for its run to park: hold_seconds)
     rounds: int
 
 
@@ -40,6 +40,7 @@ class Row:
 
     name: str
     unit: str
+    base_unit: str
     legend: str  # what the row and its baseline are, for the lines under the table
     measure: Measure  # one round: (baseline, durably)
     base: list[float] = dataclasses.field(default_factory=list)
@@ -77,15 +78,18 @@ def make_rows(sizes: Sizes) -> list[Row]:
 
     step_legend = f"us per async step, {sizes.steps} in a workflow; base: a raw commit"
     sync_legend = "us per def step; base: the async step of the same round"
-    rows = [Row("step", "us", step_legend, step), Row("step-sync", "us", sync_legend, sync_step)]
+    rows = [
+        Row("step", "us", "us", step_legend, step),
+        Row("step-sync", "us", "us", sync_legend, sync_step),
+    ]
     for k in sorted(sizes.totals):
-        legend = f"1-step workflows/s, {k} in flight, 3 commits each; base: commits/s"
-        rows.append(Row(f"tp1-{k}", "wf/s", legend, throughput(k)))
+        legend = f"1-step workflows/s, {k} in flight; base: raw commits/s, one at a time"
+        rows.append(Row(f"tp1-{k}", "wf/s", "commit/s", legend, throughput(k)))
     rows += [
-        Row("replay", "us", f"us per recorded step, {sizes.replay} re-run; base: raw read+decode",
-            replay),
-        Row("signal", "us", "us from send_signal to the parked workflow woken; base: a raw commit",
-            signal),
+        Row("replay", "us", "us", f"us a replayed step ({sizes.replay}), its journal read before; "
+            "base: read+decode", replay),
+        Row("signal", "us", "us", "us from send_signal to the parked workflow woken; base: a raw "
+            "commit", signal),
     ]  # fmt: skip
     return rows
 
@@ -119,11 +123,18 @@ class Report:
     rows: list[Row]
 
 
-async def run(url: str, sizes: Sizes, rows: list[Row], progress: Callable[[str], None]) -> Report:
+async def run(
+    url: str,
+    sizes: Sizes,
+    rows: list[Row],
+    progress: Callable[[str], None],
+    warn: Callable[[str], None],
+) -> Report:
     """Run ``rows`` in ``sizes.rounds`` interleaved rounds (each row's baseline, then
-    durably, back to back) on scratch databases beside ``url``'s."""
+    durably, back to back) on scratch databases beside ``url``'s; ``progress`` hears
+    how it goes, ``warn`` what could not be removed at the end."""
     load_before = os.getloadavg()
-    with scratch.scratch(url) as place:
+    with scratch.scratch(url, warn) as place:
         progress(f"measuring in {place.where} (removed at the end)")
         async with durably.Engine(place.url, poll_interval=60.0) as engine:
             await workloads.step_us(engine, 20)  # warm-up: threads, statements, the file
@@ -134,16 +145,8 @@ async def run(url: str, sizes: Sizes, rows: list[Row], progress: Callable[[str],
                     row.values.append(value)
                 progress(f"round {round_no}/{sizes.rounds} done")
     return Report(
-        _shown(url), place.setting, place.where, sizes.rounds, load_before, os.getloadavg(), rows
+        place.shown, place.setting, place.where, sizes.rounds, load_before, os.getloadavg(), rows
     )
-
-
-def _shown(url: str) -> str:
-    if url.split(":", 1)[0].lower() == "sqlite":
-        return url
-    from durably.storage import postgres
-
-    return postgres.redact(url)
 
 
 # --- the table -------------------------------------------------------------------------------
@@ -189,9 +192,10 @@ def table(report: Report) -> list[str]:
     ]
     cols = ("row", "durably", "baseline", "ratio")
     body = [
-        (r.name, f"{cell(r.values)} {r.unit}", f"{cell(r.base)} {r.unit}", ratio(r.values, r.base))
+        (r.name, f"{cell(r.values)} {r.unit}", f"{cell(r.base)} {r.base_unit}",
+         ratio(r.values, r.base))
         for r in report.rows
-    ]
+    ]  # fmt: skip
     widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
     lines.append("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip())
     lines.append("  ".join("-" * w for w in widths))
@@ -224,6 +228,7 @@ def as_json(report: Report) -> dict[str, Any]:
             {
                 "row": r.name,
                 "unit": r.unit,
+                "baseline_unit": r.base_unit,
                 "legend": r.legend,
                 "durably": stats(r.values),
                 "baseline": stats(r.base),

@@ -6,13 +6,17 @@ The work is :mod:`durably.bench`; this is its command line.
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import json
+import signal
+import sqlite3
 import sys
 
 import click
 
 import durably
-from durably.cli import base
+from durably.cli.base import _fail, _say
 
 
 @click.command("bench")
@@ -49,18 +53,45 @@ def bench(database: str, rounds: int | None, quick: bool, wanted: str, as_json: 
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--rows'") from None
 
+    left: list[str] = []  # what could not be removed, as the run said
+
     def progress(line: str) -> None:
         click.echo(line, err=True)
 
+    def warn(line: str) -> None:
+        left.append(line)
+        progress(line)
+
+    def stop(_signum: int, _frame: object) -> None:  # SIGTERM ends a run as Ctrl-C does
+        signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
-        done = asyncio.run(report.run(database, sizes, rows, progress))
+        done = asyncio.run(report.run(database, sizes, rows, progress, warn))
     except durably.DurablyError as exc:
-        base._fail(exc)
+        _fail(exc)
     except KeyboardInterrupt:
-        click.echo("interrupted: the scratch databases are removed", err=True)
+        if not left:
+            progress("interrupted: the scratch databases are removed")
         sys.exit(130)
+    except _FAILURES as exc:  # the database or the disk failed mid-run: said, not a traceback
+        _fail(RuntimeError(f"durably bench stopped: {type(exc).__name__}: {exc}"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if as_json:
         click.echo(json.dumps(report.as_json(done), indent=2))
     else:
         for line in report.table(done):
-            base._say(line)
+            _say(line)
+
+
+#: What a run may meet from the database or the disk beside durably's own errors: the
+#: baseline's drivers (psycopg's errors are OSError-free, so named when it is installed),
+#: a workload that timed out or found the engine not doing what it times.
+_FAILURES: tuple[type[BaseException], ...] = (
+    OSError,
+    sqlite3.Error,
+    TimeoutError,
+    RuntimeError,
+    *((importlib.import_module("psycopg").Error,) if importlib.util.find_spec("psycopg") else ()),
+)

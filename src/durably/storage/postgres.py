@@ -443,6 +443,13 @@ class PostgresStore(pg_wakeup.WakeupVerbs):
                 log.debug("%s: no connection for inline calls: %s", self.url, exc)
 
     @property
+    def conninfo(self) -> str:
+        """libpq's connection string for this database: the URL without durably's own
+        options, with durably's defaults (a connect timeout, a lock timeout) where it sets
+        none."""
+        return self._conninfo
+
+    @property
     def _session(self) -> _Session:
         """The calling thread's connection and transaction state."""
         session: _Session = getattr(self._local, "session", self._shared)
