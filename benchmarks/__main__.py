@@ -44,7 +44,7 @@ from typing import Any
 
 import durably
 from benchmarks import workloads
-from durably.bench.report import cell, ratio
+from durably.bench.report import cell, off_loop, ratio
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -204,23 +204,23 @@ async def measure(row: Row, be: Backends) -> tuple[float, float]:
     """
     engine, raw = be.engines[row.backend], be.raw[row.backend]
     if row.kind == "step":
-        base = await asyncio.to_thread(raw.commit_us, row.params[0])
+        base = await off_loop(raw.commit_us, row.params[0])
         return base, await workloads.step_us(engine, row.params[0])
     if row.kind == "sync":  # against the async step of the same engine, back to back
         base = await workloads.step_us(engine, row.params[0])
         return base, await workloads.sync_step_us(engine, row.params[0])
     if row.kind == "throughput":
         steps = row.params[0]
-        base = 1e6 / await asyncio.to_thread(raw.commit_us, 200) / steps
+        base = 1e6 / await off_loop(raw.commit_us, 200) / steps
         return base, await workloads.throughput(engine, *row.params)
     if row.kind == "processes":
-        base = 1e6 / await asyncio.to_thread(raw.commit_us, 200)
+        base = 1e6 / await off_loop(raw.commit_us, 200)
         return base, await workloads.processes_throughput(be.urls[row.backend], *row.params)
     if row.kind == "replay":
-        base = await asyncio.to_thread(raw.read_us, row.params[0])
+        base = await off_loop(raw.read_us, row.params[0])
         return base, await workloads.replay_us(engine, row.params[0])
     if row.kind == "signal":
-        base = await asyncio.to_thread(raw.commit_us, 50)
+        base = await off_loop(raw.commit_us, 50)
         return base, await workloads.signal_us(engine, row.params[0])
     if row.kind == "bytes":
         base = float(len(json.dumps({**workloads.PAYLOAD, "n": 1}, separators=(",", ":"))))

@@ -9,8 +9,6 @@ run: each round adds to the same database, as a long-running engine would.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -20,12 +18,12 @@ import durably
 
 # The workloads and baselines ``durably bench`` times too live in the package:
 # ``python -m benchmarks`` times the same ones.
+from durably.bench.recovery import fresh_seconds, recovery_seconds
 from durably.bench.workloads import (  # re-exported for __main__ and statements
     PAYLOAD,
     PAYLOAD_JSON,
     RawPostgres,
     RawSqlite,
-    bench_step,
     replay_us,
     signal_us,
     step_us,
@@ -49,26 +47,6 @@ __all__ = [
     "sync_step_us",
     "throughput",
 ]
-
-_blocked = 0  # recovery child: workflows parked in the blocking step
-_CHILD = os.environ.get("DURABLY_BENCH_CHILD") == "1"
-
-
-@durably.step
-async def bench_block() -> None:
-    """In the recovery child: hang here (the parent SIGKILLs it); elsewhere return at once."""
-    global _blocked
-    if _CHILD:
-        _blocked += 1
-        await asyncio.Event().wait()
-
-
-@durably.workflow(name="bench-recover")
-async def recover_workflow() -> int:
-    await bench_step(0)
-    await bench_block()
-    await bench_step(1)
-    return 2
 
 
 async def journal_bytes_per_step(engine: durably.Engine, url: str, steps: int) -> float:
@@ -95,74 +73,6 @@ def _journal_bytes(url: str) -> int:
     with psycopg.connect(url.split("?")[0], autocommit=True) as pg:  # durably's options out
         row = pg.execute("SELECT pg_total_relation_size('durably.journal')").fetchone()
         return int(row[0]) if row else 0
-
-
-# --- recovery of killed workflows: a child process that is SIGKILLed ------------------------
-
-
-async def recovery_seconds(url: str, n: int, timeout: float = 600.0) -> float:
-    """Seconds to finish ``n`` workflows left behind by a SIGKILLed process.
-
-    A child process starts ``n`` workflows (ids ``recover-0`` ...) that each commit
-    a step and then hang; once all hang it is SIGKILLed. A new engine in this
-    process then recovers them (a dead executor on this host is seen at once):
-    timed from opening the engine to the last one finished. ``url`` must be a
-    database no other run has used.
-    """
-    env = {**os.environ, "DURABLY_BENCH_CHILD": "1"}
-    child = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.workloads", "recovery-child", url, str(n)],
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        line = await asyncio.to_thread(child.stdout.readline)
-        if line.strip() != "ready":
-            raise RuntimeError(f"the recovery child did not get ready: {line!r}")
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    return await _recover_all(url, n, timeout)
-
-
-async def fresh_seconds(url: str, n: int) -> float:
-    """The baseline of recovery: ``n`` fresh workflows of the same shape, started together."""
-    return await _fresh_all(url, n)
-
-
-async def _recover_all(url: str, n: int, timeout: float) -> float:
-    t0 = time.perf_counter()
-    async with durably.Engine(url, poll_interval=0.05) as engine:
-        ids = [f"recover-{i}" for i in range(n)]
-        deadline = time.monotonic() + timeout
-        for wid in ids:
-            left = max(0.001, deadline - time.monotonic())
-            await engine.handle(wid).result(timeout=left)
-        return time.perf_counter() - t0
-
-
-async def _fresh_all(url: str, n: int) -> float:
-    t0 = time.perf_counter()
-    async with durably.Engine(url) as engine:
-        handles = [await engine.start(recover_workflow) for _ in range(n)]
-        for h in handles:
-            await h.result()
-        return time.perf_counter() - t0
-
-
-async def _recovery_child(url: str, n: int) -> None:
-    async with durably.Engine(url) as engine:
-        for i in range(n):
-            await engine.start(recover_workflow, workflow_id=f"recover-{i}")
-        deadline = time.monotonic() + 600
-        while _blocked < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {_blocked} of {n} workflows reached the blocking step")
-            await asyncio.sleep(0.01)
-        print("ready", flush=True)
-        await asyncio.Event().wait()  # until SIGKILL
 
 
 # --- several worker processes on one database ------------------------------------------------
@@ -215,7 +125,5 @@ async def _procs_child(url: str, in_flight: int, total: int) -> None:
         print("done", flush=True)
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["recovery-child"]:
-    asyncio.run(_recovery_child(sys.argv[2], int(sys.argv[3])))
 if __name__ == "__main__" and sys.argv[1:2] == ["procs-child"]:
     asyncio.run(_procs_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ ROW = re.compile(
     r"^(?P<row>[a-z0-9-]+) +(?P<dmed>[\d.]+) \[(?P<dlo>[\d.]+)-(?P<dhi>[\d.]+)\] (?P<dunit>\S+)"
     r" +(?P<bmed>[\d.]+) \[(?P<blo>[\d.]+)-(?P<bhi>[\d.]+)\] (?P<bunit>\S+) +(?P<ratio>[\d.]+)x$"
 )
-ROWS = ["step", "step-sync", "tp1-1", "tp1-10", "tp1-100", "replay", "signal"]
+#: Each row's units (durably's, the baseline's) where they are not microseconds.
+UNITS = {"tp1": ("wf/s", "commit/s"), "rec": ("s", "s")}
+ROWS = ["step", "step-sync", "tp1-1", "tp1-10", "tp1-100", "replay", "signal", "recovery"]
 
 
 def _bench(database: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -74,8 +77,7 @@ def test_the_table_has_every_row_beside_its_baseline_and_the_database_is_untouch
         for side in ("d", "b"):
             low, median, high = (float(m[f"{side}{k}"]) for k in ("lo", "med", "hi"))
             assert 0 < low <= median <= high, m[0]
-        throughput = m["row"].startswith("tp")
-        assert (m["dunit"], m["bunit"]) == (("wf/s", "commit/s") if throughput else ("us", "us"))
+        assert (m["dunit"], m["bunit"]) == UNITS.get(m["row"][:3], ("us", "us")), m[0]
         shown = float(m["dmed"]) / float(m["bmed"])
         assert float(m["ratio"]) == pytest.approx(shown, rel=0.1, abs=0.01), m[0]
     for line in lines:  # 80 columns, but the lines that quote the user's paths
@@ -109,7 +111,7 @@ def test_an_unknown_row_is_refused_naming_the_rows() -> None:
     result = CliRunner().invoke(cli.main, ["bench", "--rows", "step,stpe"])
     assert result.exit_code == 2
     assert "no row named 'stpe'" in result.output
-    assert "step, step-sync, tp1-1, tp1-10, tp1-100, replay, signal" in result.output
+    assert "step, step-sync, tp1-1, tp1-10, tp1-100, replay, signal, recovery" in result.output
 
 
 def test_a_missing_directory_or_a_memory_database_is_a_clear_error(tmp_path: Path) -> None:
@@ -130,10 +132,49 @@ def test_a_missing_directory_or_a_memory_database_is_a_clear_error(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_an_interrupted_run_removes_its_scratch_files(tmp_path: Path) -> None:
+def _processes_naming(text: str) -> list[str]:
+    """The command lines of this machine's processes that name ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if text in line:
+            found.append(line)
+    return found
+
+
+@pytest.mark.parametrize("rows", ["step", "recovery"])
+def test_an_interrupted_run_removes_its_scratch_files_and_its_child(
+    tmp_path: Path, rows: str
+) -> None:
+    # interrupted in the step row, or while the recovery row's child process runs
     app = _app_database(tmp_path)
+    deadline = time.monotonic() + 30
+
+    def into_the_row() -> None:
+        wanted = 3 if rows == "recovery" else 2  # the recovery row's database too
+        while len(_scratch_files(tmp_path)) < wanted:
+            assert time.monotonic() < deadline, _scratch_files(tmp_path)
+            time.sleep(0.01)
+        time.sleep(0.5)  # well into the row
+        while rows == "recovery" and not [  # until its child runs (after the fresh baseline)
+            line for line in _processes_naming(str(tmp_path)) if "durably.bench.recovery" in line
+        ]:
+            assert time.monotonic() < deadline, "no recovery child seen"
+            time.sleep(0.01)
+
+    _interrupted(f"sqlite:///{app}", ["--rows", rows], signal.SIGINT, into_the_row)
+    assert _scratch_files(tmp_path) == []
+    assert _processes_naming(str(tmp_path)) == []  # no child left running
+
+
+def _interrupted(database: str, argv: list[str], signum: int, wait: Callable[[], None]) -> None:
+    """Run ``durably bench`` at its full sizes, ``wait`` once it says where it measures,
+    send ``signum``: it exits 130, says the scratch is removed, with no traceback."""
     proc = subprocess.Popen(
-        children.durably_cli(f"sqlite:///{app}", "bench"),  # the full sizes: a minute or more
+        children.durably_cli(database, "bench", *argv),
         env=children.child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -143,12 +184,8 @@ def test_an_interrupted_run_removes_its_scratch_files(tmp_path: Path) -> None:
         assert proc.stderr is not None
         first = proc.stderr.readline()
         assert first.startswith("measuring in "), first
-        deadline = time.monotonic() + 30
-        while len(_scratch_files(tmp_path)) < 2:  # durably's file and the raw one
-            assert time.monotonic() < deadline, _scratch_files(tmp_path)
-            time.sleep(0.01)
-        time.sleep(0.5)  # well into the warm-up or the first row
-        proc.send_signal(signal.SIGINT)
+        wait()
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -157,7 +194,6 @@ def test_an_interrupted_run_removes_its_scratch_files(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "interrupted: the scratch databases are removed" in err
     assert "Traceback" not in err
-    assert _scratch_files(tmp_path) == []
 
 
 def _pg_state(url: str) -> tuple[list[str], list[tuple[Any, ...]], int]:
@@ -191,14 +227,14 @@ def test_on_postgresql_it_measures_in_scratch_schemas_and_drops_them(
     before = _pg_state(app_on_postgres)
     assert len(before[1]) == 1
     url = f"{app_on_postgres}?schema=app&connections=2&password=sekret"  # (trust: unused)
-    done = _bench(url, "--quick", "--rows", "step,tp1-10,signal", "--json")
+    done = _bench(url, "--quick", "--rows", "step,tp1-10,signal,recovery", "--json")
     assert done.returncode == 0, done.stderr
     assert "sekret" not in done.stdout + done.stderr  # a URL's password is never printed
     report = json.loads(done.stdout)
     assert report["database"] == f"{app_on_postgres}?schema=app&connections=2&password=***"
     assert report["setting"].startswith("PostgreSQL 1")  # the server's version, 13 or later
-    assert report["measured_in"].startswith("schemas durably_bench_")
-    assert [row["row"] for row in report["rows"]] == ["step", "tp1-10", "signal"]
+    assert report["measured_in"].startswith("schemas durably_bench_")  # (recovery: more)
+    assert [row["row"] for row in report["rows"]] == ["step", "tp1-10", "signal", "recovery"]
     for row in report["rows"]:
         assert row["durably"]["median"] > 0 and row["baseline"]["median"] > 0
     assert "durably_bench_" in done.stderr  # it said where it measured
@@ -208,26 +244,10 @@ def test_on_postgresql_it_measures_in_scratch_schemas_and_drops_them(
 
 def test_sigterm_on_postgresql_drops_the_scratch_schemas(app_on_postgres: str) -> None:
     before = _pg_state(app_on_postgres)
-    proc = subprocess.Popen(
-        children.durably_cli(f"{app_on_postgres}?schema=app", "bench"),  # full sizes
-        env=children.child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        first = proc.stderr.readline()
-        assert first.startswith("measuring in schemas durably_bench_"), first
+
+    def into_the_run() -> None:
         time.sleep(0.5)  # well into the warm-up or the first row
         assert len(_pg_state(app_on_postgres)[0]) == len(before[0]) + 2  # both are there
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
-    assert "interrupted: the scratch databases are removed" in err
-    assert "Traceback" not in err
+
+    _interrupted(f"{app_on_postgres}?schema=app", [], signal.SIGTERM, into_the_run)
     assert _pg_state(app_on_postgres) == before

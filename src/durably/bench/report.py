@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import os
 import platform
 import sqlite3
@@ -14,7 +15,7 @@ from importlib import metadata
 from typing import Any
 
 import durably
-from durably.bench import scratch, workloads
+from durably.bench import recovery, scratch, workloads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,13 +26,14 @@ class Sizes:
     totals: dict[int, int]  # in flight -> workflows a throughput row runs
     replay: int  # steps of the replayed workflow
     signals: int  # wake-ups a signal row times (each waits for its run to park: hold_seconds)
+    recovery: int  # workflows a killed process leaves behind
     rounds: int
 
 
-DEFAULT = Sizes(1000, {1: 300, 10: 1000, 100: 3000}, 1000, 5, 3)
-QUICK = Sizes(50, {1: 20, 10: 50, 100: 200}, 100, 2, 2)
+DEFAULT = Sizes(1000, {1: 300, 10: 1000, 100: 3000}, 1000, 5, 1000, 3)
+QUICK = Sizes(50, {1: 20, 10: 50, 100: 200}, 100, 2, 100, 2)
 
-Measure = Callable[[durably.Engine, workloads.Raw], Awaitable[tuple[float, float]]]
+Measure = Callable[[durably.Engine, scratch.Scratch], Awaitable[tuple[float, float]]]
 
 
 @dataclasses.dataclass
@@ -50,30 +52,37 @@ class Row:
 def make_rows(sizes: Sizes) -> list[Row]:
     """Every row, in the table's order."""
 
-    async def step(engine: durably.Engine, raw: workloads.Raw) -> tuple[float, float]:
-        base = await asyncio.to_thread(raw.commit_us, 200)
+    async def step(engine: durably.Engine, place: scratch.Scratch) -> tuple[float, float]:
+        base = await off_loop(place.raw.commit_us, 200)
         return base, await workloads.step_us(engine, sizes.steps)
 
-    async def sync_step(engine: durably.Engine, raw: workloads.Raw) -> tuple[float, float]:
+    async def sync_step(engine: durably.Engine, place: scratch.Scratch) -> tuple[float, float]:
         base = await workloads.step_us(engine, sizes.steps)  # the async step, back to back
         return base, await workloads.sync_step_us(engine, sizes.steps)
 
     def throughput(in_flight: int) -> Measure:
-        async def measure(engine: durably.Engine, raw: workloads.Raw) -> tuple[float, float]:
-            base = 1e6 / await asyncio.to_thread(raw.commit_us, 200)
+        async def measure(engine: durably.Engine, place: scratch.Scratch) -> tuple[float, float]:
+            base = 1e6 / await off_loop(place.raw.commit_us, 200)
             total = sizes.totals[in_flight]
             return base, await workloads.throughput(engine, 1, in_flight, total)
 
         return measure
 
-    async def replay(engine: durably.Engine, raw: workloads.Raw) -> tuple[float, float]:
-        if raw.seq < sizes.replay:  # as many raw rows as recorded steps to read back
-            await asyncio.to_thread(raw.commit_us, sizes.replay - raw.seq)
-        base = await asyncio.to_thread(raw.read_us, sizes.replay)
+    async def replay(engine: durably.Engine, place: scratch.Scratch) -> tuple[float, float]:
+        if place.raw.seq < sizes.replay:  # as many raw rows as recorded steps to read back
+            await off_loop(place.raw.commit_us, sizes.replay - place.raw.seq)
+        base = await off_loop(place.raw.read_us, sizes.replay)
         return base, await workloads.replay_us(engine, sizes.replay)
 
-    async def signal(engine: durably.Engine, raw: workloads.Raw) -> tuple[float, float]:
-        base = await asyncio.to_thread(raw.commit_us, 50)
+    rounds = itertools.count(1)
+
+    async def recover(engine: durably.Engine, place: scratch.Scratch) -> tuple[float, float]:
+        n, at = sizes.recovery, next(rounds)  # each on databases of its own: the ids repeat
+        base = await recovery.fresh_seconds(place.another(f"fresh{at}"), n)
+        return base, await recovery.recovery_seconds(place.another(f"recover{at}"), n)
+
+    async def signal(engine: durably.Engine, place: scratch.Scratch) -> tuple[float, float]:
+        base = await off_loop(place.raw.commit_us, 50)
         return base, await workloads.signal_us(engine, sizes.signals)
 
     step_legend = f"us per async step, {sizes.steps} in a workflow; base: a raw commit"
@@ -90,6 +99,8 @@ def make_rows(sizes: Sizes) -> list[Row]:
             "base: read+decode", replay),
         Row("signal", "us", "us", "us from send_signal to the parked workflow woken; base: a raw "
             "commit", signal),
+        Row("recovery", "s", "s", f"s until {sizes.recovery} killed workflows are done; base: "
+            f"{sizes.recovery} fresh ones", recover),
     ]  # fmt: skip
     return rows
 
@@ -108,6 +119,18 @@ def select(rows: list[Row], wanted: list[str]) -> list[Row]:
             raise ValueError(f"no row named {want!r}: the rows are {', '.join(names)}")
         taken.update(found)
     return [row for row in rows if row.name in taken]
+
+
+async def off_loop(fn: Callable[..., float], *args: Any) -> float:
+    """``fn(*args)`` on a worker thread (a raw baseline blocks: off the engine's loop). A
+    cancel (Ctrl-C) waits for it to end: the baseline's connection is closed next, and
+    SQLite's, closed under a statement still running on it, crashes the process."""
+    running = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait({running})
+        raise
 
 
 @dataclasses.dataclass
@@ -140,7 +163,7 @@ async def run(
             await workloads.step_us(engine, 20)  # warm-up: threads, statements, the file
             for round_no in range(1, sizes.rounds + 1):
                 for row in rows:
-                    base, value = await row.measure(engine, place.raw)
+                    base, value = await row.measure(engine, place)
                     row.base.append(base)
                     row.values.append(value)
                 progress(f"round {round_no}/{sizes.rounds} done")

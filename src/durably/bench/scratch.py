@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import secrets
 import signal
 import sqlite3
@@ -47,6 +48,9 @@ class Scratch:
     shown: str  # the URL given, its password hidden
     setting: str  # "SQLite FULL", "SQLite NORMAL", "PostgreSQL 15.18"
     where: str  # where the scratch lives, for the report's header
+    #: Another scratch database by name (lowercase letters, digits): its URL, removed with
+    #: the rest (a measurement whose workflow ids repeat needs one of its own).
+    another: Callable[[str], str]
 
 
 @contextlib.contextmanager
@@ -84,8 +88,16 @@ def _sqlite(url: str, store: SqliteStore, warn: Callable[[str], None]) -> Iterat
         )
     stem = os.path.join(directory, f".durably-bench-{os.getpid()}-{secrets.token_hex(3)}")
     own, raw_path = f"{stem}.db", f"{stem}-raw.db"
+    made = [own, raw_path]
     query = urllib.parse.urlsplit(url).query  # synchronous= and the rest, as given
-    scratch_url = f"sqlite:///{urllib.parse.quote(own)}" + (f"?{query}" if query else "")
+
+    def url_of(path: str) -> str:
+        return f"sqlite:///{urllib.parse.quote(path)}" + (f"?{query}" if query else "")
+
+    def another(name: str) -> str:
+        made.append(f"{stem}-{_checked(name)}.db")
+        return url_of(made[-1])
+
     setting = f"SQLite {store.synchronous}"
     try:
         try:
@@ -95,13 +107,13 @@ def _sqlite(url: str, store: SqliteStore, warn: Callable[[str], None]) -> Iterat
                 f"cannot write a scratch file in {directory!r}: {exc}"
             ) from None
         try:
-            yield Scratch(scratch_url, raw, url, setting, f"{stem}*.db")
+            yield Scratch(url_of(own), raw, url, setting, f"{stem}*.db", another)
         finally:
             raw.close()
     finally:
         with _uninterrupted():
             left = []
-            for path in (own, raw_path):
+            for path in made:
                 for side in _SQLITE_SIDE_FILES:
                     try:
                         os.remove(path + side)
@@ -129,10 +141,15 @@ def _postgres(url: str, store: PostgresStore, warn: Callable[[str], None]) -> It
         text = " ".join(str(exc).split())
         raise errors.DatabaseUnavailable(f"cannot connect to {store.url}: {text}") from None
     made = [schema]  # the engine makes its schema on first use: dropped if it is there
+
+    def another(name: str) -> str:
+        made.append(f"{schema}_{_checked(name)}")
+        return f"{kept}{'&' if '?' in kept else '?'}schema={made[-1]}"
+
     try:
         try:
             admin.execute(f"CREATE SCHEMA {raw_schema}")
-            made.append(raw_schema)
+            made.insert(0, raw_schema)
             found = admin.execute("SHOW server_version").fetchone()
             raw = workloads.RawPostgres(store.conninfo, f"{raw_schema}.raw_journal")
         except psycopg.Error as exc:
@@ -143,8 +160,9 @@ def _postgres(url: str, store: PostgresStore, warn: Callable[[str], None]) -> It
             ) from None
         try:
             version = str(found[0]).split()[0] if found else "?"
-            where = f"schemas {schema}, {raw_schema}"
-            yield Scratch(scratch_url, raw, store.url, f"PostgreSQL {version}", where)
+            where = f"schemas {schema} and {schema}_*"
+            setting = f"PostgreSQL {version}"
+            yield Scratch(scratch_url, raw, store.url, setting, where, another)
         finally:
             raw.close()
     finally:
@@ -177,6 +195,12 @@ def _drop(
         warn(f"durably bench could not drop its scratch schemas in {store.url} ({text}): {drop}")
     finally:
         admin.close()
+
+
+def _checked(name: str) -> str:
+    if not re.fullmatch(r"[a-z0-9]{1,12}", name):
+        raise ValueError(f"a scratch database's name is lowercase letters and digits: {name!r}")
+    return name
 
 
 @contextlib.contextmanager

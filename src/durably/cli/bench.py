@@ -28,7 +28,7 @@ from durably.cli.base import _fail, _say
     default="",
     metavar="NAMES",
     help="Only these rows, comma-separated names or prefixes "
-    "(step, step-sync, tp1-1, tp1-10, tp1-100, replay, signal).",
+    "(step, step-sync, tp1-1, tp1-10, tp1-100, replay, signal, recovery).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object, not the table.")
 @click.pass_obj
@@ -38,7 +38,7 @@ def bench(database: str, rounds: int | None, quick: bool, wanted: str, as_json: 
     Each figure stands beside a baseline measured in the same run: a raw commit of the
     same database, or the async step for a def step. It measures in scratch files
     beside a SQLite database (or scratch schemas of a PostgreSQL one) and removes
-    them; the database's own data is never read or written. Half a minute on a quick
+    them; the database's own data is never read or written. About a minute on a quick
     disk or server.
     """
     from dataclasses import replace
