@@ -141,8 +141,8 @@ class Report:
     setting: str
     where: str
     rounds: int
-    load_before: tuple[float, float, float]
-    load_after: tuple[float, float, float]
+    load_before: float | None  # the 1-minute load average (None where there is none)
+    load_after: float | None
     rows: list[Row]
 
 
@@ -156,7 +156,7 @@ async def run(
     """Run ``rows`` in ``sizes.rounds`` interleaved rounds (each row's baseline, then
     durably, back to back) on scratch databases beside ``url``'s; ``progress`` hears
     how it goes, ``warn`` what could not be removed at the end."""
-    load_before = os.getloadavg()
+    load_before = _load()
     with scratch.scratch(url, warn) as place:
         progress(f"measuring in {place.where} (removed at the end)")
         async with durably.Engine(place.url, poll_interval=60.0) as engine:
@@ -167,9 +167,7 @@ async def run(
                     row.base.append(base)
                     row.values.append(value)
                 progress(f"round {round_no}/{sizes.rounds} done")
-    return Report(
-        place.shown, place.setting, place.where, sizes.rounds, load_before, os.getloadavg(), rows
-    )
+    return Report(place.shown, place.setting, place.where, sizes.rounds, load_before, _load(), rows)
 
 
 # --- the table -------------------------------------------------------------------------------
@@ -191,6 +189,18 @@ def ratio(values: list[float], base: list[float]) -> str:
     return f"{statistics.median(values) / statistics.median(base):.2f}x"
 
 
+def _load() -> float | None:
+    """The 1-minute load average, where the system keeps one (not on Windows)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _shown(load: float | None) -> str:
+    return "unknown" if load is None else f"{load:.2f}"
+
+
 def versions() -> str:
     """durably's, Python's and the databases' drivers' versions."""
     found = [
@@ -210,7 +220,7 @@ def table(report: Report) -> list[str]:
         f"measured in {report.where}, removed after",
         versions(),
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, load average "
-        f"{report.load_before[0]:.2f} before, {report.load_after[0]:.2f} after (1 minute)",
+        f"{_shown(report.load_before)} before, {_shown(report.load_after)} after (1 minute)",
         "",
     ]
     cols = ("row", "durably", "baseline", "ratio")
@@ -246,7 +256,7 @@ def as_json(report: Report) -> dict[str, Any]:
         "rounds": report.rounds,
         "versions": versions(),
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs",
-        "load_average": {"before": list(report.load_before), "after": list(report.load_after)},
+        "load_average": {"before": report.load_before, "after": report.load_after},
         "rows": [
             {
                 "row": r.name,

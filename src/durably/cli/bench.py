@@ -49,7 +49,8 @@ def bench(database: str, rounds: int | None, quick: bool, wanted: str, as_json: 
     if rounds is not None:
         sizes = replace(sizes, rounds=rounds)
     try:
-        rows = report.select(report.make_rows(sizes), [w for w in wanted.split(",") if w])
+        names = [name.strip() for name in wanted.split(",") if name.strip()]
+        rows = report.select(report.make_rows(sizes), names)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--rows'") from None
 
