@@ -1,6 +1,7 @@
 """Recovery of workflows a killed process left mid-run, timed beside as many fresh ones.
 
-A child process (``python -m durably.bench.recovery URL N``) starts N workflows that
+A child process (``python -m durably.bench.recovery N``, the database's URL in its
+environment, not its command line, which any local user can read) starts N workflows that
 each commit a step and then hang in the next; once all hang it says ``ready`` and is
 SIGKILLed. A new engine in this process then recovers them: a dead executor on this
 host is seen at once, so the time is the claims, the replays and the rest of each
@@ -21,6 +22,8 @@ import durably
 from durably.bench.workloads import bench_step
 
 _CHILD = os.environ.get("DURABLY_BENCH_CHILD") == "1"
+#: The child's database URL (it may hold a password: never on a command line).
+_URL = "DURABLY_BENCH_URL"
 _blocked = 0  # in the child: workflows parked in the blocking step
 
 
@@ -46,9 +49,9 @@ async def recovery_seconds(url: str, n: int, timeout: float = 600.0) -> float:
     """Seconds to finish ``n`` workflows left behind by a SIGKILLed process, timed from
     opening an engine on ``url`` (a database no other run has used) until the last ends."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "durably.bench.recovery", url, str(n)],
+        [sys.executable, "-m", "durably.bench.recovery", str(n)],
         stdout=subprocess.PIPE,
-        env={**os.environ, "DURABLY_BENCH_CHILD": "1"},
+        env={**os.environ, "DURABLY_BENCH_CHILD": "1", _URL: url},
         text=True,
     )
     try:
@@ -93,4 +96,4 @@ async def _child(url: str, n: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_child(sys.argv[1], int(sys.argv[2])))
+    asyncio.run(_child(os.environ[_URL], int(sys.argv[1])))
