@@ -134,7 +134,10 @@ def _postgres(url: str, store: PostgresStore, warn: Callable[[str], None]) -> It
     schema = f"durably_bench_{os.getpid()}_{secrets.token_hex(3)}"
     raw_schema = f"{schema}_raw"
     kept = postgres.split_schema(url)[0]  # other options (connections=N) stay as given
-    scratch_url = f"{kept}{'&' if '?' in kept else '?'}schema={schema}"
+
+    def url_of(name: str) -> str:
+        return f"{kept}{'&' if '?' in kept else '?'}schema={name}"
+
     try:
         admin = psycopg.connect(store.conninfo, autocommit=True)
     except psycopg.Error as exc:
@@ -144,7 +147,7 @@ def _postgres(url: str, store: PostgresStore, warn: Callable[[str], None]) -> It
 
     def another(name: str) -> str:
         made.append(f"{schema}_{_checked(name)}")
-        return f"{kept}{'&' if '?' in kept else '?'}schema={made[-1]}"
+        return url_of(made[-1])
 
     try:
         try:
@@ -162,7 +165,7 @@ def _postgres(url: str, store: PostgresStore, warn: Callable[[str], None]) -> It
             version = str(found[0]).split()[0] if found else "?"
             where = f"schemas {schema} and {schema}_*"
             setting = f"PostgreSQL {version}"
-            yield Scratch(scratch_url, raw, store.url, setting, where, another)
+            yield Scratch(url_of(schema), raw, store.url, setting, where, another)
         finally:
             raw.close()
     finally:
