@@ -44,7 +44,7 @@ from typing import Any
 
 import durably
 from benchmarks import workloads
-from durably.bench.report import cell, off_loop, ratio
+from durably.bench.report import PARK, cell, off_loop, ratio
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -184,7 +184,8 @@ class Backends:
             else:
                 url = f"sqlite:///{self.workdir}/durably-{b}.db?synchronous={b}"
                 self.raw[b] = workloads.RawSqlite(f"{self.workdir}/raw-{b}.db", b)
-            engine = durably.Engine(url, poll_interval=60.0)
+            # parks after 50 ms, not a second: the replay and signal rows wait for each
+            engine = durably.Engine(url, poll_interval=60.0, hold_seconds=PARK)
             await engine.open()
             self.engines[b], self.urls[b] = engine, url
             await workloads.step_us(engine, 20)  # warm-up: threads, statements, the WAL
