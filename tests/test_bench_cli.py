@@ -29,8 +29,9 @@ ROW = re.compile(
     r" +(?P<bmed>[\d.]+) \[(?P<blo>[\d.]+)-(?P<bhi>[\d.]+)\] (?P<bunit>\S+) +(?P<ratio>[\d.]+)x$"
 )
 #: Each row's units (durably's, the baseline's) where they are not microseconds.
-UNITS = {"tp1": ("wf/s", "commit/s"), "rec": ("s", "s")}
+UNITS = {"tp1": ("wf/s", "commit/s"), "rec": ("s", "s"), "pro": ("wf/s", "wf/s")}
 ROWS = ["step", "step-sync", "tp1-1", "tp1-10", "tp1-100", "replay", "signal", "recovery"]
+ROWS += ["procs-2", "procs-4"]
 
 
 def _bench(database: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -112,7 +113,7 @@ def test_an_unknown_row_is_refused_naming_the_rows() -> None:
     result = CliRunner().invoke(cli.main, ["bench", "--rows", "step,stpe"])
     assert result.exit_code == 2
     assert "no row named 'stpe'" in result.output
-    assert "step, step-sync, tp1-1, tp1-10, tp1-100, replay, signal, recovery" in result.output
+    assert ", ".join(ROWS) in result.output
 
 
 def test_a_missing_directory_or_a_memory_database_is_a_clear_error(tmp_path: Path) -> None:
@@ -148,27 +149,29 @@ def _processes_naming(text: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("rows", ["step", "recovery"])
-def test_an_interrupted_run_removes_its_scratch_files_and_its_child(
+@pytest.mark.parametrize("rows", ["step", "recovery", "procs-4"])
+def test_an_interrupted_run_removes_its_scratch_files_and_its_children(
     tmp_path: Path, rows: str
 ) -> None:
-    # interrupted in the step row, or while the recovery row's child process runs
+    # interrupted in the step row, or while the recovery row's child process runs, or
+    # while the worker processes of a processes row run
     app = _app_database(tmp_path)
     deadline = time.monotonic() + 30
+    children_of = {"recovery": "durably.bench.recovery", "procs-4": "durably.bench.processes"}
 
     def into_the_row() -> None:
-        wanted = 3 if rows == "recovery" else 2  # the recovery row's database too
+        wanted = 2 if rows == "step" else 3  # the recovery or processes row's database too
         while len(_scratch_files(tmp_path)) < wanted:
             assert time.monotonic() < deadline, _scratch_files(tmp_path)
             time.sleep(0.01)
         time.sleep(0.5)  # well into the row
-        while rows == "recovery":  # until its child runs (after the fresh baseline)
+        while rows in children_of:  # until its child runs (after the fresh baseline)
             named = _processes_naming(str(tmp_path))
-            child = [line for line in named if "durably.bench.recovery" in line]
+            child = [line for line in named if children_of[rows] in line]
             if child:  # its database's URL (a password, maybe) is not on its command line
                 assert all(str(tmp_path) not in line for line in child), child
                 break
-            assert time.monotonic() < deadline, "no recovery child seen"
+            assert time.monotonic() < deadline, f"no {children_of[rows]} child seen"
             time.sleep(0.01)
 
     _interrupted(f"sqlite:///{app}", ["--rows", rows], signal.SIGINT, into_the_row)
@@ -233,14 +236,15 @@ def test_on_postgresql_it_measures_in_scratch_schemas_and_drops_them(
     before = _pg_state(app_on_postgres)
     assert len(before[1]) == 1
     url = f"{app_on_postgres}?schema=app&connections=2&password=sekret"  # (trust: unused)
-    done = _bench(url, "--quick", "--rows", "step,tp1-10,signal,recovery", "--json")
+    done = _bench(url, "--quick", "--rows", "step,tp1-10,signal,recovery,procs-2", "--json")
     assert done.returncode == 0, done.stderr
     assert "sekret" not in done.stdout + done.stderr  # a URL's password is never printed
     report = json.loads(done.stdout)
     assert report["database"] == f"{app_on_postgres}?schema=app&connections=2&password=***"
     assert report["setting"].startswith("PostgreSQL 1")  # the server's version, 13 or later
     assert report["measured_in"].startswith("schemas durably_bench_")  # (recovery: more)
-    assert [row["row"] for row in report["rows"]] == ["step", "tp1-10", "signal", "recovery"]
+    shown = [row["row"] for row in report["rows"]]
+    assert shown == ["step", "tp1-10", "signal", "recovery", "procs-2"]
     for row in report["rows"]:
         assert row["durably"]["median"] > 0 and row["baseline"]["median"] > 0
     assert "durably_bench_" in done.stderr  # it said where it measured

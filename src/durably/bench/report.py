@@ -15,7 +15,7 @@ from importlib import metadata
 from typing import Any
 
 import durably
-from durably.bench import recovery, scratch, workloads
+from durably.bench import processes, recovery, scratch, workloads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,11 +27,15 @@ class Sizes:
     replay: int  # steps of the replayed workflow
     signals: int  # wake-ups a signal row times (each waits for its run to park: PARK)
     recovery: int  # workflows a killed process leaves behind
+    procs: int  # workflows each worker process of a processes row runs (100 in flight)
     rounds: int
 
 
-DEFAULT = Sizes(1000, {1: 300, 10: 1000, 100: 3000}, 1000, 5, 1000, 3)
-QUICK = Sizes(50, {1: 20, 10: 50, 100: 200}, 100, 2, 100, 2)
+DEFAULT = Sizes(1000, {1: 300, 10: 1000, 100: 3000}, 1000, 5, 1000, 1500, 3)
+QUICK = Sizes(50, {1: 20, 10: 50, 100: 200}, 100, 2, 100, 100, 2)
+
+#: The worker processes the processes rows start (each beside one process).
+PROCESSES = (2, 4)
 
 #: The engine's ``hold_seconds``: how long a blocked run stays before it parks.
 PARK = 0.05
@@ -88,6 +92,18 @@ def make_rows(sizes: Sizes) -> list[Row]:
         base = await off_loop(place.raw.commit_us, 50)
         return base, await workloads.signal_us(engine, sizes.signals)
 
+    procs_url: list[str] = []  # one scratch database for every processes row, made once
+
+    def workers(n: int) -> Measure:
+        async def measure(engine: durably.Engine, place: scratch.Scratch) -> tuple[float, float]:
+            if not procs_url:
+                procs_url.append(place.another("procs"))
+            url, total = procs_url[0], sizes.procs
+            base = await processes.processes_throughput(url, 1, 100, total)
+            return base, await processes.processes_throughput(url, n, 100, total)
+
+        return measure
+
     step_legend = f"us per async step, {sizes.steps} in a workflow; base: a raw commit"
     sync_legend = "us per def step; base: the async step of the same round"
     rows = [
@@ -105,6 +121,9 @@ def make_rows(sizes: Sizes) -> list[Row]:
         Row("recovery", "s", "s", f"s until {sizes.recovery} killed workflows are done; base: "
             f"{sizes.recovery} fresh ones", recover),
     ]  # fmt: skip
+    for n in PROCESSES:
+        legend = f"1-step wf/s, {n} worker processes x 100 in flight; base: 1 process"
+        rows.append(Row(f"procs-{n}", "wf/s", "wf/s", legend, workers(n)))
     return rows
 
 

@@ -21,14 +21,15 @@ from durably.cli.base import _fail, _say
 
 @click.command("bench")
 @click.option("--rounds", type=click.IntRange(1, 50), default=None, help="Rounds (default 3).")
-@click.option("--quick", is_flag=True, help="Small sizes, 2 rounds: about 15 seconds.")
+@click.option("--quick", is_flag=True, help="Small sizes, 2 rounds: a few seconds.")
 @click.option(
     "--rows",
     "wanted",
     default="",
     metavar="NAMES",
     help="Only these rows, comma-separated names or prefixes "
-    "(step, step-sync, tp1-1, tp1-10, tp1-100, replay, signal, recovery).",
+    "(step, step-sync, tp1-1, tp1-10, tp1-100, replay, signal, recovery, procs-2, "
+    "procs-4).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object, not the table.")
 @click.pass_obj
