@@ -12,8 +12,8 @@ one file takes one writer at a time).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,43 +29,73 @@ async def processes_throughput(
     url: str, procs: int, in_flight: int, total: int, timeout: float = 600.0
 ) -> float:
     """1-step workflows finished per second by ``procs`` worker processes on ``url``,
-    each running ``total`` of them ``in_flight`` at a time."""
+    each running ``total`` of them ``in_flight`` at a time.
+
+    TimeoutError if they are not all done within ``timeout`` seconds of starting;
+    RuntimeError, with the child's one-line error, if one fails. The children are in a
+    process group of their own: a Ctrl-C at the terminal reaches this process alone,
+    which stops them.
+    """
     argv = [sys.executable, "-m", "durably.bench.processes", str(in_flight), str(total)]
     env = {**os.environ, _URL: url}
-    children = [
-        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
-        for _ in range(procs)
-    ]
+    children: list[subprocess.Popen[str]] = []
     try:
-        async with asyncio.timeout(timeout):
-            await _each_says(children, "ready")
-            t0 = time.perf_counter()
-            for child in children:
-                assert child.stdin is not None
-                child.stdin.write("go\n")
-                child.stdin.flush()
-            await _each_says(children, "done")
-            elapsed = time.perf_counter() - t0
+        for _ in range(procs):
+            children.append(
+                subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env=env,
+                    text=True,
+                    process_group=0,
+                )
+            )
+        try:
+            async with asyncio.timeout(timeout):
+                await _each_says(children, "ready")
+                t0 = time.perf_counter()
+                for child in children:
+                    assert child.stdin is not None
+                    child.stdin.write("go\n")
+                    child.stdin.flush()
+                await _each_says(children, "done")
+                elapsed = time.perf_counter() - t0
+                for child in children:  # each closes its engine: let it, up to a while
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        await asyncio.to_thread(child.wait, _CLOSING)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{procs} worker processes did not finish {total} workflows each within "
+                f"{timeout:g} s"
+            ) from None
     finally:
-        for child in children:  # (a child that failed or hangs: its readline ends here)
+        # Every child killed first, then waited for: a second Ctrl-C while waiting for
+        # one cannot leave the others running. (A readline still waiting ends here.)
+        for child in children:
             if child.poll() is None:
                 child.kill()
+        for child in children:
             child.wait()
     return procs * total / elapsed
 
 
+#: Seconds a worker process that said ``done`` has to close its engine before it is killed.
+_CLOSING = 30.0
+
+
 async def _each_says(children: list[subprocess.Popen[str]], word: str) -> None:
-    """Wait until every child has printed ``word``; RuntimeError if one printed else or
-    ended (its error went to stderr, which it shares with this process)."""
+    """Wait until every child has printed ``word``; RuntimeError if one printed something
+    else (its error) or ended."""
     for child in children:
         assert child.stdout is not None
         line = await asyncio.to_thread(child.stdout.readline)
         if line.strip() != word:
             if line:
-                said = f"said {line.strip()!r}"
+                said = f"failed: {line.strip().removeprefix('error: ')}"
             else:
                 said = f"ended (exit status {await asyncio.to_thread(child.wait)})"
-            raise RuntimeError(f"a worker process {said} where it should say {word!r}")
+            raise RuntimeError(f"a worker process {said}")
 
 
 async def _child(url: str, in_flight: int, total: int) -> None:
@@ -78,8 +108,14 @@ async def _child(url: str, in_flight: int, total: int) -> None:
         print("done", flush=True)
 
 
+def _main() -> None:
+    """The child: its failure is one line for the parent to show, not a traceback."""
+    try:
+        asyncio.run(_child(os.environ[_URL], int(sys.argv[1]), int(sys.argv[2])))
+    except Exception as exc:
+        print(f"error: {type(exc).__name__}: {exc}", flush=True)
+        sys.exit(1)
+
+
 if __name__ == "__main__":
-    # A Ctrl-C at the terminal reaches the whole process group: the parent stops the run
-    # and kills its children, which need not each print a traceback of their own.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    asyncio.run(_child(os.environ[_URL], int(sys.argv[1]), int(sys.argv[2])))
+    _main()

@@ -50,9 +50,11 @@ async def recovery_seconds(url: str, n: int, timeout: float = 600.0) -> float:
     opening an engine on ``url`` (a database no other run has used) until the last ends."""
     child = subprocess.Popen(
         [sys.executable, "-m", "durably.bench.recovery", str(n)],
+        stdin=subprocess.PIPE,  # its end closes if this process dies: the child ends too
         stdout=subprocess.PIPE,
         env={**os.environ, "DURABLY_BENCH_CHILD": "1", _URL: url},
         text=True,
+        process_group=0,  # a Ctrl-C at the terminal reaches this process, which kills it
     )
     try:
         assert child.stdout is not None
@@ -92,7 +94,8 @@ async def _child(url: str, n: int) -> None:
                 raise TimeoutError(f"only {_blocked} of {n} workflows reached the blocking step")
             await asyncio.sleep(0.01)
         print("ready", flush=True)
-        await asyncio.Event().wait()  # until SIGKILL
+        await asyncio.to_thread(sys.stdin.readline)  # until SIGKILL, or the parent is gone
+        os.kill(os.getpid(), signal.SIGKILL)  # then as if killed: nothing let go of
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Each measurement runs one thing once and returns one number; the caller runs it in
 interleaved rounds and keeps min/median/max. The repository's ``python -m
-benchmarks`` times the same workloads (and adds DBOS, recovery and several worker
-processes). Nothing here asserts speed.
+benchmarks`` times the same workloads (and adds DBOS and more sizes); the recovery
+and processes rows are in :mod:`durably.bench.recovery` and :mod:`durably.bench.processes`.
+Nothing here asserts speed.
 """
 
 from __future__ import annotations

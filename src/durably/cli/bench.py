@@ -37,10 +37,10 @@ def bench(database: str, rounds: int | None, quick: bool, wanted: str, as_json: 
     """Time durably on this machine and the --database's disk or server.
 
     Each figure stands beside a baseline measured in the same run: a raw commit of the
-    same database, or the async step for a def step. It measures in scratch files
-    beside a SQLite database (or scratch schemas of a PostgreSQL one) and removes
-    them; the database's own data is never read or written. About a minute on a quick
-    disk or server.
+    same database, the async step for a def step, one worker process for several. It
+    measures in scratch files beside a SQLite database (or scratch schemas of a
+    PostgreSQL one) and removes them; the database's own data is never read or
+    written. About a minute on a quick disk or server.
     """
     from dataclasses import replace
 
