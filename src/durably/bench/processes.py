@@ -77,7 +77,16 @@ async def processes_throughput(
                 child.kill()
         for child in children:
             child.wait()
+            close_pipes(child)
     return procs * total / elapsed
+
+
+def close_pipes(child: subprocess.Popen[str]) -> None:
+    """Close this side of an ended child's pipes (a garbage-collected open one warns)."""
+    for pipe in (child.stdin, child.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):  # (its last write may find no reader)
+                pipe.close()
 
 
 #: Seconds a worker process that said ``done`` has to close its engine before it is killed.

@@ -19,6 +19,7 @@ import sys
 import time
 
 import durably
+from durably.bench.processes import close_pipes
 from durably.bench.workloads import bench_step
 
 _CHILD = os.environ.get("DURABLY_BENCH_CHILD") == "1"
@@ -64,6 +65,7 @@ async def recovery_seconds(url: str, n: int, timeout: float = 600.0) -> float:
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
+        close_pipes(child)
     t0 = time.perf_counter()
     async with durably.Engine(url, poll_interval=0.05) as engine:
         deadline = time.monotonic() + timeout
