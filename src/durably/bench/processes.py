@@ -6,7 +6,8 @@ in its environment, never its command line) opens an engine, warms it up and say
 TOTAL 1-step workflows, IN_FLIGHT at a time, then says ``done``. The time is taken
 here, from ``go`` until the last child is done: what adding worker processes buys on
 this machine and database (on PostgreSQL, the deployment docs' question; on SQLite,
-one file takes one writer at a time).
+one file takes one writer at a time). ``start_child`` and ``close_pipes`` serve the
+recovery row's child too.
 """
 
 from __future__ import annotations
@@ -21,8 +22,24 @@ import time
 import durably
 from durably.bench.workloads import throughput
 
-#: The child's database URL (it may hold a password: never on a command line).
-_URL = "DURABLY_BENCH_URL"
+#: The variable that gives a child its database URL (it may hold a password: never on a
+#: command line, which any local user can read).
+URL_VARIABLE = "DURABLY_BENCH_URL"
+
+
+def start_child(module: str, args: list[str], url: str, **env: str) -> subprocess.Popen[str]:
+    """``python -m module *args``, with ``url`` (and ``env``) in its environment and pipes
+    to its stdin and stdout. In a process group of its own: a Ctrl-C at the terminal
+    reaches this process alone, which stops it; and its stdin's end closes if this
+    process dies, which a child may watch for."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, **env, URL_VARIABLE: url},
+        text=True,
+        process_group=0,
+    )
 
 
 async def processes_throughput(
@@ -36,21 +53,11 @@ async def processes_throughput(
     process group of their own: a Ctrl-C at the terminal reaches this process alone,
     which stops them.
     """
-    argv = [sys.executable, "-m", "durably.bench.processes", str(in_flight), str(total)]
-    env = {**os.environ, _URL: url}
+    args = [str(in_flight), str(total)]
     children: list[subprocess.Popen[str]] = []
     try:
         for _ in range(procs):
-            children.append(
-                subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    env=env,
-                    text=True,
-                    process_group=0,
-                )
-            )
+            children.append(start_child("durably.bench.processes", args, url))
         try:
             async with asyncio.timeout(timeout):
                 await _each_says(children, "ready")
@@ -120,7 +127,7 @@ async def _child(url: str, in_flight: int, total: int) -> None:
 def _main() -> None:
     """The child: its failure is one line for the parent to show, not a traceback."""
     try:
-        asyncio.run(_child(os.environ[_URL], int(sys.argv[1]), int(sys.argv[2])))
+        asyncio.run(_child(os.environ[URL_VARIABLE], int(sys.argv[1]), int(sys.argv[2])))
     except Exception as exc:
         print(f"error: {type(exc).__name__}: {exc}", flush=True)
         sys.exit(1)

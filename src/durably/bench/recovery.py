@@ -14,17 +14,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 
 import durably
-from durably.bench.processes import close_pipes
+from durably.bench.processes import URL_VARIABLE, close_pipes, start_child
 from durably.bench.workloads import bench_step
 
 _CHILD = os.environ.get("DURABLY_BENCH_CHILD") == "1"
-#: The child's database URL (it may hold a password: never on a command line).
-_URL = "DURABLY_BENCH_URL"
 _blocked = 0  # in the child: workflows parked in the blocking step
 
 
@@ -49,14 +46,7 @@ async def recover_workflow() -> int:
 async def recovery_seconds(url: str, n: int, timeout: float = 600.0) -> float:
     """Seconds to finish ``n`` workflows left behind by a SIGKILLed process, timed from
     opening an engine on ``url`` (a database no other run has used) until the last ends."""
-    child = subprocess.Popen(
-        [sys.executable, "-m", "durably.bench.recovery", str(n)],
-        stdin=subprocess.PIPE,  # its end closes if this process dies: the child ends too
-        stdout=subprocess.PIPE,
-        env={**os.environ, "DURABLY_BENCH_CHILD": "1", _URL: url},
-        text=True,
-        process_group=0,  # a Ctrl-C at the terminal reaches this process, which kills it
-    )
+    child = start_child("durably.bench.recovery", [str(n)], url, DURABLY_BENCH_CHILD="1")
     try:
         assert child.stdout is not None
         line = await asyncio.to_thread(child.stdout.readline)
@@ -101,4 +91,4 @@ async def _child(url: str, n: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_child(os.environ[_URL], int(sys.argv[1])))
+    asyncio.run(_child(os.environ[URL_VARIABLE], int(sys.argv[1])))
