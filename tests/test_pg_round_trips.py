@@ -1260,6 +1260,38 @@ def test_a_signal_and_the_claim_of_the_parked_workflow_it_wakes_are_one_round_tr
     assert db.get_workflow("a").status == "running"
 
 
+def test_a_signal_and_the_claim_it_makes_write_the_workflows_row_once(pg_store: Any) -> None:
+    """The one round trip's signal and claim are one statement (keep_and_claim_signal)
+    that updates the workflow's row once: each update of it changes an indexed column,
+    so each writes a new entry in every index it is in. It returns what keep_signal
+    returns, then the row as the claim left it."""
+    from durably.storage import claims
+
+    conn = pg_store.conn
+    db = Verbs(pg_store)
+    parked_on_signal(db, "once")
+    keep = pg_store._keep_signal_params("once", "go", '"x"', None, NOW, False)
+    for unused in ("channel", "wakeup", "tell"):
+        del keep[unused]
+    claim = pg_statements.claim_woken_params("ex-b", "once", NOW + LEASE, NOW)
+    updates = "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'workflows'::regclass"
+    with conn.transaction(force_rollback=True):
+        pg_store._fill_runnable(claims.runnable_rows(RUNNABLE, None))
+        before = conn.execute(updates).fetchone()[0]
+        cursor = conn.execute(pg_store._queries["keep_and_claim_signal"], {**claim, **keep})
+        columns = [c.name for c in cursor.description][4:]
+        row = dict(zip(columns, cursor.fetchone()[4:], strict=True))
+        assert conn.execute(updates).fetchone()[0] - before == 1
+        assert conn.execute(
+            "SELECT num, consumed_seq FROM signals WHERE workflow_id = 'once'"
+        ).fetchall() == [(1, None)]
+        assert conn.execute(
+            "SELECT epoch, owner, reason FROM claims WHERE workflow_id = 'once' ORDER BY epoch"
+        ).fetchall()[-1] == (row["epoch"], "ex-b", "resume")
+    assert (row["workflow_id"], row["status"], row["owner"]) == ("once", "running", "ex-b")
+    assert db.get_workflow("once").status == "waiting"  # rolled back
+
+
 def test_a_signal_whose_claim_takes_nothing_is_still_kept_and_told(pg_store: Any) -> None:
     """A signal to a workflow running elsewhere (nothing to claim), a duplicate key and a
     parked workflow asked to stop: each gives what the statements one at a time give."""
@@ -1965,7 +1997,10 @@ def test_a_wake_ups_receive_reads_its_workflow_by_key_and_only_the_open_entries(
 
 def _slow_keep(pg_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """keep_signal as it is, plus a pause at its end: a commit elsewhere lands between its
-    snapshot and the claim's (the real window, wider; found by a second read)."""
+    snapshot and the claim's (the real window, wider; found by a second read). And
+    keep_and_claim_signal (the one round trip's signal and claim in one statement) with a
+    pause before it looks for the workflow's row: a commit elsewhere lands after the
+    statement's snapshot, before its row lock."""
     text = pg_store._queries["keep_signal"]
     slow = text.replace("), woken AS (", "), slept AS (SELECT pg_sleep(0.6) AS z\n), woken AS (")
     slow = slow.replace(
@@ -1975,6 +2010,14 @@ def _slow_keep(pg_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert slow != text
     monkeypatch.setitem(pg_store._queries, "keep_signal", slow)
+    text = pg_store._queries["keep_and_claim_signal"]
+    slow = text.replace(
+        "FROM workflows WHERE workflow_id = %(workflow_id)s\n    FOR UPDATE",
+        "FROM workflows WHERE workflow_id = (SELECT %(workflow_id)s::text"
+        " FROM (SELECT pg_sleep(0.6)) AS z)\n    FOR UPDATE",
+    )
+    assert slow != text
+    monkeypatch.setitem(pg_store._queries, "keep_and_claim_signal", slow)
 
 
 @pytest.mark.parametrize("verbs", [False, True], ids=["at-once", "verbs"])
