@@ -131,3 +131,52 @@ def test_verbs_that_lock_many_workflows_run_alone(runner: Any) -> None:
     assert in_flight.result(timeout=30) is False
     lone_verb.result(timeout=30)
     assert order == ["batch", "alone"]
+
+
+def test_a_call_the_server_undid_to_end_a_deadlock_runs_again_and_succeeds(
+    runner: Any,
+) -> None:
+    """Two calls each lock two workflows, in opposite orders, on two connections: the
+    server ends the deadlock by undoing one (after ``deadlock_timeout``), which the store
+    thread runs again, alone, once the other committed. Both callers get their answer,
+    and the one undone wrote nothing the first time: each workflow has two signals."""
+    store = runner.store
+    for wid in ("x", "y"):
+        runner.call_sync(store.create_workflow, new(wid), "ex-a", NOW + LEASE, NOW)
+    both_hold_one = threading.Barrier(2, timeout=30)
+    runs: list[str] = []
+
+    def send_both(first: str, second: str) -> bool:
+        runs.append(first)
+        store.send_signal(first, "go", f'"{first}-first"', None, NOW)
+        if runs.count(first) == 1:  # the first try only: each holds its first row
+            both_hold_one.wait()
+        return store.send_signal(second, "go", f'"{first}-then-{second}"', None, NOW)
+
+    one = runner.submit(send_both, "x", "y")
+    deadline = time.monotonic() + 30
+    while not runs:  # running on one thread: the other call goes to another
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    other = runner.submit(send_both, "y", "x")
+    assert one.result(timeout=60) is True and other.result(timeout=60) is True
+    assert sorted(runs) == ["x", "x", "y"] or sorted(runs) == ["x", "y", "y"], runs
+    for wid in ("x", "y"):
+        kept = runner.call_sync(store.list_signals, wid)
+        assert len(kept) == 2, kept  # the undone try kept nothing
+
+
+def test_a_batch_takes_its_workflows_rows_in_id_order(runner: Any) -> None:
+    """The ops of one batch run ordered by the workflow each names (those naming none
+    first, a start among them, each workflow's in the order made): two batches of the
+    same workflows then never lock them in a cycle."""
+
+    def verb(*args: Any) -> None:
+        return None
+
+    made = [base.Op(verb, (wid, n), True) for n, wid in enumerate(["b", "a", "c", "a"])]
+    made.append(base.Op(verb, (runner.store, "b", 9), True))  # of operations: the store first
+    made.append(base.Op(verb, (new("z"), "owner-0", 10), True))  # a start: first
+    made.append(base.Op(verb, (["a", "b"], 11), True))  # names no one workflow: first
+    ordered = base.lock_order(made)
+    assert [op.args[-1] for op in ordered] == [10, 11, 1, 3, 0, 9, 2]  # b's two as made

@@ -289,11 +289,13 @@ def test_a_child_finished_in_a_group_commit_wakes_its_parent(
     assert db.load_history("other") == [step(1)]
 
 
-def test_a_parent_finished_after_its_child_in_a_group_commit_keeps_its_own_time(
-    pg_store: Any,
+@pytest.mark.parametrize("parent_first", [False, True], ids=["child-first", "parent-first"])
+def test_a_parent_finished_with_its_child_in_a_group_commit_keeps_its_own_time(
+    pg_store: Any, parent_first: bool
 ) -> None:
-    """The child's wake-up of its parent is written before the parent's own finish, in
-    the batch's order: the parent's updated_at is its finish's."""
+    """The parent's updated_at is its own finish's, whichever of the two finishes comes
+    first in the batch (``base.lock_order`` orders them by id): the child's wake-up of a
+    parent it finds finished changes nothing of it."""
     db = Verbs(pg_store)
     owned(db, "parent")
     child = base.NewWorkflow("child", "refund", "{}", None, None, parent_id="parent")
@@ -311,7 +313,7 @@ def test_a_parent_finished_after_its_child_in_a_group_commit_keeps_its_own_time(
             True,
         ),
     ]
-    traced(pg_store, ops)
+    traced(pg_store, ops[::-1] if parent_first else ops)
     assert [op.error for op in ops] == [None, None]
     assert db.get_workflow("parent").updated_at == NOW + 9
 

@@ -306,6 +306,12 @@ class DatabaseLocked(StoreError):
     """The database stayed locked by another process past the busy timeout."""
 
 
+class TransactionConflict(DatabaseLocked):
+    """PostgreSQL undid the call's transaction to end a deadlock (or a serialization
+    failure) with another one, again and again: each time nothing of it was written, and
+    the store ran it again alone before raising this (``StoreThread``)."""
+
+
 class DatabaseReadOnly(StoreError):
     """The database cannot be written (file permissions or a read-only mount)."""
 

@@ -102,6 +102,31 @@ class Op:
     error: BaseException | None = None
 
 
+def lock_order(ops: list[Op]) -> list[Op]:
+    """A batch's ops in the order its transaction is to take their rows: by the workflow
+    each names (a verb on one workflow takes its id first, a function of ``operations``
+    right after the store), those naming none first (a start: its row is new, and a
+    call made after it may name it), and each workflow's ops in the order given.
+
+    Two batches of the same workflows then lock them in one order and never wait for each
+    other in a cycle: a deadlock, which PostgreSQL ends only after ``deadlock_timeout``
+    (a second by default), undoing one of them. The ops of one batch commit together, and
+    their callers made them without waiting for each other, so their order is one they
+    could have arrived in, but for one workflow's own ops, whose order is kept.
+    """
+    if len(ops) < 2:
+        return ops
+    return sorted(ops, key=_workflow_named)
+
+
+def _workflow_named(op: Op) -> str:
+    args = op.args
+    if args and isinstance(args[0], Store):
+        args = args[1:]
+    first = args[0] if args else None
+    return first if isinstance(first, str) else ""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkflowQuery:
     """Which workflows :meth:`Store.search_workflows` returns: every filter given must hold.

@@ -27,10 +27,12 @@ Connections. ``?connections=N`` (1 unless given, at most 64) store threads
 on a connection of its own: while one batch waits for its COMMIT (a disk flush
 on the server) or for a row lock, the next runs on another. With more than one,
 two calls that were not awaited one after the other may commit in either order
-(with one they commit in the order they were made). Verbs that lock
+(with one they commit in the order they were made, or together). A batch's calls
+take their workflows' rows in id order (``base.lock_order``), and verbs that lock
 many workflows' rows at once (the heartbeat, ``request_cancel``, ...) run
-alone (``base.alone``), so two batches of one process never wait for each
-other in a cycle. When a connection is lost (a server restart, a failover, a
+alone (``base.alone``), so two batches never wait for each other in a cycle; a
+call the server still undoes to end a deadlock runs again, alone
+(``StoreThread``). When a connection is lost (a server restart, a failover, a
 network cut) the batch that was running on it fails with DatabaseUnavailable --
 its outcome is unknown if the loss hit its COMMIT -- and that thread's next
 batch connects again. A batch that finds the connection dead before it ran
@@ -156,7 +158,10 @@ _SCHEMA_NAME = re.compile(r"(?!pg_)[a-z_][a-z0-9_]{0,47}\Z")
 MIGRATION_LOCK = int.from_bytes(b"durably", "big")
 
 # SQLSTATEs: lock_not_available, serialization_failure, deadlock_detected.
-_LOCKED = frozenset({"55P03", "40001", "40P01"})
+_LOCKED = "55P03"  # lock_not_available: lock_timeout
+# serialization_failure, deadlock_detected: the server undid the transaction, whose caller
+# may simply run it again (errors.TransactionConflict).
+_CONFLICTED = frozenset({"40001", "40P01"})
 _CANCELLED = "57014"  # query_canceled: the inline connection's statement_timeout
 _READ_ONLY = "25006"  # read_only_sql_transaction: a hot standby, or default_transaction_read_only
 # Class 08 (connection exception), 57P01-57P03 (admin/crash shutdown, cannot connect now),
@@ -759,7 +764,12 @@ class PostgresStore(pg_wakeup.WakeupVerbs):
         text = self._scrub(exc)
         if state == _CANCELLED and self._session.inline:  # its statement_timeout: undone
             return _Elsewhere(self.where)
-        if state in _LOCKED:
+        if state in _CONFLICTED:
+            return errors.TransactionConflict(
+                f"{self.where}: the server undid this transaction to end a conflict with "
+                f"another one ({text}); nothing of it was written, and it may be run again"
+            )
+        if state == _LOCKED:
             return errors.DatabaseLocked(
                 f"{self.where}: another transaction held the rows too long or conflicted "
                 f"with this one ({text}); another executor holds a long transaction"

@@ -541,9 +541,13 @@ WHERE workflow_id = :workflow_id AND kind = 'step'
 ORDER BY seq
 
 -- name: wake_if_waiting
--- (A part of wake_parent and finish_and_wake.) Wake the rows it picks that wait.
+-- (A part of wake_parent and finish_and_wake.) Wake the rows it picks that wait. A finished
+-- row is left as it is: a second sending of its finish (after a lost connection) finds its
+-- own write by its updated_at, whichever of a parent's and a child's finishes went first.
 UPDATE workflows
-SET wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END, updated_at = :now
+SET wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END,
+    updated_at = CASE WHEN status IN ('completed', 'failed', 'cancelled', 'diverged')
+                      THEN updated_at ELSE :now END
 
 -- name: finish_workflow
 -- Record the final status and outcome, and let go; returns the parent and queue. With

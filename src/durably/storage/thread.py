@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import logging
 import queue
 import threading
 import time
@@ -25,6 +26,12 @@ from durably import errors
 from durably.storage import base
 
 T = TypeVar("T")
+
+log = logging.getLogger("durably")
+
+#: How many times an op runs whose transaction the database keeps undoing to end a
+#: deadlock (``errors.TransactionConflict``) before its caller hears of it.
+CONFLICT_TRIES = 5
 
 _STOP = object()
 
@@ -279,8 +286,10 @@ class StoreThread:
             except Exception as exc:
                 op.error = exc
         if txn:
+            ops = [op for op, _ in txn]
             try:
-                self.store.run_batch([op for op, _ in txn])
+                self.store.run_batch(base.lock_order(ops))
+                self._run_again_after_conflicts(ops)
             except Exception as exc:  # a bug below run_batch: fail the calls, keep serving
                 for op, _ in txn:
                     op.error = exc
@@ -298,6 +307,21 @@ class StoreThread:
         for loop, pairs in by_loop.items():
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
                 loop.call_soon_threadsafe(_resolve, pairs)
+
+    def _run_again_after_conflicts(self, ops: list[base.Op]) -> None:
+        """Run again, each alone, the ops whose transaction the database undid to end a
+        deadlock with another (``TransactionConflict``): nothing of them was written, and
+        the rest of their batch is committed. Two batches that lock the same rows in
+        other orders (two engines' group commits of signals to the same workflows) meet
+        so; the one undone goes on once the other has moved on. Raised to the caller only
+        after ``CONFLICT_TRIES`` such ends in a row."""
+        for op in ops:
+            tries = 1
+            while isinstance(op.error, errors.TransactionConflict) and tries < CONFLICT_TRIES:
+                tries += 1
+                log.debug("%s: run again after a conflict: %s", self.store.url, op.error)
+                op.error = op.result = None
+                self.store.run_batch([op])
 
 
 class _Gate:
