@@ -1997,6 +1997,52 @@ def test_a_wake_ups_receive_reads_its_workflow_by_key_and_only_the_open_entries(
     assert db.load_history("long")[-1] == wait  # EXPLAIN ANALYZE's writes, rolled back
 
 
+def test_a_signal_whose_workflow_another_claims_meanwhile_is_kept_and_takes_nothing(
+    pg_store: Any, postgres_url: str
+) -> None:
+    """Another executor claims the parked workflow after the one round trip's statement
+    took its snapshot and before it locked the row: the statement waits for the row,
+    then decides on the row as the claim left it (``FOR UPDATE`` in
+    keep_and_claim_signal): the signal is kept and numbered, and nothing is taken from
+    the executor that now runs it."""
+    from durably import operations
+
+    db = Verbs(pg_store)
+    parked_on_signal(db, "warm")
+    db.run(operations._send_and_claim, pg_store, "warm", "go", '"w"', None, NOW, claimer())
+    parked_on_signal(db, "a")
+    epoch = db.get_workflow("a").epoch
+    with psycopg.connect(postgres_url, autocommit=True) as rival:
+        rival.execute("SET search_path TO durably")
+        rival.execute("BEGIN")
+        rival.execute(
+            "UPDATE workflows SET status = 'running', owner = 'ex-other', epoch = epoch + 1,"
+            " lease_expires_at = %s WHERE workflow_id = 'a'",
+            (NOW + LEASE,),
+        )
+        sent: dict[str, Any] = {}
+
+        def send() -> None:
+            sent["woken"] = db.run(
+                operations._send_and_claim, pg_store, "a", "go", '"x"', None, NOW, claimer()
+            )
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        deadline = time.monotonic() + 30
+        while lock_waiters(postgres_url) == (0,):  # the statement waits for the row
+            assert time.monotonic() < deadline and sender.is_alive()
+            time.sleep(0.01)
+        rival.execute("COMMIT")
+        sender.join(30)
+    woken = sent["woken"]
+    assert woken.sent and woken.taken is None
+    row = db.get_workflow("a")
+    assert (row.owner, row.status, row.epoch) == ("ex-other", "running", epoch + 1)
+    assert [(x["num"], x["consumed_seq"]) for x in db.list_signals("a")] == [(1, None)]
+    assert "ex-b" not in [c.owner for c in db.load_claims("a")]
+
+
 def _slow_keep(pg_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """keep_signal as it is, plus a pause at its end: a commit elsewhere lands between its
     snapshot and the claim's (the real window, wider; found by a second read). And

@@ -843,3 +843,41 @@ def sql_rows(url: str, statement: str) -> list[Any]:
         pg.execute("SET search_path TO durably")  # where durably's tables are
         cursor = pg.execute(statement)  # type: ignore[arg-type]
         return cursor.fetchall() if cursor.description else []
+
+
+def test_an_op_undone_by_a_conflict_runs_again_before_its_workflows_later_ops(store_url):
+    """A batch's op that the database undid to end a deadlock runs again after the batch
+    commits, and the batch's later ops of its workflow wait for it: the two signals
+    keep the order they were sent in. (The op raises ``TransactionConflict`` itself, as
+    a verb does when PostgreSQL undoes its transaction; the rest is the real store.)"""
+    runner = thread.StoreThread(create_store(store_url))  # one thread: one batch at a time
+    runner.start()
+    s = runner.store
+    try:
+        runner.call_sync(s.create_workflow, new("w"), "e", NOW + LEASE, NOW)
+        busy, release = threading.Event(), threading.Event()
+
+        def hold_the_thread() -> None:
+            busy.set()
+            assert release.wait(30)
+
+        tries: list[int] = []
+
+        def send_first(store: Any, wid: str) -> bool:
+            tries.append(len(tries))
+            if len(tries) <= 2:  # the batch's first try, then its guarded one
+                raise errors.TransactionConflict("deadlock detected (in this test)")
+            return store.send_signal(wid, "go", '"first"', None, NOW)
+
+        holding = runner.submit(hold_the_thread)
+        assert busy.wait(30)
+        first = runner.submit(send_first, s, "w")  # queued: one batch, once released
+        second = runner.submit(s.send_signal, "w", "go", '"second"', None, NOW)
+        release.set()
+        holding.result(timeout=30)
+        assert first.result(timeout=30) is True and second.result(timeout=30) is True
+        assert len(tries) == 3
+        sent = runner.call_sync(s.list_signals, "w")
+        assert [(x["num"], x["payload"]) for x in sent] == [(1, '"first"'), (2, '"second"')]
+    finally:
+        runner.stop()

@@ -108,18 +108,21 @@ def lock_order(ops: list[Op]) -> list[Op]:
     right after the store), those naming none first (a start: its row is new, and a
     call made after it may name it), and each workflow's ops in the order given.
 
-    Two batches of the same workflows then lock them in one order and never wait for each
-    other in a cycle: a deadlock, which PostgreSQL ends only after ``deadlock_timeout``
-    (a second by default), undoing one of them. The ops of one batch commit together, and
+    Two batches of the same workflows then lock them in one order, and seldom wait for
+    each other in a cycle: a deadlock, which PostgreSQL ends only after
+    ``deadlock_timeout`` (a second by default), undoing one of them. (An op that also
+    locks another workflow, a parent its child's finish wakes or a signal's target, can
+    still meet one; the store thread runs it again.) The ops of one batch commit together, and
     their callers made them without waiting for each other, so their order is one they
     could have arrived in, but for one workflow's own ops, whose order is kept.
     """
     if len(ops) < 2:
         return ops
-    return sorted(ops, key=_workflow_named)
+    return sorted(ops, key=workflow_named)
 
 
-def _workflow_named(op: Op) -> str:
+def workflow_named(op: Op) -> str:
+    """The workflow an op names (``lock_order``); "" for none."""
     args = op.args
     if args and isinstance(args[0], Store):
         args = args[1:]

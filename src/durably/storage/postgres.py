@@ -30,7 +30,7 @@ two calls that were not awaited one after the other may commit in either order
 (with one they commit in the order they were made, or together). A batch's calls
 take their workflows' rows in id order (``base.lock_order``), and verbs that lock
 many workflows' rows at once (the heartbeat, ``request_cancel``, ...) run
-alone (``base.alone``), so two batches never wait for each other in a cycle; a
+alone (``base.alone``), so two batches seldom wait for each other in a cycle; a
 call the server still undoes to end a deadlock runs again, alone
 (``StoreThread``). When a connection is lost (a server restart, a failover, a
 network cut) the batch that was running on it fails with DatabaseUnavailable --

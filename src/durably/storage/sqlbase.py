@@ -370,18 +370,30 @@ class SqlBase(base.Store):
         return True
 
     def _run_guarded(self, ops: Sequence[base.Op]) -> None:
-        """Run the ops with a savepoint each: one that fails is undone alone."""
+        """Run the ops with a savepoint each: one that fails is undone alone.
+
+        One the database undid to end a deadlock (``TransactionConflict``) is run again
+        later (``StoreThread``), so the batch's later ops of its workflow are not run
+        here but left with the same error: run again after it, they keep their order.
+        """
+        conflicted: dict[str, errors.TransactionConflict] = {}
         try:
             self._execute("SAVEPOINT op")
             for i, op in enumerate(ops):
                 if i:  # the previous op is done: keep it, and mark where this one begins
                     self._next_savepoint()
+                workflow = base.workflow_named(op)
+                if workflow in conflicted:
+                    op.error = conflicted[workflow]
+                    continue
                 try:
                     op.result = op.fn(*op.args)
                 except Exception as exc:
                     self._execute("ROLLBACK TO SAVEPOINT op")
                     self._temp_tables().forget()  # the op's writes to them are undone too
                     op.error = self._translate(exc)
+                    if isinstance(op.error, errors.TransactionConflict):
+                        conflicted[workflow] = op.error
         except Exception as exc:  # the transaction itself failed (a lost connection)
             self._rollback()
             self._fail_all(ops, self._translate(exc))

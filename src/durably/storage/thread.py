@@ -286,42 +286,61 @@ class StoreThread:
             except Exception as exc:
                 op.error = exc
         if txn:
-            ops = [op for op, _ in txn]
             try:
-                self.store.run_batch(base.lock_order(ops))
-                self._run_again_after_conflicts(ops)
+                self.store.run_batch(base.lock_order([op for op, _ in txn]))
             except Exception as exc:  # a bug below run_batch: fail the calls, keep serving
                 for op, _ in txn:
                     op.error = exc
-        self._answered(calls)  # before the callers hear: their next call may run inline
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], base.Op]]] = {}
-        for op, waiter in raw + txn:
-            if isinstance(waiter, concurrent.futures.Future):
-                if op.error is not None:
-                    waiter.set_exception(op.error)
-                else:
-                    waiter.set_result(op.result)
-            else:
-                loop, future = waiter
-                by_loop.setdefault(loop, []).append((future, op))
-        for loop, pairs in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
-                loop.call_soon_threadsafe(_resolve, pairs)
+        again = [pair for pair in txn if isinstance(pair[0].error, errors.TransactionConflict)]
+        later = {id(op) for op, _ in again}
+        self._answered(calls - len(again))  # before the callers hear: their next call may
+        _deliver([pair for pair in raw + txn if id(pair[0]) not in later])  # run inline
+        if again:
+            self._run_again(again)
+            self._answered(len(again))
+            _deliver(again)
 
-    def _run_again_after_conflicts(self, ops: list[base.Op]) -> None:
-        """Run again, each alone, the ops whose transaction the database undid to end a
-        deadlock with another (``TransactionConflict``): nothing of them was written, and
-        the rest of their batch is committed. Two batches that lock the same rows in
-        other orders (two engines' group commits of signals to the same workflows) meet
-        so; the one undone goes on once the other has moved on. Raised to the caller only
-        after ``CONFLICT_TRIES`` such ends in a row."""
-        for op in ops:
+    def _run_again(self, pairs: list[tuple[base.Op, Any]]) -> None:
+        """Run again, each alone, in the order made, the ops whose transaction the
+        database undid to end a deadlock with another (``TransactionConflict``; with
+        them the batch's later ops of the same workflow, left unrun): nothing of them was
+        written, the rest of their batch is committed and answered. Two batches that
+        lock the same rows in other orders meet so (``base.lock_order`` makes it rare);
+        the one undone goes on once the other has moved on. An op is raised to its caller
+        after ``CONFLICT_TRIES`` such ends in a row, and not run again once its caller
+        has gone."""
+        for op, waiter in pairs:
             tries = 1
-            while isinstance(op.error, errors.TransactionConflict) and tries < CONFLICT_TRIES:
+            while (
+                isinstance(op.error, errors.TransactionConflict)
+                and tries < CONFLICT_TRIES
+                and _still_wanted(waiter)
+            ):
                 tries += 1
                 log.debug("%s: run again after a conflict: %s", self.store.url, op.error)
                 op.error = op.result = None
-                self.store.run_batch([op])
+                try:
+                    self.store.run_batch([op])
+                except Exception as exc:  # a bug below run_batch: fail this call alone
+                    op.error = exc
+
+
+def _deliver(pairs: list[tuple[base.Op, Any]]) -> None:
+    """Each op's result or error to its caller: a thread's future at once, a loop's
+    through one ``call_soon_threadsafe`` per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], base.Op]]] = {}
+    for op, waiter in pairs:
+        if isinstance(waiter, concurrent.futures.Future):
+            if op.error is not None:
+                waiter.set_exception(op.error)
+            else:
+                waiter.set_result(op.result)
+        else:
+            loop, future = waiter
+            by_loop.setdefault(loop, []).append((future, op))
+    for loop, answers in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+            loop.call_soon_threadsafe(_resolve, answers)
 
 
 class _Gate:
@@ -378,6 +397,12 @@ def _wanted(waiter: Any) -> bool:
     if isinstance(waiter, concurrent.futures.Future):
         return waiter.set_running_or_notify_cancel()
     return not waiter[1].cancelled()
+
+
+def _still_wanted(waiter: Any) -> bool:
+    """Whether the caller of a call already running still waits for it (a thread's
+    future, running, cannot be cancelled; a loop's can)."""
+    return isinstance(waiter, concurrent.futures.Future) or not waiter[1].cancelled()
 
 
 async def _answer(future: asyncio.Future[T], then: Callable[[T], None] | None) -> T:
