@@ -2049,23 +2049,26 @@ def _slow_keep(pg_store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     keep_and_claim_signal (the one round trip's signal and claim in one statement) with a
     pause before it looks for the workflow's row: a commit elsewhere lands after the
     statement's snapshot, before its row lock."""
-    text = pg_store._queries["keep_signal"]
-    slow = text.replace("), woken AS (", "), slept AS (SELECT pg_sleep(0.6) AS z\n), woken AS (")
-    slow = slow.replace(
-        "FROM workflows WHERE workflow_id = %(workflow_id)s",
-        "FROM workflows WHERE workflow_id = %(workflow_id)s"
-        " AND (SELECT z IS NULL OR true FROM slept)",
-    )
-    assert slow != text
-    monkeypatch.setitem(pg_store._queries, "keep_signal", slow)
-    text = pg_store._queries["keep_and_claim_signal"]
-    slow = text.replace(
-        "FROM workflows WHERE workflow_id = %(workflow_id)s\n    FOR UPDATE",
-        "FROM workflows WHERE workflow_id = (SELECT %(workflow_id)s::text"
-        " FROM (SELECT pg_sleep(0.6)) AS z)\n    FOR UPDATE",
-    )
-    assert slow != text
-    monkeypatch.setitem(pg_store._queries, "keep_and_claim_signal", slow)
+    row = "FROM workflows WHERE workflow_id = %(workflow_id)s"
+    changes = {
+        "keep_signal": [
+            ("), woken AS (", "), slept AS (SELECT pg_sleep(0.6) AS z\n), woken AS ("),
+            (row, row + " AND (SELECT z IS NULL OR true FROM slept)"),
+        ],
+        "keep_and_claim_signal": [
+            (
+                row + "\n    FOR UPDATE",
+                "FROM workflows WHERE workflow_id = (SELECT %(workflow_id)s::text"
+                " FROM (SELECT pg_sleep(0.6)) AS z)\n    FOR UPDATE",
+            )
+        ],
+    }
+    for query, replacements in changes.items():
+        text = slow = pg_store._queries[query]
+        for before, after in replacements:
+            slow = slow.replace(before, after)
+        assert slow != text
+        monkeypatch.setitem(pg_store._queries, query, slow)
 
 
 @pytest.mark.parametrize("verbs", [False, True], ids=["at-once", "verbs"])
