@@ -275,3 +275,34 @@ def plain_double(x: int) -> int:
 
 async def test_steps_called_outside_a_workflow_run_plainly() -> None:
     assert await plain_double(21) == 42
+
+
+# A step never runs before the journaled values it can observe are durable, even when
+# another step of the same gather is the one committing them (found by
+# test_property_crashes: a kill between the two made the next run draw new values, and a
+# step ran again on other inputs under the same idempotency key).
+READER: dict[str, durably.Client] = {}
+
+
+@durably.step
+async def finds_the_value_committed(wid: str, value: float, n: int) -> bool:
+    kinds = [entry.kind for entry in READER["client"].history(wid)]  # another connection
+    return "random" in kinds
+
+
+@durably.workflow(name="engine.gather_after_random")
+async def gather_after_random() -> list[bool]:
+    value, wid = durably.random(), durably.workflow_id()
+    steps = (finds_the_value_committed(wid, value, n) for n in range(3))
+    return list(await asyncio.gather(*steps))
+
+
+async def test_no_step_of_a_gather_runs_before_the_values_it_sees_are_committed(
+    store_url: str,
+) -> None:
+    with durably.Client(store_url) as client:
+        READER["client"] = client
+        async with durably.Engine(store_url) as engine:
+            handles = [await engine.start(gather_after_random) for _ in range(8)]
+            found = [await h.result(timeout=30) for h in handles]
+    assert found == [[True, True, True]] * 8

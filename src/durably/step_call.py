@@ -85,7 +85,7 @@ async def _run(
             if found is not None:
                 return found[0]
     if run.must_flush():  # what the step could observe is committed before it runs
-        await run.commit()
+        await run.flush_observed()
     key = f"{run.workflow_id}:{seq}"
     while True:
         if not run.ready_now():  # not while a park is on its way: the run may be letting go

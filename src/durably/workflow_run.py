@@ -125,6 +125,10 @@ class Run(parking.Parking):
         self._patches: dict[str, bool] = {}  # durably.patched() answers, once per change id
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
+        # Writes on their way that carry values a step could observe (now, random, uuid4),
+        # and what is set once none is: a step waits for them (``flush_observed``).
+        self._observing = 0
+        self._observed = asyncio.Event()
         #: The seq of a signal wait the claim's commit received (``take_woken``): final in
         #: ``history``, but it ends in this run, which emits its span.
         self.received_at_claim: int | None = None
@@ -222,6 +226,22 @@ class Run(parking.Parking):
         the caller records the refusal instead.
         """
         batch = [*self._take_pending(), *entries]
+        observed = any(e.kind in _OBSERVABLE for e in batch)
+        if observed:
+            self._observing += 1
+        try:
+            return await self._write(verb, batch, args, internal)
+        finally:
+            if observed:
+                self._observing -= 1
+                if not self._observing:  # wake the steps waiting, then wait anew
+                    self._observed.set()
+                    self._observed = asyncio.Event()
+
+    async def _write(
+        self, verb: Verb, batch: list[journal.Entry], args: tuple[Any, ...], internal: bool
+    ) -> Any:
+        """``write`` once the batch is taken."""
         fn = getattr(self._services.store.store, verb)
         at = _BATCH_AT[verb]
         if at == 0:  # a step's commit: no slicing on the hot path
@@ -394,13 +414,27 @@ class Run(parking.Parking):
         raise self.suspend("this run has let go of the workflow")
 
     def must_flush(self) -> bool:
-        """True when journaled values a step could observe (now, random, uuid4) are staged:
-        they are committed before the step runs.
+        """True when journaled values a step could observe (now, random, uuid4) are staged,
+        or on their way in a write not yet committed: they are committed before the step
+        runs (``flush_observed``).
 
         Other pending entries (events, finished sleeps) ride with the step's
         receipt, so a plain step still costs one commit.
         """
+        if self._observing:
+            return True
         return bool(self._pending) and any(e.kind in _OBSERVABLE for e in self._pending)
+
+    async def flush_observed(self) -> None:
+        """Commit the staged values a step could observe, and wait for the writes already
+        carrying such values: a step of a ``gather`` that starts while another step's
+        commit of them is on its way must not run before they are durable (killed
+        before that commit, the next run would make new values, and the step would run
+        again on other inputs)."""
+        if self._pending and any(e.kind in _OBSERVABLE for e in self._pending):
+            await self.commit()
+        while self._observing:
+            await self._observed.wait()
 
     # --- journaled values -------------------------------------------------------
 
