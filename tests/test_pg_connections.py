@@ -160,7 +160,7 @@ def test_a_call_the_server_undid_to_end_a_deadlock_runs_again_and_succeeds(
         time.sleep(0.001)
     other = runner.submit(send_both, "y", "x")
     assert one.result(timeout=60) is True and other.result(timeout=60) is True
-    assert sorted(runs) == ["x", "x", "y"] or sorted(runs) == ["x", "y", "y"], runs
+    assert sorted(set(runs)) == ["x", "y"] and len(runs) >= 3, runs  # one ran again
     for wid in ("x", "y"):
         kept = runner.call_sync(store.list_signals, wid)
         assert len(kept) == 2, kept  # the undone try kept nothing

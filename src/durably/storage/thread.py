@@ -33,6 +33,11 @@ log = logging.getLogger("durably")
 #: deadlock (``errors.TransactionConflict``) before its caller hears of it.
 CONFLICT_TRIES = 5
 
+#: Seconds before an undone op runs again, times its tries so far: the transaction that
+#: won needs a moment to commit, and an op that ran again at once could take the first of
+#: its rows ahead of it and meet it in a second deadlock (a second's wait each).
+CONFLICT_PAUSE = 0.01
+
 _STOP = object()
 
 #: The longest a run of inline commits keeps the event loop to itself (seconds): then it
@@ -316,6 +321,7 @@ class StoreThread:
                 and tries < CONFLICT_TRIES
                 and _still_wanted(waiter)
             ):
+                time.sleep(CONFLICT_PAUSE * tries)
                 tries += 1
                 log.debug("%s: run again after a conflict: %s", self.store.url, op.error)
                 op.error = op.result = None
