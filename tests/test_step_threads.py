@@ -326,3 +326,96 @@ def test_futures_are_concurrent_futures() -> None:
 
 async def _wrapped(future: concurrent.futures.Future[int]) -> int:
     return await asyncio.wrap_future(future)
+
+
+def test_a_handed_step_comes_back_to_its_holder_with_its_result_or_error() -> None:
+    pool = step_threads.StepThreads(2)
+    try:
+        added = pool.hand(lambda a, b: a + b, 2, 3)
+        assert added.wait(5)
+        assert added.result() == 5
+        failing = pool.hand(lambda: 1 / 0)
+        assert failing.wait(5)
+        with pytest.raises(ZeroDivisionError):
+            failing.result()
+        stopping = pool.hand(lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+        assert stopping.wait(5)
+        with pytest.raises(KeyboardInterrupt):  # not lost in the thread
+            stopping.result()
+        names = set()
+        for _ in range(30):
+            named = pool.hand(lambda: threading.current_thread().name)
+            assert named.wait(5)
+            names.add(named.result())
+        assert names == {"durably-step_0"}  # one after another: one thread
+    finally:
+        pool.shutdown()
+
+
+def test_a_handed_step_that_outlasts_the_hold_is_delivered_to_its_future() -> None:
+    pool = step_threads.StepThreads(1)
+    gate = threading.Event()
+    try:
+        slow = pool.hand(lambda: gate.wait(5) and "slow")
+        assert not slow.wait(0.01)  # the holder stops holding
+        future = slow.future()
+        assert not future.cancel()  # it runs already: too late to cancel
+        gate.set()
+        assert future.result(5) == "slow"
+        assert asyncio.run(_wrapped(pool.hand(lambda: 8).future())) == 8
+    finally:
+        gate.set()
+        pool.shutdown()
+
+
+def test_a_handed_step_that_finished_as_the_hold_ended_is_not_lost() -> None:
+    """The step's thread delivers between the holder's last wait and its asking for a
+    future: the future it gets is done already, with the outcome."""
+    pool = step_threads.StepThreads(1)
+    try:
+        quick = pool.hand(lambda: "quick")
+        pool.submit(int).result(5)  # its one thread delivered the first before the next
+        future = quick.future()  # without a wait that saw it
+        assert future.done() and future.result() == "quick"
+        failing = pool.hand(lambda: 1 / 0)
+        pool.submit(int).result(5)
+        assert isinstance(failing.future().exception(0), ZeroDivisionError)
+    finally:
+        pool.shutdown()
+
+
+def test_a_handed_step_waiting_for_a_thread_is_not_run_once_its_future_is_cancelled() -> None:
+    pool = step_threads.StepThreads(1)
+    gate = threading.Event()
+    ran: list[str] = []
+    try:
+        busy = pool.submit(gate.wait, 5)
+        waiting = pool.hand(lambda: ran.append("waiting"))
+        assert not waiting.wait(0.01)  # the one thread is busy
+        assert waiting.future().cancel()
+        gate.set()
+        busy.result(5)
+        after = pool.hand(lambda: "after")
+        assert after.wait(5) and after.result() == "after"
+        assert ran == []
+    finally:
+        gate.set()
+        pool.shutdown()
+
+
+@needs_cpus
+def test_a_handed_step_is_woken_on_the_callers_cpu_and_runs_free_of_it() -> None:
+    home = _cpus()
+    where = [max(home)]
+    pool = step_threads.StepThreads(1, cpu=lambda: where[0])
+    try:
+        began = []
+        for _ in range(20):
+            handed = pool.hand(_woken_on)
+            assert handed.wait(5)
+            began.append(handed.result())
+        on_it = sum(1 for on, _ in began if on == where[0])
+        assert on_it >= 15, f"{on_it} of 20 steps began on CPU {where[0]}: {began}"
+        assert all(cpus == home for _, cpus in began)
+    finally:
+        pool.shutdown()

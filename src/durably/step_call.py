@@ -32,6 +32,7 @@ from durably import (
     journal,
     races,
     replay,
+    step_threads,
     steps,
     telemetry,
     watchdog,
@@ -353,18 +354,24 @@ async def _call(
     token = context.current_step.set(ctx)
     try:
         on_loop = inspect.iscoroutinefunction(fn) if is_async is None else is_async
+        held: step_threads.Handed | None = None  # the step's thread, while this one holds
+        awaitable: Awaitable[Any] | None = None
         if on_loop:
-            awaitable: Awaitable[Any] | None = fn(*args, **kwargs)
+            awaitable = fn(*args, **kwargs)
         else:
-            call = functools.partial(fn, *args, **kwargs)
-            near = run.loop_is_quiet()  # then wait here: its thread is woken on this CPU
-            future = run.step_threads.submit(contextvars.copy_context().run, call, near=near)
-            if near and thread.done_within(future, thread.HOLD_LOOP):
-                awaitable = None
+            call = contextvars.copy_context().run, functools.partial(fn, *args, **kwargs)
+            if run.loop_is_quiet():  # then wait here: its thread is woken on this CPU
+                held = run.step_threads.hand(*call)
+                if not held.wait(thread.HOLD_LOOP):  # longer: awaited as any other future
+                    awaitable, held = asyncio.wrap_future(held.future()), None
             else:
-                awaitable = asyncio.wrap_future(future)
+                awaitable = asyncio.wrap_future(run.step_threads.submit(*call))
         with watchdog.async_step(ctx, on_loop):  # named if it blocks the event loop
-            result = future.result() if awaitable is None else await awaitable
+            if held is not None:
+                result = held.result()
+            else:
+                assert awaitable is not None  # one of the two was made above
+                result = await awaitable
             if type(result) not in _PLAIN and inspect.isawaitable(result):
                 # a sync callable that returned a coroutine
                 result = await result

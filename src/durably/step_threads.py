@@ -14,14 +14,19 @@ thread or process it starts inherits the thread's own CPUs, not the one.
 
 The pool is ours and not ``concurrent.futures.ThreadPoolExecutor`` because the thread
 that takes a step must be known before it wakes: each thread has a queue of its own,
-and the idle ones are reused newest first (the warmest caches). Threads are made as
-needed up to ``size``; beyond that steps wait in turn. They are daemon threads: a
-process that exits while a sync step still runs cuts it off as a crash would (its
-step runs again when the workflow is recovered), instead of hanging on it.
+and the idle ones are reused newest first (the warmest caches). A step its caller
+holds for (``hand``) comes back through one lock the caller blocks on, not a
+``concurrent.futures.Future`` (whose condition variable costs 10-15 µs of Python a
+hand-off on the development VM); it becomes one only if the caller stops holding.
+Threads are made as needed up to ``size``; beyond that steps wait in turn. They are
+daemon threads: a process that exits while a sync step still runs cuts it off as a
+crash would (its step runs again when the workflow is recovered), instead of hanging
+on it.
 """
 
 from __future__ import annotations
 
+import _thread
 import collections
 import concurrent.futures
 import logging
@@ -35,9 +40,98 @@ T = TypeVar("T")
 
 log = logging.getLogger("durably.step_threads")
 
-#: A step to run, the future its outcome goes to, and whether its thread was kept on one
-#: CPU to be woken there (it takes back its own CPUs first); None tells a thread to end.
-_Job = tuple[concurrent.futures.Future[Any], Callable[[], Any], bool]
+#: What a step did: (True, its result) or (False, what it raised).
+_Outcome = tuple[bool, Any]
+
+
+class _Submitted:
+    """A step whose outcome goes to a ``concurrent.futures.Future`` (``submit``)."""
+
+    __slots__ = ("fn", "future", "kept")
+
+    def __init__(self, fn: Callable[[], Any], future: concurrent.futures.Future[Any]) -> None:
+        self.fn = fn
+        self.future = future
+        self.kept = False  # its thread was kept on one CPU to be woken there
+
+    def begin(self) -> bool:
+        """False if it was cancelled before it began: it is not run."""
+        return self.future.set_running_or_notify_cancel()
+
+    def finish(self, outcome: _Outcome) -> None:
+        _deliver(self.future, outcome)
+
+
+class Handed:
+    """A step handed to a step thread while its caller holds for it (``StepThreads.hand``).
+
+    The caller blocks in ``wait`` on a lock the step's thread releases when the step
+    returns; if the caller stops holding first, ``future`` turns the step into a
+    ``concurrent.futures.Future`` (which ``asyncio.wrap_future`` takes) and the thread
+    delivers there instead. ``_lock`` orders the two: the outcome goes to exactly one.
+    """
+
+    __slots__ = ("_began", "_done", "_future", "_lock", "_outcome", "fn", "kept")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.kept = False
+        self._done = _thread.allocate_lock()
+        self._done.acquire()  # released once the outcome is here, while held
+        self._lock = _thread.allocate_lock()
+        self._future: concurrent.futures.Future[Any] | None = None
+        self._outcome: _Outcome | None = None
+        self._began = False
+
+    def wait(self, seconds: float) -> bool:
+        """True if the step finished within ``seconds`` (this thread blocks, the GIL let go)."""
+        return self._done.acquire(True, seconds)
+
+    def result(self) -> Any:
+        """The step's result, or raise what it raised (once ``wait`` returned True)."""
+        outcome = self._outcome
+        if outcome is None:
+            raise RuntimeError("a handed step's result was read before it finished")
+        ok, value = outcome
+        if ok:
+            return value
+        try:
+            raise value
+        finally:
+            del value, outcome  # no cycle through the traceback's frame
+
+    def future(self) -> concurrent.futures.Future[Any]:
+        """The step's outcome as a future, for a caller that stopped holding."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            outcome = self._outcome
+            if outcome is None:
+                if self._began:
+                    future.set_running_or_notify_cancel()  # it can no longer be cancelled
+                self._future = future
+                return future
+        future.set_running_or_notify_cancel()
+        _deliver(future, outcome)
+        return future
+
+    def begin(self) -> bool:
+        with self._lock:
+            self._began = True
+            future = self._future
+        return future is None or future.set_running_or_notify_cancel()
+
+    def finish(self, outcome: _Outcome) -> None:
+        with self._lock:
+            future = self._future
+            if future is None:
+                self._outcome = outcome
+                self._done.release()
+                return
+        _deliver(future, outcome)
+
+
+#: A step to run; None tells a thread to end.
+_Job = _Submitted | Handed
 
 
 def _current_cpu_reader() -> Callable[[], int] | None:
@@ -103,7 +197,17 @@ class StepThreads:
         the thread that takes it is woken on the caller's CPU.
         """
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        call = (lambda: fn(*args)) if args else fn
+        self._give(_Submitted((lambda: fn(*args)) if args else fn, future), near)
+        return future
+
+    def hand(self, fn: Callable[..., Any], /, *args: Any) -> Handed:
+        """Run ``fn(*args)`` on a step thread woken on this thread's CPU, for a caller
+        that holds for it: ``Handed.wait``, then ``result`` (or ``future``)."""
+        handed = Handed((lambda: fn(*args)) if args else fn)
+        self._give(handed, True)
+        return handed
+
+    def _give(self, job: _Job, near: bool) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot run a step on the step threads after they shut down")
@@ -112,14 +216,12 @@ class StepThreads:
             elif len(self._workers) < self._size:
                 worker = self._start_worker()
             else:
-                self._waiting.append((future, call, False))  # the next thread to finish
-                return future
-        kept = False
+                self._waiting.append(job)  # the next thread to finish takes it
+                return
         try:
-            kept = near and self._keep_on_this_cpu(worker)
+            job.kept = near and self._keep_on_this_cpu(worker)
         finally:  # the thread left the idle ones: it gets its step, whatever happened
-            worker.jobs.put((future, call, kept))
-        return future
+            worker.jobs.put(job)
 
     def shutdown(self) -> None:
         """No more steps; idle threads end now, busy ones once the steps waiting are run."""
@@ -188,16 +290,16 @@ class StepThreads:
                 if job is None:  # shut down while idle
                     return
                 while job is not None:
-                    future, fn, kept = job
-                    if kept:  # woken on the caller's CPU: every CPU again, before the step
+                    if job.kept:  # woken on the caller's CPU: every CPU again, before the step
                         _take_back(worker.home)
-                    outcome = _run(future, fn)
+                    outcome = _run(job.fn) if job.begin() else (True, None)  # (not cancelled)
+                    done, job = job, None
                     with self._lock:  # what comes next is decided here, and only here:
                         job = self._waiting.popleft() if self._waiting else None
                         end = job is None and self._closed  # (a shutdown after this finds
                         if job is None and not end:  # the thread idle and tells it)
                             self._idle.append(worker)  # before the outcome: the next step
-                    _deliver(future, outcome)  # may take this thread at once
+                    done.finish(outcome)  # may take this thread at once
                     if end:
                         return
         finally:
@@ -214,18 +316,15 @@ def _take_back(cpus: set[int]) -> None:
         log.info("a step thread stays on the CPU it was woken on: %s", exc)
 
 
-def _run(future: concurrent.futures.Future[Any], fn: Callable[[], Any]) -> tuple[bool, Any]:
-    """Run one step: (True, its result) or (False, what it raised); (True, None) if the
-    future was cancelled before it began (it is not run)."""
-    if not future.set_running_or_notify_cancel():
-        return True, None
+def _run(fn: Callable[[], Any]) -> _Outcome:
+    """Run one step: (True, its result) or (False, what it raised)."""
     try:
         return True, fn()
     except BaseException as exc:  # as concurrent.futures does: the caller raises it
         return False, exc
 
 
-def _deliver(future: concurrent.futures.Future[Any], outcome: tuple[bool, Any]) -> None:
+def _deliver(future: concurrent.futures.Future[Any], outcome: _Outcome) -> None:
     """Hand a step's outcome to its future. Its callbacks run here: one that raises past
     what ``concurrent.futures`` catches (a BaseException) is logged, not let end the thread."""
     if future.cancelled():
