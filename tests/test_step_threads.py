@@ -354,12 +354,21 @@ def test_a_handed_step_comes_back_to_its_holder_with_its_result_or_error() -> No
 
 def test_a_handed_step_that_outlasts_the_hold_is_delivered_to_its_future() -> None:
     pool = step_threads.StepThreads(1)
-    gate = threading.Event()
+    gate, began = threading.Event(), threading.Event()
+
+    def slow_step() -> str:
+        began.set()
+        gate.wait(5)
+        return "slow"
+
     try:
-        slow = pool.hand(lambda: gate.wait(5) and "slow")
+        slow = pool.hand(slow_step)
+        assert began.wait(5)
         assert not slow.wait(0.01)  # the holder stops holding
         future = slow.future()
         assert not future.cancel()  # it runs already: too late to cancel
+        with pytest.raises(RuntimeError, match="twice"):
+            slow.future()
         gate.set()
         assert future.result(5) == "slow"
         assert asyncio.run(_wrapped(pool.hand(lambda: 8).future())) == 8
@@ -406,16 +415,19 @@ def test_a_handed_step_waiting_for_a_thread_is_not_run_once_its_future_is_cancel
 @needs_cpus
 def test_a_handed_step_is_woken_on_the_callers_cpu_and_runs_free_of_it() -> None:
     home = _cpus()
-    where = [max(home)]
-    pool = step_threads.StepThreads(1, cpu=lambda: where[0])
+    first, last = min(home), max(home)
+    where = [first]
+    pool = step_threads.StepThreads(1, cpu=lambda: where[0])  # "the caller is on" where[0]
     try:
-        began = []
-        for _ in range(20):
-            handed = pool.hand(_woken_on)
-            assert handed.wait(5)
-            began.append(handed.result())
-        on_it = sum(1 for on, _ in began if on == where[0])
-        assert on_it >= 15, f"{on_it} of 20 steps began on CPU {where[0]}: {began}"
-        assert all(cpus == home for _, cpus in began)
+        for cpu in (first, last, first):  # a thread free to run anywhere could not follow
+            where[0] = cpu
+            began = []
+            for _ in range(20):
+                handed = pool.hand(_woken_on)
+                assert handed.wait(5)
+                began.append(handed.result())
+            on_it = sum(1 for on, _ in began if on == cpu)
+            assert on_it >= 15, f"{on_it} of 20 steps began on CPU {cpu}: {began}"
+            assert all(cpus == home for _, cpus in began)
     finally:
         pool.shutdown()

@@ -88,22 +88,24 @@ class Handed:
         return self._done.acquire(True, seconds)
 
     def result(self) -> Any:
-        """The step's result, or raise what it raised (once ``wait`` returned True)."""
-        outcome = self._outcome
+        """The step's result, or raise what it raised; once, after ``wait`` returned True."""
+        outcome, self._outcome = self._outcome, None  # an error's traceback holds this frame
         if outcome is None:
-            raise RuntimeError("a handed step's result was read before it finished")
+            raise RuntimeError("a handed step's result was read before it finished, or twice")
         ok, value = outcome
         if ok:
             return value
         try:
             raise value
         finally:
-            del value, outcome  # no cycle through the traceback's frame
+            del value, outcome  # nor a cycle through the traceback's frame and its locals
 
     def future(self) -> concurrent.futures.Future[Any]:
-        """The step's outcome as a future, for a caller that stopped holding."""
+        """The step's outcome as a future, for a caller that stopped holding (once)."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
+            if self._future is not None:
+                raise RuntimeError("a handed step's future was asked for twice")
             outcome = self._outcome
             if outcome is None:
                 if self._began:
@@ -130,7 +132,7 @@ class Handed:
         _deliver(future, outcome)
 
 
-#: A step to run; None tells a thread to end.
+#: A step to run (a thread's queue also takes None, which tells it to end).
 _Job = _Submitted | Handed
 
 
@@ -194,15 +196,17 @@ class StepThreads:
         """Run ``fn(*args)`` on a step thread; its outcome goes to the future returned.
 
         ``near``: the calling thread will wait for it (and do nothing else meanwhile):
-        the thread that takes it is woken on the caller's CPU.
+        an idle thread that takes it is woken on the caller's CPU (with every thread
+        busy, the step waits its turn and is woken anywhere).
         """
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._give(_Submitted((lambda: fn(*args)) if args else fn, future), near)
         return future
 
     def hand(self, fn: Callable[..., Any], /, *args: Any) -> Handed:
-        """Run ``fn(*args)`` on a step thread woken on this thread's CPU, for a caller
-        that holds for it: ``Handed.wait``, then ``result`` (or ``future``)."""
+        """Run ``fn(*args)`` on a step thread, for a caller that holds for it:
+        ``Handed.wait``, then ``result`` (or ``future``). An idle thread is woken on this
+        thread's CPU; with every thread busy the step waits its turn, woken anywhere."""
         handed = Handed((lambda: fn(*args)) if args else fn)
         self._give(handed, True)
         return handed
