@@ -431,3 +431,143 @@ def test_a_handed_step_is_woken_on_the_callers_cpu_and_runs_free_of_it() -> None
             assert all(cpus == home for _, cpus in began)
     finally:
         pool.shutdown()
+
+
+async def test_a_step_run_for_a_loop_comes_back_to_its_future() -> None:
+    pool = step_threads.StepThreads(2)
+    try:
+        assert await pool.run(lambda a, b: a + b, 2, 3) == 5
+        with pytest.raises(ZeroDivisionError):
+            await pool.run(lambda: 1 / 0)
+        assert await asyncio.gather(*(pool.run(lambda i=i: i * i) for i in range(20))) == [
+            i * i for i in range(20)
+        ]
+    finally:
+        pool.shutdown()
+
+
+async def test_steps_that_finish_together_wake_their_loop_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    wakes: list[object] = []
+    real = loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        wakes.append(callback)
+        return real(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)  # this loop only
+    pool = step_threads.StepThreads(8)
+    gate = threading.Event()
+    done = []
+    try:
+
+        def step(i: int) -> int:
+            gate.wait(5)
+            done.append(i)
+            return i
+
+        futures = [pool.run(step, i) for i in range(8)]
+        gate.set()
+        deadline = time.monotonic() + 5
+        while len(done) < 8 and time.monotonic() < deadline:
+            time.sleep(0.001)  # the loop's thread busy: no wake-up is handled meanwhile
+        time.sleep(0.05)  # each thread posts its outcome just after its step returns
+        assert sorted(await asyncio.gather(*futures)) == list(range(8))
+        assert len(wakes) == 1, wakes
+    finally:
+        gate.set()
+        pool.shutdown()
+
+
+async def test_a_step_run_for_a_loop_is_not_run_once_its_future_is_cancelled() -> None:
+    pool = step_threads.StepThreads(1)
+    gate = threading.Event()
+    ran: list[str] = []
+    try:
+        busy = pool.run(gate.wait, 5)
+        waiting = pool.run(lambda: ran.append("waiting"))
+        waiting.cancel()
+        gate.set()
+        assert await busy is True
+        assert await pool.run(lambda: "after") == "after"
+        assert ran == []
+    finally:
+        gate.set()
+        pool.shutdown()
+
+
+def test_a_step_whose_loop_closed_meanwhile_leaves_its_thread_serving() -> None:
+    pool = step_threads.StepThreads(1)
+    gate = threading.Event()
+    try:
+
+        async def start() -> asyncio.Future[Any]:
+            return pool.run(gate.wait, 5)
+
+        loop = asyncio.new_event_loop()
+        pending = loop.run_until_complete(start())
+        loop.close()  # the step still runs; its outcome has no loop to go to
+        gate.set()
+        assert not pending.done()
+        assert asyncio.run(_awaited(pool, lambda: "next loop")) == "next loop"
+        assert len(pool.threads()) == 1
+    finally:
+        gate.set()
+        pool.shutdown()
+
+
+async def _awaited(pool: step_threads.StepThreads, fn: Any) -> Any:
+    return await pool.run(fn)
+
+
+def _stops() -> None:
+    raise StopIteration("done")
+
+
+def _stops_later() -> None:
+    time.sleep(0.05)  # longer than the loop's thread holds for it
+    raise StopIteration("done")
+
+
+async def test_a_sync_step_raising_stopiteration_fails_instead_of_hanging() -> None:
+    """A future refuses a StopIteration: the caller would wait for ever."""
+    pool = step_threads.StepThreads(2)
+    try:
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            await asyncio.wait_for(pool.run(_stops), 5)
+        held = pool.hand(_stops)
+        assert held.wait(5)
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            held.result()
+        slow = pool.hand(_stops_later)
+        assert not slow.wait(0.001)
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            await asyncio.wait_for(asyncio.wrap_future(slow.future()), 5)
+    finally:
+        pool.shutdown()
+
+
+@durably.step
+def stops_at_once() -> None:
+    raise StopIteration("no more")
+
+
+@durably.workflow
+async def stops_in_a_gather() -> str:
+    try:
+        # the first is given to a thread while the second waits to start (the loop is
+        # not quiet: no hold), the second is held for (the loop is quiet by then)
+        await asyncio.gather(stops_at_once(), stops_at_once())
+    except RuntimeError as exc:
+        return f"failed: {exc}"
+    return "no error"
+
+
+async def test_a_workflows_sync_step_raising_stopiteration_fails_the_step(
+    tmp_path: Path,
+) -> None:
+    async with durably.Engine(f"sqlite:///{tmp_path}/stops.db") as engine:
+        handle = await engine.start(stops_in_a_gather)
+        assert "StopIteration" in await handle.result(timeout=10)

@@ -365,7 +365,7 @@ async def _call(
                 if not held.wait(thread.HOLD_LOOP):  # longer: awaited as any other future
                     awaitable, held = asyncio.wrap_future(held.future()), None
             else:
-                awaitable = asyncio.wrap_future(run.step_threads.submit(*call))
+                awaitable = run.step_threads.run(*call)
         with watchdog.async_step(ctx, on_loop):  # named if it blocks the event loop
             if held is not None:
                 result = held.result()

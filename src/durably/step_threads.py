@@ -27,8 +27,10 @@ on it.
 from __future__ import annotations
 
 import _thread
+import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import logging
 import os
 import queue
@@ -132,8 +134,63 @@ class Handed:
         _deliver(future, outcome)
 
 
+class _Mailbox:
+    """Outcomes of steps on their way to one event loop's futures: a step's thread posts
+    its outcome, and the first post since the loop last emptied the box asks the loop
+    (one ``call_soon_threadsafe``: a write to its self-pipe) to set them all."""
+
+    __slots__ = ("_items", "_lock", "_posted", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = _thread.allocate_lock()
+        self._items: list[tuple[asyncio.Future[Any], _Outcome]] = []
+        self._posted = False
+
+    def post(self, future: asyncio.Future[Any], outcome: _Outcome) -> None:
+        with self._lock:
+            self._items.append((future, outcome))
+            if self._posted:
+                return
+            self._posted = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for these
+            self.loop.call_soon_threadsafe(self._empty)
+
+    def _empty(self) -> None:
+        with self._lock:
+            items, self._items, self._posted = self._items, [], False
+        for future, (ok, value) in items:
+            if future.done():  # its caller was cancelled meanwhile
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+
+class _Awaited:
+    """A step whose outcome goes to an asyncio future, through its loop's mailbox
+    (``StepThreads.run``); not run if that future was cancelled before it began."""
+
+    __slots__ = ("fn", "future", "kept", "mailbox")
+
+    def __init__(
+        self, fn: Callable[[], Any], future: asyncio.Future[Any], mailbox: _Mailbox
+    ) -> None:
+        self.fn = fn
+        self.future = future
+        self.mailbox = mailbox
+        self.kept = False
+
+    def begin(self) -> bool:
+        return not self.future.cancelled()  # (read across threads: at worst it runs)
+
+    def finish(self, outcome: _Outcome) -> None:
+        self.mailbox.post(self.future, outcome)
+
+
 #: A step to run (a thread's queue also takes None, which tells it to end).
-_Job = _Submitted | Handed
+_Job = _Submitted | Handed | _Awaited
 
 
 def _current_cpu_reader() -> Callable[[], int] | None:
@@ -189,6 +246,7 @@ class StepThreads:
         self._place = hasattr(os, "sched_setaffinity")  # (Linux) until the system refuses
         self._cpu = cpu
         self._cpu_read = cpu is not None
+        self._mailbox: _Mailbox | None = None  # for the loop that last called run()
 
     def submit(
         self, fn: Callable[..., T], /, *args: Any, near: bool = False
@@ -201,6 +259,19 @@ class StepThreads:
         """
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._give(_Submitted((lambda: fn(*args)) if args else fn, future), near)
+        return future
+
+    def run(self, fn: Callable[..., Any], /, *args: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` on a step thread; its outcome goes to the asyncio future
+        returned, on the calling thread's running loop. Cancelling the future before the
+        step began keeps it from running. Outcomes that arrive together reach the loop
+        through one wake-up (``_Mailbox``), not one each."""
+        loop = asyncio.get_running_loop()
+        mailbox = self._mailbox
+        if mailbox is None or mailbox.loop is not loop:  # (an engine's pool serves one loop)
+            mailbox = self._mailbox = _Mailbox(loop)
+        future: asyncio.Future[Any] = loop.create_future()
+        self._give(_Awaited((lambda: fn(*args)) if args else fn, future, mailbox), False)
         return future
 
     def hand(self, fn: Callable[..., Any], /, *args: Any) -> Handed:
@@ -321,9 +392,15 @@ def _take_back(cpus: set[int]) -> None:
 
 
 def _run(fn: Callable[[], Any]) -> _Outcome:
-    """Run one step: (True, its result) or (False, what it raised)."""
+    """Run one step: (True, its result) or (False, what it raised). A StopIteration
+    becomes a RuntimeError, as in a coroutine: a future refuses one (``TypeError``), and
+    the caller would wait for its outcome for ever."""
     try:
         return True, fn()
+    except StopIteration as exc:
+        error = RuntimeError(f"a sync step raised StopIteration: {exc!r}")
+        error.__cause__ = exc
+        return False, error
     except BaseException as exc:  # as concurrent.futures does: the caller raises it
         return False, exc
 
