@@ -186,3 +186,39 @@ def test_the_statements_benchmark_times_each_statement_of_a_step_and_a_workflow(
     for line in loops.values():
         assert "INSERT" in line and "COMMIT" in line, raw
     assert raw.count(" all ") == 2, raw
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_the_sync_steps_benchmark_prints_each_count_in_flight_beside_async_steps(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``python -m benchmarks.sync_steps``: sync against async steps, a row per count in
+    flight, each a median of the rounds and the ratio of the two; on PostgreSQL in
+    schemas of its own, dropped at the end."""
+    args = ["--workflows", "12", "--steps", "3", "--rounds", "2", "--in-flight", "1", "4"]
+    if backend == "postgres":
+        args += ["--postgres", request.getfixturevalue("postgres_url")]
+    else:
+        args += ["--dir", str(tmp_path)]
+    proc = benchmarks(*args, timeout=300, module="benchmarks.sync_steps")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "durably sync steps (python -m benchmarks.sync_steps)"
+    assert ("PostgreSQL" if backend == "postgres" else "SQLite NORMAL") in lines[1]
+    header = lines.index(next(line for line in lines if line.split()[:2] == ["in", "flight"]))
+    rows = [line.split() for line in lines[header + 1 :]]
+    assert [row[0] for row in rows] == ["1", "4"], proc.stdout
+    for row in rows:  # "1  469 [443-601]  359 [345-363]  0.76x"
+        assert len(row) == 6 and row[5].endswith("x") and float(row[5][:-1]) > 0, row
+    assert proc.stderr.count("done") == 2
+    assert all(len(line) <= 80 for line in lines), proc.stdout
+    if backend == "postgres":
+        import psycopg
+
+        with psycopg.connect(args[-1], autocommit=True) as conn:
+            left = conn.execute(
+                "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'bench_sync_%'"
+            ).fetchone()
+        assert left == (0,)
+    else:
+        assert list(tmp_path.iterdir()) == []  # its temp dir removed
