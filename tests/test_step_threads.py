@@ -471,9 +471,10 @@ async def test_steps_that_finish_together_wake_their_loop_once(
         futures = [pool.run(step, i) for i in range(8)]
         gate.set()
         deadline = time.monotonic() + 5
-        while len(done) < 8 and time.monotonic() < deadline:
+        posted = pool._mailbox._items  # type: ignore[union-attr]  # (a test of the mailbox)
+        while len(posted) < 8 and time.monotonic() < deadline:
             time.sleep(0.001)  # the loop's thread busy: no wake-up is handled meanwhile
-        time.sleep(0.05)  # each thread posts its outcome just after its step returns
+        assert sorted(done) == list(range(8))
         assert sorted(await asyncio.gather(*futures)) == list(range(8))
         assert len(wakes) == 1, wakes
     finally:
@@ -510,7 +511,11 @@ def test_a_step_whose_loop_closed_meanwhile_leaves_its_thread_serving() -> None:
         pending = loop.run_until_complete(start())
         loop.close()  # the step still runs; its outcome has no loop to go to
         gate.set()
-        assert not pending.done()
+        posted = pool._mailbox._items  # type: ignore[union-attr]  # (a test of the mailbox)
+        deadline = time.monotonic() + 5
+        while not posted and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert posted and not pending.done()  # posted to a loop that is gone: nothing raised
         assert asyncio.run(_awaited(pool, lambda: "next loop")) == "next loop"
         assert len(pool.threads()) == 1
     finally:
@@ -519,7 +524,7 @@ def test_a_step_whose_loop_closed_meanwhile_leaves_its_thread_serving() -> None:
 
 
 async def _awaited(pool: step_threads.StepThreads, fn: Any) -> Any:
-    return await pool.run(fn)
+    return await asyncio.wait_for(pool.run(fn), 5)
 
 
 def _stops() -> None:
@@ -571,3 +576,64 @@ async def test_a_workflows_sync_step_raising_stopiteration_fails_the_step(
     async with durably.Engine(f"sqlite:///{tmp_path}/stops.db") as engine:
         handle = await engine.start(stops_in_a_gather)
         assert "StopIteration" in await handle.result(timeout=10)
+
+
+async def test_a_handed_step_let_go_comes_back_to_its_loop() -> None:
+    pool = step_threads.StepThreads(2)
+    gate = threading.Event()
+    try:
+        slow = pool.hand(lambda: gate.wait(5) and "slow")
+        assert not slow.wait(0.001)
+        later = pool.let_go(slow)
+        with pytest.raises(RuntimeError, match="twice"):
+            pool.let_go(slow)
+        gate.set()
+        assert await asyncio.wait_for(later, 5) == "slow"
+        failing = pool.hand(_fails_later)
+        assert not failing.wait(0.001)
+        with pytest.raises(ZeroDivisionError):
+            await asyncio.wait_for(pool.let_go(failing), 5)
+    finally:
+        gate.set()
+        pool.shutdown()
+    one = step_threads.StepThreads(1)
+    try:
+        quick = one.hand(lambda: "quick")
+        one.submit(int).result(5)  # its one thread delivered the first before the next
+        assert await asyncio.wait_for(one.let_go(quick), 5) == "quick"  # here already
+    finally:
+        one.shutdown()
+
+
+def _fails_later() -> None:
+    time.sleep(0.02)
+    raise ZeroDivisionError("later")
+
+
+def _cancelled_error() -> None:
+    raise concurrent.futures.CancelledError("the step's own")
+
+
+async def test_a_sync_step_raising_a_cancelled_error_fails_it_on_every_path() -> None:
+    """concurrent.futures.CancelledError is an Exception a step raises, not a cancel of its
+    caller: the same whether the caller held for it, let it go or never held."""
+    pool = step_threads.StepThreads(2)
+    try:
+        with pytest.raises(concurrent.futures.CancelledError, match="own"):
+            await asyncio.wait_for(pool.run(_cancelled_error), 5)
+        held = pool.hand(_cancelled_error)
+        assert held.wait(5)
+        with pytest.raises(concurrent.futures.CancelledError, match="own"):
+            held.result()
+
+        def later() -> None:
+            time.sleep(0.02)
+            _cancelled_error()
+
+        slow = pool.hand(later)
+        assert not slow.wait(0.001)
+        with pytest.raises(concurrent.futures.CancelledError, match="own"):
+            await asyncio.wait_for(pool.let_go(slow), 5)
+        assert not asyncio.current_task().cancelled()  # type: ignore[union-attr]
+    finally:
+        pool.shutdown()

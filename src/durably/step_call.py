@@ -363,7 +363,7 @@ async def _call(
             if run.loop_is_quiet():  # then wait here: its thread is woken on this CPU
                 held = run.step_threads.hand(*call)
                 if not held.wait(thread.HOLD_LOOP):  # longer: awaited as any other future
-                    awaitable, held = asyncio.wrap_future(held.future()), None
+                    awaitable, held = run.step_threads.let_go(held), None
             else:
                 awaitable = run.step_threads.run(*call)
         with watchdog.async_step(ctx, on_loop):  # named if it blocks the event loop

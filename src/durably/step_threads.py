@@ -68,12 +68,13 @@ class Handed:
     """A step handed to a step thread while its caller holds for it (``StepThreads.hand``).
 
     The caller blocks in ``wait`` on a lock the step's thread releases when the step
-    returns; if the caller stops holding first, ``future`` turns the step into a
-    ``concurrent.futures.Future`` (which ``asyncio.wrap_future`` takes) and the thread
-    delivers there instead. ``_lock`` orders the two: the outcome goes to exactly one.
+    returns. If the caller stops holding first, it lets the step go: ``future`` (a
+    ``concurrent.futures.Future``) or ``StepThreads.let_go`` (an asyncio future, set
+    through the loop's mailbox), and the thread delivers there instead. ``_lock``
+    orders the two: the outcome goes to exactly one.
     """
 
-    __slots__ = ("_began", "_done", "_future", "_lock", "_outcome", "fn", "kept")
+    __slots__ = ("_began", "_done", "_later", "_lock", "_outcome", "fn", "kept")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
@@ -81,7 +82,7 @@ class Handed:
         self._done = _thread.allocate_lock()
         self._done.acquire()  # released once the outcome is here, while held
         self._lock = _thread.allocate_lock()
-        self._future: concurrent.futures.Future[Any] | None = None
+        self._later: _Submitted | _Awaited | None = None  # where it goes once let go
         self._outcome: _Outcome | None = None
         self._began = False
 
@@ -105,33 +106,37 @@ class Handed:
     def future(self) -> concurrent.futures.Future[Any]:
         """The step's outcome as a future, for a caller that stopped holding (once)."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.let_go(_Submitted(self.fn, future))
+        return future
+
+    def let_go(self, later: _Submitted | _Awaited) -> None:
+        """Deliver the outcome to ``later`` instead (once): now if it is here already."""
         with self._lock:
-            if self._future is not None:
-                raise RuntimeError("a handed step's future was asked for twice")
+            if self._later is not None:
+                raise RuntimeError("a handed step was let go of twice")
             outcome = self._outcome
             if outcome is None:
                 if self._began:
-                    future.set_running_or_notify_cancel()  # it can no longer be cancelled
-                self._future = future
-                return future
-        future.set_running_or_notify_cancel()
-        _deliver(future, outcome)
-        return future
+                    later.begin()  # (a future made running: it can no longer be cancelled)
+                self._later = later
+                return
+        later.begin()
+        later.finish(outcome)
 
     def begin(self) -> bool:
         with self._lock:
             self._began = True
-            future = self._future
-        return future is None or future.set_running_or_notify_cancel()
+            later = self._later
+        return later is None or later.begin()
 
     def finish(self, outcome: _Outcome) -> None:
         with self._lock:
-            future = self._future
-            if future is None:
+            later = self._later
+            if later is None:
                 self._outcome = outcome
                 self._done.release()
                 return
-        _deliver(future, outcome)
+        later.finish(outcome)
 
 
 class _Mailbox:
@@ -162,10 +167,14 @@ class _Mailbox:
         for future, (ok, value) in items:
             if future.done():  # its caller was cancelled meanwhile
                 continue
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
+            try:
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            except Exception as exc:  # a value a future refuses: the rest are set still
+                log.exception("a sync step's outcome could not be handed to its caller")
+                future.set_exception(RuntimeError(f"a sync step's outcome was refused: {exc}"))
 
 
 class _Awaited:
@@ -266,13 +275,26 @@ class StepThreads:
         returned, on the calling thread's running loop. Cancelling the future before the
         step began keeps it from running. Outcomes that arrive together reach the loop
         through one wake-up (``_Mailbox``), not one each."""
-        loop = asyncio.get_running_loop()
-        mailbox = self._mailbox
-        if mailbox is None or mailbox.loop is not loop:  # (an engine's pool serves one loop)
-            mailbox = self._mailbox = _Mailbox(loop)
-        future: asyncio.Future[Any] = loop.create_future()
+        mailbox = self._mailbox_here()
+        future: asyncio.Future[Any] = mailbox.loop.create_future()
         self._give(_Awaited((lambda: fn(*args)) if args else fn, future, mailbox), False)
         return future
+
+    def let_go(self, handed: Handed) -> asyncio.Future[Any]:
+        """A handed step its caller stops holding for: its outcome goes to the asyncio
+        future returned, as ``run``'s do."""
+        mailbox = self._mailbox_here()
+        future: asyncio.Future[Any] = mailbox.loop.create_future()
+        handed.let_go(_Awaited(handed.fn, future, mailbox))
+        return future
+
+    def _mailbox_here(self) -> _Mailbox:
+        """The mailbox of the running loop (an engine's pool serves one loop)."""
+        loop = asyncio.get_running_loop()
+        mailbox = self._mailbox
+        if mailbox is None or mailbox.loop is not loop:
+            mailbox = self._mailbox = _Mailbox(loop)
+        return mailbox
 
     def hand(self, fn: Callable[..., Any], /, *args: Any) -> Handed:
         """Run ``fn(*args)`` on a step thread, for a caller that holds for it:
@@ -367,14 +389,16 @@ class StepThreads:
                 while job is not None:
                     if job.kept:  # woken on the caller's CPU: every CPU again, before the step
                         _take_back(worker.home)
-                    outcome = _run(job.fn) if job.begin() else (True, None)  # (not cancelled)
+                    # a step whose caller was cancelled before it began: neither run nor told
+                    outcome = _run(job.fn) if job.begin() else None
                     done, job = job, None
                     with self._lock:  # what comes next is decided here, and only here:
                         job = self._waiting.popleft() if self._waiting else None
                         end = job is None and self._closed  # (a shutdown after this finds
                         if job is None and not end:  # the thread idle and tells it)
                             self._idle.append(worker)  # before the outcome: the next step
-                    done.finish(outcome)  # may take this thread at once
+                    if outcome is not None:
+                        done.finish(outcome)  # may take this thread at once
                     if end:
                         return
         finally:
