@@ -87,17 +87,31 @@ def test_no_more_threads_than_its_size_and_the_rest_wait_in_turn() -> None:
         pool.shutdown()
 
 
-def test_a_cancelled_step_that_had_not_begun_is_not_run() -> None:
+@pytest.mark.parametrize("given", ["submit", "hand", "run"])
+def test_a_step_cancelled_before_it_began_is_not_run(given: str) -> None:
+    """Given to the one busy thread, then its caller is cancelled: through the future
+    ``submit`` returns, the one a held step is let go to, or ``run``'s asyncio one."""
     pool = step_threads.StepThreads(1)
     gate = threading.Event()
     ran: list[str] = []
-    try:
+
+    async def cancelled_while_waiting() -> None:
         busy = pool.submit(gate.wait, 5)
-        waiting = pool.submit(lambda: ran.append("waiting"))
-        assert waiting.cancel()
+        step = lambda: ran.append(given)  # noqa: E731
+        if given == "submit":
+            assert pool.submit(step).cancel()
+        elif given == "hand":
+            held = pool.hand(step)
+            assert not held.wait(0.01)  # the one thread is busy
+            assert held.future().cancel()
+        else:
+            assert pool.run(step).cancel()
         gate.set()
-        busy.result(5)
-        assert pool.submit(lambda: "after").result(5) == "after"
+        assert busy.result(5) is True
+        assert pool.submit(lambda: "after").result(5) == "after"  # served in turn
+
+    try:
+        asyncio.run(cancelled_while_waiting())
         assert ran == []
     finally:
         gate.set()
@@ -199,20 +213,29 @@ def test_a_cpu_reader_that_fails_or_a_callback_that_raises_loses_no_thread() -> 
 
 
 @needs_cpus
-def test_a_step_waited_for_is_woken_on_the_callers_cpu_and_runs_free_of_it() -> None:
+@pytest.mark.parametrize("given", ["submit", "hand"])
+def test_a_step_waited_for_is_woken_on_the_callers_cpu_and_runs_free_of_it(given: str) -> None:
     home = _cpus()
     first, last = min(home), max(home)
     where = [first]
     pool = step_threads.StepThreads(2, cpu=lambda: where[0])  # "the caller is on" where[0]
+
+    def began() -> tuple[int, set[int]]:
+        if given == "submit":
+            return pool.submit(_woken_on, near=True).result(5)
+        held = pool.hand(_woken_on)
+        assert held.wait(5)
+        return held.result()  # type: ignore[no-any-return]
+
     try:
         for cpu in (first, last, first):
             where[0] = cpu
-            began = [pool.submit(_woken_on, near=True).result(5) for _ in range(20)]
+            steps = [began() for _ in range(20)]
             # woken there (a thread free to run anywhere could not follow each move),
-            on_it = sum(1 for on, _ in began if on == cpu)
-            assert on_it >= 15, f"{on_it} of 20 steps began on CPU {cpu}: {began}"
+            on_it = sum(1 for on, _ in steps if on == cpu)
+            assert on_it >= 15, f"{on_it} of 20 steps began on CPU {cpu}: {steps}"
             # and free of it before the step's own code ran
-            assert all(cpus == home for _, cpus in began)
+            assert all(cpus == home for _, cpus in steps)
         # not waited for: woken wherever the system puts it
         assert pool.submit(_cpus).result(5) == home
     finally:
@@ -393,46 +416,6 @@ def test_a_handed_step_that_finished_as_the_hold_ended_is_not_lost() -> None:
         pool.shutdown()
 
 
-def test_a_handed_step_waiting_for_a_thread_is_not_run_once_its_future_is_cancelled() -> None:
-    pool = step_threads.StepThreads(1)
-    gate = threading.Event()
-    ran: list[str] = []
-    try:
-        busy = pool.submit(gate.wait, 5)
-        waiting = pool.hand(lambda: ran.append("waiting"))
-        assert not waiting.wait(0.01)  # the one thread is busy
-        assert waiting.future().cancel()
-        gate.set()
-        busy.result(5)
-        after = pool.hand(lambda: "after")
-        assert after.wait(5) and after.result() == "after"
-        assert ran == []
-    finally:
-        gate.set()
-        pool.shutdown()
-
-
-@needs_cpus
-def test_a_handed_step_is_woken_on_the_callers_cpu_and_runs_free_of_it() -> None:
-    home = _cpus()
-    first, last = min(home), max(home)
-    where = [first]
-    pool = step_threads.StepThreads(1, cpu=lambda: where[0])  # "the caller is on" where[0]
-    try:
-        for cpu in (first, last, first):  # a thread free to run anywhere could not follow
-            where[0] = cpu
-            began = []
-            for _ in range(20):
-                handed = pool.hand(_woken_on)
-                assert handed.wait(5)
-                began.append(handed.result())
-            on_it = sum(1 for on, _ in began if on == cpu)
-            assert on_it >= 15, f"{on_it} of 20 steps began on CPU {cpu}: {began}"
-            assert all(cpus == home for _, cpus in began)
-    finally:
-        pool.shutdown()
-
-
 async def test_a_step_run_for_a_loop_comes_back_to_its_future() -> None:
     pool = step_threads.StepThreads(2)
     try:
@@ -477,23 +460,6 @@ async def test_steps_that_finish_together_wake_their_loop_once(
         assert sorted(done) == list(range(8))
         assert sorted(await asyncio.gather(*futures)) == list(range(8))
         assert len(wakes) == 1, wakes
-    finally:
-        gate.set()
-        pool.shutdown()
-
-
-async def test_a_step_run_for_a_loop_is_not_run_once_its_future_is_cancelled() -> None:
-    pool = step_threads.StepThreads(1)
-    gate = threading.Event()
-    ran: list[str] = []
-    try:
-        busy = pool.run(gate.wait, 5)
-        waiting = pool.run(lambda: ran.append("waiting"))
-        waiting.cancel()
-        gate.set()
-        assert await busy is True
-        assert await pool.run(lambda: "after") == "after"
-        assert ran == []
     finally:
         gate.set()
         pool.shutdown()
