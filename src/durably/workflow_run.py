@@ -421,9 +421,7 @@ class Run(parking.Parking):
         Other pending entries (events, finished sleeps) ride with the step's
         receipt, so a plain step still costs one commit.
         """
-        if self._observing:
-            return True
-        return bool(self._pending) and any(e.kind in _OBSERVABLE for e in self._pending)
+        return bool(self._observing) or self._observable_staged()
 
     async def flush_observed(self) -> None:
         """Commit the staged values a step could observe, and wait for the writes already
@@ -431,10 +429,13 @@ class Run(parking.Parking):
         commit of them is on its way must not run before they are durable (killed
         before that commit, the next run would make new values, and the step would run
         again on other inputs)."""
-        if self._pending and any(e.kind in _OBSERVABLE for e in self._pending):
+        if self._observable_staged():
             await self.commit()
         while self._observing:
             await self._observed.wait()
+
+    def _observable_staged(self) -> bool:
+        return bool(self._pending) and any(e.kind in _OBSERVABLE for e in self._pending)
 
     # --- journaled values -------------------------------------------------------
 

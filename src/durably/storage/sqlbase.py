@@ -382,9 +382,8 @@ class SqlBase(base.Store):
             for i, op in enumerate(ops):
                 if i:  # the previous op is done: keep it, and mark where this one begins
                     self._next_savepoint()
-                workflow = base.workflow_named(op)
-                if workflow in conflicted:
-                    op.error = conflicted[workflow]
+                if conflicted and (named := base.workflow_named(op)) in conflicted:
+                    op.error = conflicted[named]  # (only once one of this batch conflicted)
                     continue
                 try:
                     op.result = op.fn(*op.args)
@@ -393,7 +392,7 @@ class SqlBase(base.Store):
                     self._temp_tables().forget()  # the op's writes to them are undone too
                     op.error = self._translate(exc)
                     if isinstance(op.error, errors.TransactionConflict):
-                        conflicted[workflow] = op.error
+                        conflicted[base.workflow_named(op)] = op.error
         except Exception as exc:  # the transaction itself failed (a lost connection)
             self._rollback()
             self._fail_all(ops, self._translate(exc))
