@@ -10,15 +10,17 @@ only ever waits for it briefly.
 from __future__ import annotations
 
 import asyncio
+import gc
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
 
 import durably
-from durably import journal
+from durably import context, journal
 from durably.storage import base, create_store
 from durably.storage.sqlite import SqliteStore
 
@@ -197,3 +199,43 @@ async def test_a_sync_step_runs_on_a_step_thread_and_leaves_the_loop_free(
     assert caught == "the step's own timeout, not the engine's"
     assert len(gaps) > 20, gaps
     assert max(gaps) < 0.3, f"the loop was held {max(gaps):.3f}s while a sync step slept"
+
+
+@durably.step
+async def _plain_step(n: int) -> int:
+    return n + 1
+
+
+@durably.step
+def _sync_step(n: int) -> int:
+    return n + 1
+
+
+_runs_seen: list[weakref.ref[object]] = []
+
+
+@durably.workflow
+async def _kept_track_of(n: int) -> int:
+    _runs_seen.append(weakref.ref(context.current_run.get()))
+    return await _sync_step(await _plain_step(n))
+
+
+async def test_a_finished_run_is_freed_without_the_cyclic_collector(store_url: str) -> None:
+    """A run that ended is freed as soon as the engine lets go of it: nothing in it refers
+    back to it, so no garbage waits for the cyclic collector (whose passes over every
+    finished run were 6-8% of a busy engine's time)."""
+    _runs_seen.clear()
+    async with durably.Engine(store_url) as engine:
+        await (await engine.start(_kept_track_of, 0)).result()  # warm
+        gc.collect()
+        gc.disable()
+        try:
+            handles = [await engine.start(_kept_track_of, i) for i in range(20)]
+            assert [await h.result() for h in handles] == [i + 2 for i in range(20)]
+            for _ in range(5):  # the engine forgets a task a callback after it ended
+                await asyncio.sleep(0)
+            assert len(_runs_seen) == 21
+            alive = [ref for ref in _runs_seen[1:] if ref() is not None]
+            assert alive == [], f"{len(alive)} of 20 finished runs wait for the collector"
+        finally:
+            gc.enable()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from durably import errors, journal, runstate
@@ -32,7 +32,6 @@ class Parking:
     _settled: asyncio.Event
     _park_timer: asyncio.TimerHandle | None
     _park_task: asyncio.Task[None] | None
-    _activity: Activity
     inflight: int
 
     @property
@@ -50,8 +49,20 @@ class Parking:
         raise NotImplementedError
 
     def active(self) -> contextlib.AbstractContextManager[None]:
-        """Mark work in progress: a run with work in progress never parks."""
-        return self._activity
+        """Mark work in progress: a run with work in progress never parks.
+
+        The run is its own context manager: no generator (every step enters it twice,
+        its call and its commit) and no object holding the run's methods, whose
+        reference back to the run made every run garbage only the cyclic collector
+        could free (6-8% of a busy engine's time went to collections).
+        """
+        return self
+
+    def __enter__(self) -> None:
+        self._busier()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done_with()
 
     def _done_with(self) -> None:
         """The end of a stretch of ``active()`` work: park if only waits are left."""
@@ -187,22 +198,6 @@ class Parking:
         if self._park_timer is not None:
             self._park_timer.cancel()
             self._park_timer = None
-
-
-class Activity:
-    """What ``Run.active()`` returns: a plain class, not a generator context manager,
-    since every step enters it twice (its call and its commit)."""
-
-    __slots__ = ("_enter", "_leave")
-
-    def __init__(self, enter: Callable[[], None], leave: Callable[[], None]) -> None:
-        self._enter, self._leave = enter, leave
-
-    def __enter__(self) -> None:
-        self._enter()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._leave()
 
 
 def _wake(future: asyncio.Future[None]) -> None:

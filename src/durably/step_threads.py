@@ -399,6 +399,9 @@ class StepThreads:
                             self._idle.append(worker)  # before the outcome: the next step
                     if outcome is not None:
                         done.finish(outcome)  # may take this thread at once
+                    # idle, hold nothing of the step: its result, or its context and with
+                    # it the run, whose end would wait for this thread's next step
+                    del done, outcome
                     if end:
                         return
         finally:

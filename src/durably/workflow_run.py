@@ -155,7 +155,6 @@ class Run(parking.Parking):
         self._settled.set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._activity = parking.Activity(self._busier, self._done_with)
 
     # --- what the engine lends ---------------------------------------------------
 
