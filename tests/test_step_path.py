@@ -215,27 +215,45 @@ _runs_seen: list[weakref.ref[object]] = []
 
 
 @durably.workflow
-async def _kept_track_of(n: int) -> int:
+async def _kept_track_of(n: int, how: str = "steps") -> int:
     _runs_seen.append(weakref.ref(context.current_run.get()))
+    if how == "parks":  # parked on the signal, then woken and replayed
+        await durably.wait_for_signal("go")
+    elif how == "fails":
+        raise ValueError(f"failed {n}")
     return await _sync_step(await _plain_step(n))
 
 
-async def test_a_finished_run_is_freed_without_the_cyclic_collector(store_url: str) -> None:
-    """A run that ended is freed as soon as the engine lets go of it: nothing in it refers
-    back to it, so no garbage waits for the cyclic collector (whose passes over every
-    finished run were 6-8% of a busy engine's time)."""
+@pytest.mark.parametrize("how", ["steps", "parks", "fails"])
+async def test_a_finished_run_is_freed_without_the_cyclic_collector(
+    store_url: str, how: str
+) -> None:
+    """A run that ended (or parked) is freed as soon as the engine lets go of it: nothing
+    in it refers back to it, so no garbage waits for the cyclic collector (whose passes
+    over every finished run were 6-8% of a busy engine's time)."""
     _runs_seen.clear()
     async with durably.Engine(store_url) as engine:
         await (await engine.start(_kept_track_of, 0)).result()  # warm
         gc.collect()
         gc.disable()
         try:
-            handles = [await engine.start(_kept_track_of, i) for i in range(20)]
-            assert [await h.result() for h in handles] == [i + 2 for i in range(20)]
+            handles = [await engine.start(_kept_track_of, i, how) for i in range(10)]
+            if how == "parks":
+                for h in handles:
+                    while await h.status() != durably.Status.WAITING:
+                        await asyncio.sleep(0.005)
+                    await engine.send_signal(h.workflow_id, "go")
+            for i, h in enumerate(handles):
+                if how == "fails":
+                    with pytest.raises(ValueError, match=f"failed {i}"):
+                        await h.result()
+                else:
+                    assert await h.result() == i + 2
             for _ in range(5):  # the engine forgets a task a callback after it ended
                 await asyncio.sleep(0)
-            assert len(_runs_seen) == 21
-            alive = [ref for ref in _runs_seen[1:] if ref() is not None]
-            assert alive == [], f"{len(alive)} of 20 finished runs wait for the collector"
+            runs = _runs_seen[1:]
+            assert len(runs) == (20 if how == "parks" else 10)  # a parked one runs twice
+            alive = [ref for ref in runs if ref() is not None]
+            assert alive == [], f"{len(alive)} of {len(runs)} runs wait for the collector"
         finally:
             gc.enable()

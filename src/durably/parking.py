@@ -110,6 +110,10 @@ class Parking:
             self._blocks.remove(block)
             if timer is not None:
                 timer.cancel()
+            # The Suspended the park raises is held by the block's future; this frame,
+            # which its traceback holds, must not hold the block back (a cycle only the
+            # cyclic collector frees, with the run in it).
+            del block
 
     def poke(self, kind: str | None = None, key: str | None = None) -> None:
         """Wake the waits of this run (all, or those for one signal or child) to re-check."""
@@ -145,6 +149,8 @@ class Parking:
             if self._state is State.PARKING:  # the park did not happen: go on as before
                 self._state = self._resume
             self._settled.set()
+            # kept only while it runs: its context holds the run (a cycle once done)
+            self._park_task = None
 
     async def _park_now(self, planned: list[Block]) -> None:
         waits = list(self._blocks)

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import types
+import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -146,7 +147,8 @@ class Run(parking.Parking):
         )
         self.inflight = 0  # steps running and commits on their way
         self.suspended = False  # a Suspended was raised into the workflow's code
-        self._compensator: asyncio.Task[Any] | None = None
+        # the driver running compensations, weakly: its context holds this run
+        self._compensator: weakref.ref[asyncio.Task[Any]] | None = None
         self._blocks: list[Block] = []
         self.compensations: list[Compensation] = []
         self._park_timer: asyncio.TimerHandle | None = None
@@ -468,10 +470,12 @@ class Run(parking.Parking):
 
     def compensate_here(self) -> None:
         """From now on only the calling task (the driver running compensations) may go on."""
-        self._compensator = asyncio.current_task()
+        task = asyncio.current_task()
+        self._compensator = None if task is None else weakref.ref(task)
 
     def _is_compensating(self) -> bool:
-        return self._compensator is not None and asyncio.current_task() is self._compensator
+        compensator = self._compensator
+        return compensator is not None and asyncio.current_task() is compensator()
 
     # --- seqs, cancellation ---------------------------------------------------------
 
