@@ -8,13 +8,16 @@ interpreter by test_import_laziness.py.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import pkgutil
+from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
 
+import durably
 from durably import cli
 from durably.cli import group
 
@@ -125,3 +128,57 @@ def test_a_command_added_in_code_is_listed_by_its_own_line_unless_hidden() -> No
     assert "  hello         Say hello to whoever runs it, at length." in shown
     assert "secret" not in shown
     assert "  list          " + group.COMMANDS["list"][2] in shown
+
+
+def test_every_command_takes_the_database_and_verbose_after_its_name_too() -> None:
+    # `durably bench -d postgresql://...` is what a newcomer types first
+    ctx = click.Context(cli.main)
+
+    def check(command: click.Command, path: str) -> None:
+        opts = {opt for param in command.params for opt in param.opts}
+        assert {"-d", "--database", "-v", "--verbose"} <= opts, path
+        for name, inner in getattr(command, "commands", {}).items():
+            check(inner, f"{path} {name}")
+
+    for name in group.COMMANDS:
+        command = cli.main.get_command(ctx, name)
+        assert command is not None
+        check(command, name)
+
+
+@durably.workflow(name="cli_commands_echo")
+async def _echo(text: str) -> str:
+    return text
+
+
+def test_a_database_given_after_the_command_is_the_one_it_reads(tmp_path: Path) -> None:
+    full, empty = f"sqlite:///{tmp_path / 'full.db'}", f"sqlite:///{tmp_path / 'empty.db'}"
+
+    async def make() -> str:
+        async with durably.Engine(empty):
+            pass
+        async with durably.Engine(full) as engine:
+            handle = await engine.start(_echo, "hello")
+            await handle.result()
+            return handle.workflow_id
+
+    workflow_id = asyncio.run(make())
+
+    def listed(*args: str) -> str:
+        result = CliRunner().invoke(cli.main, list(args), env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert workflow_id in listed("list", "-d", full)
+    assert workflow_id in listed("list", f"--database={full}", "--json")
+    assert workflow_id in listed("-d", empty, "list", "-d", full)  # the command's own wins
+    assert workflow_id not in listed("-d", full, "list", "-d", empty)
+    assert workflow_id in listed("-d", full, "list")  # before the command, as always
+    assert workflow_id in listed("show", workflow_id, "-d", full)
+    assert (
+        "no SQLite database"
+        in CliRunner()
+        .invoke(cli.main, ["review", "list", "-d", f"sqlite:///{tmp_path / 'none.db'}"])
+        .output
+    )
+    assert CliRunner().invoke(cli.main, ["review", "-d", full, "list"]).exit_code == 0

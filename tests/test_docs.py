@@ -502,10 +502,11 @@ def test_a_broken_command_fails_the_check() -> None:
     assert shell_commands("$ durably workers\nit's running", "console") == [["durably", "workers"]]
     parse_durably(["--database", "sqlite:///x.db", "show", "wf-1"])
     parse_durably(["review", "resolve", "wf-1", "2", "--retry"])
+    parse_durably(["worker", "app", "--database", "sqlite:///x.db"])  # after the command too
     for bad in (
         ["no-such-command"],
         ["show"],  # a missing argument
-        ["worker", "app", "--database", "sqlite:///x.db"],  # a group option after the command
+        ["worker", "app", "--databse", "sqlite:///x.db"],  # a typo of an option
         ["list", "--no-such-option"],
     ):
         with pytest.raises(click.UsageError):

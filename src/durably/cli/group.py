@@ -68,7 +68,10 @@ class LazyGroup(click.Group):
             if not isinstance(command, click.Command) or command.name != cmd_name:
                 raise RuntimeError(f"{module}.{attribute} is not the command {cmd_name!r}")
             self.add_command(command)
-        return self.commands.get(cmd_name)
+        found = self.commands.get(cmd_name)
+        if found is not None:  # its module is loaded whole by now, a group's commands too
+            _take_shared_options(found)
+        return found
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         super().add_command(cmd, name)
@@ -117,6 +120,51 @@ class LazyGroup(click.Group):
             own = None if command is None else command.get_short_help_str(limit(name))
             lines.append((name, COMMANDS[name][2] if own is None else own))
         return lines
+
+
+def _database_here(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    """A command's own ``--database``: it names the database of this command (and of a
+    group's commands), over the one given before the command or in the environment."""
+    if value is not None and not ctx.resilient_parsing:
+        ctx.obj = value
+
+
+def _verbose_here(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """A command's own ``--verbose``: what ``durably --verbose`` turns on."""
+    if value and not ctx.resilient_parsing:
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def _take_shared_options(command: click.Command) -> None:
+    """Let ``command`` (and a group's commands) take ``--database`` and ``--verbose``
+    after its name too: ``durably bench -d postgresql://...`` is what a newcomer types
+    first, and click's parser would refuse it as an option of the group alone. Parsed
+    by click as the command's own options, so a value that looks like one (``--payload
+    -v``) stays the value it is."""
+    taken = {opt for param in command.params for opt in param.opts + param.secondary_opts}
+    if "--database" not in taken and "-d" not in taken:
+        command.params.append(
+            click.Option(
+                ["--database", "-d"],
+                default=None,
+                expose_value=False,
+                callback=_database_here,
+                help="Database URL (or DURABLY_DATABASE_URL), here or before the command.",
+            )
+        )
+    if "--verbose" not in taken and "-v" not in taken:
+        command.params.append(
+            click.Option(
+                ["-v", "--verbose"],
+                is_flag=True,
+                expose_value=False,
+                callback=_verbose_here,
+                help="Log what the engine does.",
+            )
+        )
+    if isinstance(command, click.Group):
+        for inner in command.commands.values():
+            _take_shared_options(inner)
 
 
 def _no_such_command(name: str, message: str, ctx: click.Context) -> click.UsageError:
