@@ -625,8 +625,9 @@ async def run_async(
 ) -> T:
     """Run the plan on an event loop; a pause ends early on a change seen since the last read.
 
-    With ``inline``, a call made while nothing else is ready on the loop may run on the
-    loop's thread (``StoreThread.call``), as a run's commits do.
+    With ``inline``, a call may run on the loop's thread (``StoreThread.call``): at once
+    while nothing else is ready on the loop, or gathered with others at its next turn,
+    as a run's commits do.
     """
     with contextlib.closing(plan):
         answer: Any = None
@@ -641,9 +642,8 @@ async def run_async(
                 answer = None
             else:
                 mark = changes.mark()
-                quiet = inline and thread.loop_is_quiet()
                 answer = await store.call(
-                    op.fn, *op.args, write=op.write, inline=quiet, then=op.then
+                    op.fn, *op.args, write=op.write, inline=inline, then=op.then
                 )
 
 

@@ -256,11 +256,12 @@ class Run(parking.Parking):
         services = self._services
         with self.active():
             while True:
-                inline = services.inline_commits and thread.loop_is_quiet()
                 try:
                     # the verb itself, not a function around it: PostgreSQL sends a plain
                     # step's commit without BEGIN and COMMIT only for a verb called as itself
-                    result = await services.store.call(fn, *head, services.clock(), inline=inline)
+                    result = await services.store.call(
+                        fn, *head, services.clock(), inline=services.inline_commits
+                    )
                     break
                 except errors.FencedError as exc:
                     self.lose(exc)

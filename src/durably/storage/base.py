@@ -293,6 +293,17 @@ class Store(abc.ABC):
         """
         return False
 
+    #: Whether calls made while the event loop is busy may be gathered and run together
+    #: on its thread at its next turn (``run_inline_batch``), not handed to a store
+    #: thread: where a transaction costs no round trip that would hold the loop (SQLite).
+    gathers_inline: bool = False
+
+    def run_inline_batch(self, ops: Sequence[Op]) -> list[bool]:
+        """``run_inline`` for several ops, in one transaction (a group commit on the
+        caller's thread): for each, whether it ran here; one that did not changed
+        nothing and must go to the store thread. By default none runs here."""
+        return [False] * len(ops)
+
     @abc.abstractmethod
     def schema_version(self) -> int:
         """The newest migration applied to this database."""

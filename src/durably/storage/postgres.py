@@ -90,6 +90,7 @@ from durably.storage import (
     pg_statements,
     pg_wakeup,
     sqlbase,
+    thread,
 )
 
 log = logging.getLogger("durably")
@@ -140,7 +141,7 @@ INLINE_PAUSE = 300.0
 
 def inline_pause(took: float) -> float:
     """Seconds of calls through the store threads after an inline call of ``took``."""
-    return min(INLINE_PAUSE, max(INLINE_PAUSE_MIN, took * INLINE_PAUSE_FACTOR))
+    return thread.pause_after(took, INLINE_PAUSE_FACTOR, INLINE_PAUSE_MIN, INLINE_PAUSE)
 
 
 #: How long after a failed attempt a store thread tries again to open the connection of

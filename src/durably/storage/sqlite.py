@@ -19,7 +19,7 @@ import shutil
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from durably import errors
@@ -51,6 +51,7 @@ class SqliteStore(sql.SqlStore):
     """A Store on one SQLite file, shared safely by several processes on one host."""
 
     driver_errors = (sqlite3.Error,)
+    gathers_inline = True  # a transaction here is no round trip: the loop's thread runs it
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
@@ -160,7 +161,12 @@ class SqliteStore(sql.SqlStore):
             os.close(fd)
 
     def run_inline(self, op: base.Op) -> bool:
-        """Commit one op here, unless another process holds the write lock right now.
+        """Commit one op here, unless another process holds the write lock right now."""
+        return self.run_inline_batch((op,))[0]
+
+    def run_inline_batch(self, ops: Sequence[base.Op]) -> list[bool]:
+        """Commit the ops here in one transaction, unless another process holds the write
+        lock right now: then none ran, and each is refused (False) for the store thread.
 
         The caller's thread (the event loop's) must never wait for a lock, the store
         thread must: ``_begin`` sets how long the connection waits only when the
@@ -169,16 +175,19 @@ class SqliteStore(sql.SqlStore):
         """
         self._inline = True
         try:
-            self._run_one(op)
+            self.run_batch(ops)
         except BaseException:  # an interrupt mid-transaction must not keep the write lock
             self._rollback()
             raise
         finally:
             self._inline = False
-        if isinstance(op.error, errors.DatabaseLocked):  # rolled back: the thread waits
-            op.error = None
-            return False
-        return True
+        done = []
+        for op in ops:
+            locked = isinstance(op.error, errors.DatabaseLocked)  # rolled back: the thread waits
+            if locked:
+                op.error = None
+            done.append(not locked)
+        return done
 
     def _reclaim_space(self) -> None:
         # Frees at most this many pages per pruned batch, so the write lock stays short; a

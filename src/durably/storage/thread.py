@@ -48,6 +48,20 @@ _BREATHE_EVERY = 0.001
 #: when nothing else is ready on the loop, before it awaits it as any other future.
 HOLD_LOOP = 0.001
 
+#: A gathered batch that held the event loop's thread longer than this (seconds: a disk
+#: that stalled in its fsync) sends the calls of a while after it to the store thread
+#: (``pause_after``): a stall holds the loop once, not at every batch.
+GATHER_SLOW = 0.02
+
+
+def pause_after(
+    took: float, factor: float = 30.0, least: float = 1.0, most: float = 300.0
+) -> float:
+    """Seconds of calls through the store threads after a call on the event loop's thread
+    that took ``took``: ``factor`` times as long, from ``least`` to ``most``, so the loop
+    spends at most about a ``factor``-th of its time in stalled calls."""
+    return min(most, max(least, took * factor))
+
 
 def done_within(future: concurrent.futures.Future[Any], seconds: float) -> bool:
     """True if ``future`` finished (with a result or an error) within ``seconds``.
@@ -91,6 +105,12 @@ class StoreThread:
         # Calls queued and not yet answered (under _lock): an inline call runs only when
         # there are none, so it never commits ahead of a call made before it.
         self._pending = 0
+        # Calls made while the loop was busy, run together on its thread at its next turn
+        # (``_flush``); a call queued to the threads first queues these, made before it.
+        self._gathers = store.gathers_inline
+        self._gathered: list[tuple[base.Op, asyncio.Future[Any]]] = []
+        self._gather_loop: asyncio.AbstractEventLoop | None = None
+        self._gather_paused_until = 0.0
 
     def start(self) -> None:
         """Open the store on a thread and begin serving. Raises what open raised."""
@@ -156,12 +176,23 @@ class StoreThread:
         not after each: a loop iteration costs as much as the rest of a step's
         Python on SQLite NORMAL, and the loop was quiet when each commit began.
 
+        With ``inline`` while other callbacks are ready on the loop, a store that gathers
+        (``Store.gathers_inline``: SQLite) takes the call into the batch the loop's
+        thread runs at its next turn, in one transaction (``_flush``): the group commit
+        of a busy loop, without the store thread's two wake-ups and its share of the
+        interpreter lock. Otherwise it goes to the store thread, as any call.
+
         ``then``, given, is called on the loop's thread with the result once the verb
         has run, even if the caller is cancelled meanwhile (the call is then not taken
         back): what must follow a commit (a start's launch) cannot be lost with the
         caller. It runs before the caller resumes, and what it schedules runs after.
         """
-        if inline and not self._pending:
+        if inline and not self._pending and not loop_is_quiet():
+            if self._gathers and not base.runs_alone(fn):
+                gathered = self._gather(base.Op(fn, args, write))
+                if gathered is not None:
+                    return await _answer(gathered, then)
+        elif inline and not self._pending:
             op = base.Op(fn, args, write)
             if not base.runs_alone(fn) and self._run_inline(op):
                 if then is not None or time.monotonic() - self._breathed >= _BREATHE_EVERY:
@@ -185,6 +216,114 @@ class StoreThread:
         future: asyncio.Future[T] = loop.create_future()
         self._put(base.Op(fn, args, write), (loop, future), False)
         return await _answer(future, then)
+
+    def _gather(self, op: base.Op) -> asyncio.Future[Any] | None:
+        """Take ``op`` into the batch of this loop's next turn: the future of its answer.
+        None, having taken nothing, while gathering pauses after a slow batch, or while
+        another loop's calls are gathered (the store thread takes it then)."""
+        if time.monotonic() < self._gather_paused_until:
+            return None
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        with self._lock:
+            if not self._gathered:
+                self._gather_loop = loop
+                loop.call_soon(self._flush)
+            elif self._gather_loop is not loop:
+                return None
+            self._gathered.append((op, future))
+        return future
+
+    def _flush(self) -> None:
+        """Run the calls gathered since the loop's last turn (at most ``max_batch``; the
+        rest at its next), in one transaction on its thread; each the store refuses (a
+        lock held by another process) goes to the store thread, which waits for it."""
+        with self._lock:
+            loop = self._gather_loop
+            items = self._gathered[: self._max_batch]
+            del self._gathered[: self._max_batch]
+            if self._gathered and loop is not None:
+                loop.call_soon(self._flush)
+            if not self._threads:
+                closed: BaseException | None = errors.DatabaseUnavailable(
+                    f"{self.store.url} is closed"
+                )
+            elif self._pending:  # queued before these were made: they go behind
+                self._enqueue(items)
+                return
+            else:
+                closed = None
+        live = [(op, future) for op, future in items if not future.cancelled()]
+        if not live:
+            return
+        if closed is not None:
+            for _, future in live:
+                future.set_exception(closed)
+            return
+        waiting = {id(op): future for op, future in live}
+        ops = base.lock_order([op for op, _ in live])
+        began = time.monotonic()
+        try:
+            done = self._run_inline_batch(ops)
+        except Exception as exc:  # a bug below run_batch: fail the calls, keep serving
+            done = [True] * len(ops)
+            for op in ops:
+                op.error, op.result = exc, None
+        except BaseException:  # an interrupt: nothing of the batch was committed
+            for future in waiting.values():
+                future.cancel()
+            raise
+        took = time.monotonic() - began
+        if took > GATHER_SLOW:
+            pause = pause_after(took)
+            self._gather_paused_until = began + took + pause
+            log.info(
+                "%s: a group commit on the event loop's thread took %.0f ms; the next %.0f s "
+                "of commits go through the store thread",
+                self.store.url,
+                took * 1000,
+                pause,
+            )
+        refused = [(op, waiting[id(op)]) for op, ran in zip(ops, done, strict=True) if not ran]
+        if refused:
+            with self._lock:
+                if self._threads:
+                    self._enqueue(refused)
+                    refused = []
+            for op, _ in refused:  # closed meanwhile
+                op.error = errors.DatabaseUnavailable(f"{self.store.url} is closed")
+        for op, ran in zip(ops, done, strict=True):
+            future = waiting[id(op)]
+            if future.cancelled() or not (ran or op.error is not None):
+                continue
+            if op.error is not None:
+                future.set_exception(op.error)
+            else:
+                future.set_result(op.result)
+
+    def _run_inline_batch(self, ops: list[base.Op]) -> list[bool]:
+        """``_run_inline`` for a gathered batch: for each op, whether it ran here. With no
+        call pending, a store thread that holds its turn is only delivering its last
+        batch's answers (which may have woken this turn): it is waited for, briefly."""
+        if self._alone:
+            if not self._exec.acquire(timeout=HOLD_LOOP):
+                return [False] * len(ops)
+            try:
+                return self.store.run_inline_batch(ops)
+            finally:
+                self._exec.release()
+        if not self._gate.try_shared():
+            return [False] * len(ops)
+        try:
+            return self.store.run_inline_batch(ops)
+        finally:
+            self._gate.release_shared()
+
+    def _enqueue(self, items: list[tuple[base.Op, asyncio.Future[Any]]]) -> None:
+        """Queue gathered calls to the threads, in order (under ``_lock``)."""
+        for op, future in items:
+            self._pending += 1
+            self._queue.put((op, (future.get_loop(), future), False))
 
     def _run_inline(self, op: base.Op) -> bool:
         """Run ``op`` on this thread if the store can (``Store.run_inline``); False, having
@@ -229,6 +368,9 @@ class StoreThread:
         with self._lock:
             if not self._threads:
                 raise errors.DatabaseUnavailable(f"{self.store.url} is closed")
+            if self._gathered:  # made before this call: they commit before it
+                self._enqueue(self._gathered)
+                self._gathered = []
             self._pending += 1
             self._queue.put((op, waiter, raw))
 
