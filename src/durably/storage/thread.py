@@ -1,12 +1,14 @@
 """The store's threads, which run every storage call, committing in groups.
 
-The engine is asyncio; the stores are synchronous. Every call is queued to the
-store thread, which drains whatever is waiting and runs it in one transaction, so
-concurrent workflows share one commit (group commit) and the event loop never
-blocks on a disk flush. A store that can use several connections (PostgreSQL,
-``Store.threads``) gets as many threads, taking batches from the one queue: while
-one waits for its COMMIT, the next batch runs on another connection. See
-docs/decisions.md.
+The engine is asyncio; the stores are synchronous. A call is queued to the store
+thread, which drains whatever is waiting and runs it in one transaction, so
+concurrent workflows share one commit (group commit) and the event loop does not
+wait for a lock or a slow disk. A store that can use several connections
+(PostgreSQL, ``Store.threads``) gets as many threads, taking batches from the one
+queue: while one waits for its COMMIT, the next batch runs on another connection.
+Two exceptions save the threads' wake-ups: a commit made while the loop is quiet
+runs at once on its thread, and on SQLite the commits made while it is busy are
+gathered and run together on its thread at its next turn. See docs/decisions.md.
 """
 
 from __future__ import annotations
