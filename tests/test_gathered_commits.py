@@ -25,7 +25,7 @@ import pytest
 
 import durably
 from durably import errors
-from durably.storage import create_store, thread
+from durably.storage import base, create_store, thread
 from durably.storage.sqlite import SqliteStore
 
 Log = list[tuple[object, str]]
@@ -206,18 +206,103 @@ async def test_a_slow_batch_sends_the_calls_of_a_while_to_the_store_thread(
     assert {name for _, name in log} == {main}
 
 
-async def test_calls_gathered_as_the_store_closes_are_refused_not_lost(tmp_path: Path) -> None:
+async def test_calls_gathered_as_the_store_closes_are_finished_then_refused(
+    tmp_path: Path,
+) -> None:
     runner = thread.StoreThread(create_store(f"sqlite:///{tmp_path / 'c.db'}"))
     runner.start()
     log: Log = []
     first = asyncio.ensure_future(runner.call(rec, log, "a", inline=True))
     second = asyncio.ensure_future(runner.call(rec, log, "b", inline=True))
     await asyncio.sleep(0)  # gathered; the batch would run at the next turn
-    runner.stop()
-    for task in (first, second):
-        with pytest.raises(errors.DatabaseUnavailable, match="closed"):
-            await task
-    assert log == []
+    runner.stop()  # finishes the calls made before it, as it finishes queued ones
+    assert [await first, await second] == ["a", "b"]
+    assert log == [("a", "durably-store"), ("b", "durably-store")]
+    asyncio.get_running_loop().call_soon(lambda: None)  # busy: it would be gathered
+    with pytest.raises(errors.DatabaseUnavailable, match="closed"):
+        await runner.call(rec, log, "c", inline=True)
+
+
+def named(tag: str, log: Log) -> str:
+    """A verb whose first argument names a workflow, as a store's verbs do."""
+    log.append((tag, threading.current_thread().name))
+    return tag
+
+
+async def test_a_batch_runs_in_lock_order_and_its_callers_hear_in_the_order_they_called(
+    runner: thread.StoreThread,
+) -> None:
+    log: Log = []
+    heard: list[str] = []
+    got = await _together(
+        *(runner.call(named, tag, log, inline=True, then=heard.append) for tag in "cab")
+    )
+    assert got == ["c", "a", "b"]
+    assert [tag for tag, _ in log] == ["a", "b", "c"]  # the rows' lock order
+    assert heard == ["c", "a", "b"]
+
+
+async def test_more_than_a_batch_is_gathered_into_batches_at_the_next_turns(
+    tmp_path: Path,
+) -> None:
+    runner = thread.StoreThread(create_store(f"sqlite:///{tmp_path / 'm.db'}"), max_batch=2)
+    runner.start()
+    try:
+        begins = _begins(runner.store)
+        log: Log = []
+        got = await _together(*(runner.call(rec, log, i, inline=True) for i in range(5)))
+    finally:
+        runner.stop()
+    main = threading.current_thread().name
+    assert got == [0, 1, 2, 3, 4]
+    assert log == [(i, main) for i in range(5)]
+    assert begins() == [f"{main}: BEGIN IMMEDIATE"] * 3
+
+
+async def test_a_store_shared_by_two_loops_runs_each_loops_calls_on_its_own_thread(
+    runner: thread.StoreThread,
+) -> None:
+    # Loop one gathers a call and is held before its turn; loop two makes a call that goes
+    # to the store thread (taking loop one's with it), then gathers one of its own: loop
+    # one's turn, when it comes, must not run loop two's call on loop one's thread.
+    log: Log = []
+    gathered, go_on = threading.Event(), threading.Event()
+    out: dict[str, object] = {}
+
+    def loop_one() -> None:
+        async def main() -> None:
+            task = asyncio.ensure_future(runner.call(rec, log, "A", inline=True))
+            await asyncio.sleep(0)  # A gathered; its turn is next
+            gathered.set()
+            go_on.wait(10)  # held before that turn
+            out["A"] = await task
+
+        asyncio.run(main())
+
+    def loop_two() -> None:
+        async def main() -> None:
+            assert gathered.wait(10)
+            out["B"] = (await _together(runner.call(rec, log, "B", inline=True)))[0]
+            while runner._pending:  # answered once the thread is done with A and B
+                await asyncio.sleep(0.001)
+            task = asyncio.ensure_future(runner.call(rec, log, "C", inline=True))
+            await asyncio.sleep(0)  # C gathered by this loop
+            go_on.set()
+            await asyncio.sleep(0.2)  # loop one's turn comes meanwhile
+            out["C"] = await asyncio.wait_for(task, 10)
+
+        asyncio.run(main(), debug=True)  # a future set from another thread raises here
+
+    threads = [
+        threading.Thread(target=loop_one, name="loop-one"),
+        threading.Thread(target=loop_two, name="loop-two"),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out == {"A": "A", "B": "B", "C": "C"}
+    assert ("C", "loop-two") in log, log
 
 
 # --- through an engine --------------------------------------------------------------------
@@ -247,9 +332,47 @@ async def test_workflows_in_flight_share_commits_on_the_loops_thread(
         store.conn.set_trace_callback(None)
         noted = begins()
     commits = 40 * 5  # each workflow's start, three steps and finish
-    assert len(noted) < commits / 3, len(noted)  # group commits either way
+    assert len(noted) < commits / 2, len(noted)  # group commits either way
     on_loop = [b for b in noted if b.startswith(threading.current_thread().name + ":")]
     if inline:  # the loop's thread ran nearly all of them, none waking the store thread
         assert len(on_loop) >= 0.8 * len(noted), noted
     else:
         assert on_loop == [], on_loop
+
+
+def test_a_batch_is_refused_only_when_nothing_of_it_was_committed(tmp_path: Path) -> None:
+    store: Any = create_store(f"sqlite:///{tmp_path / 'r.db'}")
+    store.open()
+    try:
+        store.conn.execute("CREATE TABLE kept (tag TEXT)")
+
+        def write(tag: str) -> str:
+            store.conn.execute("INSERT INTO kept VALUES (?)", (tag,))
+            return tag
+
+        def locked(tag: str) -> str:
+            raise errors.DatabaseLocked(f"{tag}: a lock of its own")
+
+        ops = [
+            base.Op(write, ("a",), True),
+            base.Op(locked, ("b",), True),
+            base.Op(write, ("c",), True),
+        ]
+        # a and c committed: b's lock error is its own, not a refusal of the batch
+        assert store.run_inline_batch(ops) == [True, True, True]
+        assert isinstance(ops[1].error, errors.DatabaseLocked)
+        assert [op.result for op in (ops[0], ops[2])] == ["a", "c"]
+
+        other = sqlite3.connect(store.path, isolation_level=None, timeout=0)
+        other.execute("BEGIN IMMEDIATE")  # another process's writer: nothing can begin
+        try:
+            ops = [base.Op(write, ("d",), True), base.Op(write, ("e",), True)]
+            assert store.run_inline_batch(ops) == [False, False]
+            assert all(op.error is None and op.result is None for op in ops)
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        rows = store.conn.execute("SELECT tag FROM kept ORDER BY tag").fetchall()
+        assert [r[0] for r in rows] == ["a", "c"]
+    finally:
+        store.close()

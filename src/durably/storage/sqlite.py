@@ -166,7 +166,8 @@ class SqliteStore(sql.SqlStore):
 
     def run_inline_batch(self, ops: Sequence[base.Op]) -> list[bool]:
         """Commit the ops here in one transaction, unless another process holds the write
-        lock right now: then none ran, and each is refused (False) for the store thread.
+        lock right now: then none ran, and each is refused (False) for the store thread
+        (refused only when nothing of the transaction was committed).
 
         The caller's thread (the event loop's) must never wait for a lock, the store
         thread must: ``_begin`` sets how long the connection waits only when the
@@ -181,9 +182,11 @@ class SqliteStore(sql.SqlStore):
             raise
         finally:
             self._inline = False
-        done = []
+        if any(op.error is None for op in ops):  # committed: a lock error is the op's own
+            return [True] * len(ops)
+        done = []  # nothing committed: what the lock refused goes to the thread, which waits
         for op in ops:
-            locked = isinstance(op.error, errors.DatabaseLocked)  # rolled back: the thread waits
+            locked = isinstance(op.error, errors.DatabaseLocked)
             if locked:
                 op.error = None
             done.append(not locked)

@@ -82,8 +82,9 @@ def loop_is_quiet() -> bool:
 
     Then committing here costs the loop nothing, and saves the two thread
     wake-ups of the store thread; when others are ready, their commits should
-    share one transaction on the store thread instead (group commit). Reads
-    the ready queue of asyncio's own loop; other loops never commit inline.
+    share one transaction (group commit), gathered for the loop's next turn
+    (SQLite) or on the store thread. Reads the ready queue of asyncio's own loop;
+    on other loops it is never quiet.
     """
     ready = getattr(asyncio.get_running_loop(), "_ready", None)
     return ready is not None and len(ready) == 0
@@ -141,6 +142,9 @@ class StoreThread:
             threads, self._threads = self._threads, []
             if not threads:
                 return
+            if self._gathered:  # made before the stop: finished as queued calls are
+                self._enqueue(self._gathered)
+                self._gathered = []
             self._queue.put(_STOP)  # under the lock: nothing can be queued behind it
         for thread in threads:
             thread.join()
@@ -182,7 +186,9 @@ class StoreThread:
         (``Store.gathers_inline``: SQLite) takes the call into the batch the loop's
         thread runs at its next turn, in one transaction (``_flush``): the group commit
         of a busy loop, without the store thread's two wake-ups and its share of the
-        interpreter lock. Otherwise it goes to the store thread, as any call.
+        interpreter lock. Otherwise it goes to the store thread, as any call. Calls made
+        on the loop's thread keep their order either way; one made from another thread
+        while a gathered batch runs is concurrent with it, and may commit first.
 
         ``then``, given, is called on the loop's thread with the result once the verb
         has run, even if the caller is cancelled meanwhile (the call is then not taken
@@ -194,7 +200,7 @@ class StoreThread:
                 gathered = self._gather(base.Op(fn, args, write))
                 if gathered is not None:
                     return await _answer(gathered, then)
-        elif inline and not self._pending:
+        elif inline and not self._pending and not self._gathered:  # (another loop's)
             op = base.Op(fn, args, write)
             if not base.runs_alone(fn) and self._run_inline(op):
                 if then is not None or time.monotonic() - self._breathed >= _BREATHE_EVERY:
@@ -221,58 +227,52 @@ class StoreThread:
 
     def _gather(self, op: base.Op) -> asyncio.Future[Any] | None:
         """Take ``op`` into the batch of this loop's next turn: the future of its answer.
-        None, having taken nothing, while gathering pauses after a slow batch, or while
-        another loop's calls are gathered (the store thread takes it then)."""
+        None, having taken nothing, while gathering pauses after a slow batch, once the
+        store is closed, or while another loop's calls are gathered (the store thread
+        takes it then)."""
         if time.monotonic() < self._gather_paused_until:
             return None
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         with self._lock:
+            if not self._threads:
+                return None
             if not self._gathered:
                 self._gather_loop = loop
-                loop.call_soon(self._flush)
+                loop.call_soon(self._flush, loop)
             elif self._gather_loop is not loop:
                 return None
             self._gathered.append((op, future))
         return future
 
-    def _flush(self) -> None:
-        """Run the calls gathered since the loop's last turn (at most ``max_batch``; the
-        rest at its next), in one transaction on its thread; each the store refuses (a
-        lock held by another process) goes to the store thread, which waits for it."""
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the calls ``loop`` gathered since its last turn (at most ``max_batch``; the
+        rest at its next), in one transaction on its thread; those the store refuses (a
+        lock held by another process) go to the store thread, which waits for the lock.
+        Callers hear in the order they called."""
         with self._lock:
-            loop = self._gather_loop
+            if self._gather_loop is not loop:  # queued meanwhile; another loop's now
+                return
             items = self._gathered[: self._max_batch]
             del self._gathered[: self._max_batch]
-            if self._gathered and loop is not None:
-                loop.call_soon(self._flush)
-            if not self._threads:
-                closed: BaseException | None = errors.DatabaseUnavailable(
-                    f"{self.store.url} is closed"
-                )
-            elif self._pending:  # queued before these were made: they go behind
+            if self._gathered:
+                loop.call_soon(self._flush, loop)
+            if self._pending:  # queued before these were made: they go behind
                 self._enqueue(items)
                 return
-            else:
-                closed = None
         live = [(op, future) for op, future in items if not future.cancelled()]
         if not live:
             return
-        if closed is not None:
-            for _, future in live:
-                future.set_exception(closed)
-            return
-        waiting = {id(op): future for op, future in live}
         ops = base.lock_order([op for op, _ in live])
         began = time.monotonic()
         try:
-            done = self._run_inline_batch(ops)
+            ran = dict(zip(map(id, ops), self._run_inline_batch(ops), strict=True))
         except Exception as exc:  # a bug below run_batch: fail the calls, keep serving
-            done = [True] * len(ops)
+            ran = {id(op): True for op in ops}
             for op in ops:
                 op.error, op.result = exc, None
-        except BaseException:  # an interrupt: nothing of the batch was committed
-            for future in waiting.values():
+        except BaseException:  # an interrupt: the callers stop waiting (what committed stays)
+            for _, future in live:
                 future.cancel()
             raise
         took = time.monotonic() - began
@@ -280,23 +280,25 @@ class StoreThread:
             pause = pause_after(took)
             self._gather_paused_until = began + took + pause
             log.info(
-                "%s: a group commit on the event loop's thread took %.0f ms; the next %.0f s "
-                "of commits go through the store thread",
+                "%s: a group commit on the event loop's thread took %.0f ms; for %.0f s "
+                "the commits of a busy loop go through the store thread",
                 self.store.url,
                 took * 1000,
                 pause,
             )
-        refused = [(op, waiting[id(op)]) for op, ran in zip(ops, done, strict=True) if not ran]
+        refused = [(op, future) for op, future in live if not ran[id(op)]]
         if refused:
             with self._lock:
-                if self._threads:
+                queued = bool(self._threads)
+                if queued:  # the store thread owns them now, and answers them
                     self._enqueue(refused)
-                    refused = []
-            for op, _ in refused:  # closed meanwhile
-                op.error = errors.DatabaseUnavailable(f"{self.store.url} is closed")
-        for op, ran in zip(ops, done, strict=True):
-            future = waiting[id(op)]
-            if future.cancelled() or not (ran or op.error is not None):
+            if not queued:
+                closed = errors.DatabaseUnavailable(f"{self.store.url} is closed")
+                for _, future in refused:
+                    if not future.cancelled():
+                        future.set_exception(closed)
+        for op, future in live:
+            if not ran[id(op)] or future.cancelled():
                 continue
             if op.error is not None:
                 future.set_exception(op.error)
