@@ -13,6 +13,7 @@ import difflib
 import importlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import click
 from click import shell_completion
@@ -135,6 +136,24 @@ def _verbose_here(ctx: click.Context, _param: click.Parameter, value: bool) -> N
         logging.getLogger().setLevel(logging.INFO)
 
 
+#: The group's options a command takes after its name too: their flags, and the rest of
+#: each ``click.Option`` (their values go where the group's go, through the callbacks).
+_SHARED_OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
+    (
+        ("--database", "-d"),
+        {
+            "default": None,
+            "callback": _database_here,
+            "help": "Database URL (or DURABLY_DATABASE_URL), here or before the command.",
+        },
+    ),
+    (
+        ("-v", "--verbose"),
+        {"is_flag": True, "callback": _verbose_here, "help": "Log what the engine does."},
+    ),
+)
+
+
 def _take_shared_options(command: click.Command) -> None:
     """Let ``command`` (and a group's commands) take ``--database`` and ``--verbose``
     after its name too: ``durably bench -d postgresql://...`` is what a newcomer types
@@ -142,26 +161,9 @@ def _take_shared_options(command: click.Command) -> None:
     by click as the command's own options, so a value that looks like one (``--payload
     -v``) stays the value it is."""
     taken = {opt for param in command.params for opt in param.opts + param.secondary_opts}
-    if "--database" not in taken and "-d" not in taken:
-        command.params.append(
-            click.Option(
-                ["--database", "-d"],
-                default=None,
-                expose_value=False,
-                callback=_database_here,
-                help="Database URL (or DURABLY_DATABASE_URL), here or before the command.",
-            )
-        )
-    if "--verbose" not in taken and "-v" not in taken:
-        command.params.append(
-            click.Option(
-                ["-v", "--verbose"],
-                is_flag=True,
-                expose_value=False,
-                callback=_verbose_here,
-                help="Log what the engine does.",
-            )
-        )
+    for opts, extra in _SHARED_OPTIONS:
+        if taken.isdisjoint(opts):
+            command.params.append(click.Option(list(opts), expose_value=False, **extra))
     if isinstance(command, click.Group):
         for inner in command.commands.values():
             _take_shared_options(inner)

@@ -388,14 +388,13 @@ class PostgresStore(pg_wakeup.WakeupVerbs):
                 raise
         took = time.monotonic() - began
         if took > INLINE_SLOW:
-            pause = inline_pause(took)
-            self._inline_paused_until = began + took + pause
-            log.info(
-                "%s: a call on the event loop's thread took %.0f ms; the next %.0f s of "
-                "calls go through the store threads",
+            self._inline_paused_until = thread.stalled(
                 self.url,
-                took * 1000,
-                pause,
+                "a call",
+                "the calls go through the store threads",
+                began,
+                took,
+                inline_pause(took),
             )
         if isinstance(op.error, _Elsewhere | errors.DatabaseLocked):  # nothing of it was done
             if isinstance(op.error, _Elsewhere):

@@ -56,6 +56,20 @@ HOLD_LOOP = 0.001
 GATHER_SLOW = 0.02
 
 
+def stalled(url: str, what: str, then: str, began: float, took: float, pause: float) -> float:
+    """Log that ``what`` held the event loop's thread ``took`` seconds, so that for
+    ``pause`` seconds ``then``; the time that pause ends."""
+    log.info(
+        "%s: %s on the event loop's thread took %.0f ms; for %.0f s %s",
+        url,
+        what,
+        took * 1000,
+        pause,
+        then,
+    )
+    return began + took + pause
+
+
 def pause_after(
     took: float, factor: float = 30.0, least: float = 1.0, most: float = 300.0
 ) -> float:
@@ -277,14 +291,13 @@ class StoreThread:
             raise
         took = time.monotonic() - began
         if took > GATHER_SLOW:
-            pause = pause_after(took)
-            self._gather_paused_until = began + took + pause
-            log.info(
-                "%s: a group commit on the event loop's thread took %.0f ms; for %.0f s "
-                "the commits of a busy loop go through the store thread",
+            self._gather_paused_until = stalled(
                 self.store.url,
-                took * 1000,
-                pause,
+                "a group commit",
+                "the commits of a busy loop go through the store thread",
+                began,
+                took,
+                pause_after(took),
             )
         refused = [(op, future) for op, future in live if not ran[id(op)]]
         if refused:
