@@ -124,7 +124,6 @@ class StoreThread:
         self._pending = 0
         # Calls made while the loop was busy, run together on its thread at its next turn
         # (``_flush``); a call queued to the threads first queues these, made before it.
-        self._gathers = store.gathers_inline
         self._gathered: list[tuple[base.Op, asyncio.Future[Any]]] = []
         self._gather_loop: asyncio.AbstractEventLoop | None = None
         self._gather_paused_until = 0.0
@@ -210,7 +209,7 @@ class StoreThread:
         caller. It runs before the caller resumes, and what it schedules runs after.
         """
         if inline and not self._pending and not loop_is_quiet():
-            if self._gathers and not base.runs_alone(fn):
+            if self.store.gathers_inline and not base.runs_alone(fn):
                 gathered = self._gather(base.Op(fn, args, write))
                 if gathered is not None:
                     return await _answer(gathered, then)
@@ -322,19 +321,12 @@ class StoreThread:
         """``_run_inline`` for a gathered batch: for each op, whether it ran here. With no
         call pending, a store thread that holds its turn is only delivering its last
         batch's answers (which may have woken this turn): it is waited for, briefly."""
-        if self._alone:
-            if not self._exec.acquire(timeout=HOLD_LOOP):
-                return [False] * len(ops)
-            try:
-                return self.store.run_inline_batch(ops)
-            finally:
-                self._exec.release()
-        if not self._gate.try_shared():
+        if not self._take_turn(HOLD_LOOP):
             return [False] * len(ops)
         try:
             return self.store.run_inline_batch(ops)
         finally:
-            self._gate.release_shared()
+            self._end_turn()
 
     def _enqueue(self, items: list[tuple[base.Op, asyncio.Future[Any]]]) -> None:
         """Queue gathered calls to the threads, in order (under ``_lock``)."""
@@ -348,18 +340,22 @@ class StoreThread:
         turn (``_exec``), so nothing else runs meanwhile; with several it counts as one
         more batch in flight (PostgreSQL runs it on a connection of its own), which a
         verb running alone (``base.alone``) keeps out as it keeps out other batches."""
-        if self._alone:
-            if not self._exec.acquire(blocking=False):
-                return False
-            try:
-                return self.store.run_inline(op)
-            finally:
-                self._exec.release()
-        if not self._gate.try_shared():
+        if not self._take_turn(0):
             return False
         try:
             return self.store.run_inline(op)
         finally:
+            self._end_turn()
+
+    def _take_turn(self, wait: float) -> bool:
+        """Take a turn to run calls on this thread (``_run_inline``): the one store thread's,
+        waiting up to ``wait`` seconds for it, or a place among the batches in flight."""
+        return self._exec.acquire(timeout=wait) if self._alone else self._gate.try_shared()
+
+    def _end_turn(self) -> None:
+        if self._alone:
+            self._exec.release()
+        else:
             self._gate.release_shared()
 
     async def _breathe(self, then: Callable[[T], None] | None, result: T) -> None:
