@@ -7,12 +7,12 @@ Opens ``durably.Engine(URL)`` (which takes over the work of a killed process) an
 starts, or attaches to, the workflows ``chain-0`` .. ``chain-{N-1}`` all at once:
 with that many in flight the event loop is busy, so their commits are gathered
 (SQLite) or grouped by a store thread (PostgreSQL, or ``--no-inline``). Each
-workflow is a chain of K steps, each step given the token its predecessor
-returned: it appends one JSON line (workflow, index, the token it was given, the
-new token it returns, pid) to the effects file, works half a millisecond on the
-loop's thread, and returns the new token. A step
-that ran on a result later lost would show up as a line whose ``prev`` is not
-the token the journal holds.
+workflow is a chain of K steps (async ones for even workflows; plain ``def`` ones,
+on the engine's step threads, for odd ones), each step given the token its
+predecessor returned: it appends one JSON line (workflow, index, the token it was
+given, the new token it returns, pid) to the effects file, works half a
+millisecond, and returns the new token. A step that ran on a result later lost
+would show up as a line whose ``prev`` is not the token the journal holds.
 
 Prints one JSON line: each workflow's list of tokens.
 """
@@ -33,8 +33,7 @@ EFFECTS_ENV = "INFLIGHT_EFFECTS"
 WORK_SECONDS = 0.0005
 
 
-@durably.step
-async def link(w: int, k: int, prev: str) -> str:
+def _link(w: int, k: int, prev: str) -> str:
     """One link of the chain: its effect is a line in the effects file."""
     token = uuid.uuid4().hex
     line = json.dumps({"w": w, "k": k, "prev": prev, "token": token, "pid": os.getpid()})
@@ -43,21 +42,35 @@ async def link(w: int, k: int, prev: str) -> str:
         os.write(fd, (line + "\n").encode())
     finally:
         os.close(fd)
-    # Some work on the loop's thread after the effect (parsing a reply, say): the workflows
-    # a batch answered run their next step's effect before the next batch commits, so a
-    # kill finds effects that followed a result not yet durable, if there is one.
+    # Some work after the effect (parsing a reply, say): the workflows a batch answered
+    # run their next step's effect before the next batch commits, so a kill finds
+    # effects that followed a result not yet durable, if there is one.
     until = time.perf_counter() + WORK_SECONDS
     while time.perf_counter() < until:
         pass
     return token
 
 
+@durably.step(name="link")
+async def link(w: int, k: int, prev: str) -> str:
+    """A link as an async step, run on the event loop's thread."""
+    return _link(w, k, prev)
+
+
+@durably.step(name="link_sync")
+def link_sync(w: int, k: int, prev: str) -> str:
+    """A link as a plain ``def`` step, run on one of the engine's step threads."""
+    return _link(w, k, prev)
+
+
 @durably.workflow(name="chain")
 async def chain(w: int, steps: int) -> list[str]:
+    """The chain of workflow ``w``: async links for even ``w``, ``def`` links for odd."""
+    step = link_sync if w % 2 else link
     tokens: list[str] = []
     prev = ""
     for k in range(steps):
-        prev = await link(w, k, prev)
+        prev = await step(w, k, prev)
         tokens.append(prev)
     return tokens
 
