@@ -1549,6 +1549,37 @@ def test_a_wake_up_on_a_connection_the_server_closed_while_idle_connects_again(
     assert [(s["payload"], s["consumed_seq"]) for s in db.list_signals("a")] == [('"x"', 1)]
 
 
+def test_a_signal_sent_alone_whose_answer_is_lost_is_not_sent_again(
+    pg_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keep_signal sent alone (a transaction of its own) commits on the server, then the
+    connection is lost before its answer is read: the outcome is unknown, so the call
+    fails with DatabaseUnavailable instead of sending the statement again on a new
+    connection (a signal without a key would be kept twice). The next call reconnects."""
+    db = Verbs(pg_store)
+    owned(db, "a")
+    db.send_signal("a", "warm", '"0"', None, NOW)  # keep_signal is prepared on the connection
+    real = psycopg.generators.execute
+    cut = [True]
+
+    def lose_the_answer(pgconn: Any) -> Any:
+        results = yield from real(pgconn)  # the server ran it and committed
+        if cut[0]:
+            cut[0] = False
+            pgconn.finish()  # as a network cut would, before this answer was read
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return results
+
+    monkeypatch.setattr(psycopg.generators, "execute", lose_the_answer)
+    op = base.Op(pg_store.send_signal, ("a", "go", '"1"', None, NOW), True)
+    pg_store.run_batch([op])
+    monkeypatch.undo()
+    assert [s["name"] for s in db.list_signals("a")] == ["warm", "go"]  # once, not twice
+    assert isinstance(op.error, errors.DatabaseUnavailable), op.error
+    db.send_signal("a", "next", '"2"', None, NOW)  # connected again
+    assert [s["name"] for s in db.list_signals("a")] == ["warm", "go", "next"]
+
+
 def test_a_last_statement_that_fails_with_its_commit_leaves_nothing_committed(
     pg_store: Any, postgres_url: str
 ) -> None:
