@@ -1552,10 +1552,11 @@ def test_a_wake_up_on_a_connection_the_server_closed_while_idle_connects_again(
 def test_a_signal_sent_alone_whose_answer_is_lost_is_not_sent_again(
     pg_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """keep_signal sent alone (a transaction of its own) commits on the server, then the
-    connection is lost before its answer is read: the outcome is unknown, so the call
-    fails with DatabaseUnavailable instead of sending the statement again on a new
-    connection (a signal without a key would be kept twice). The next call reconnects."""
+    """A signal without a key is not sent as a transaction of its own: sent so, it would
+    commit on the server, and were the connection lost before its answer was read, the
+    statement would be sent again on a new connection and keep the signal twice. With
+    BEGIN, the loss of its COMMIT's answer leaves the outcome unknown: the call fails
+    with DatabaseUnavailable, the signal kept once. The next call reconnects."""
     db = Verbs(pg_store)
     owned(db, "a")
     db.send_signal("a", "warm", '"0"', None, NOW)  # keep_signal is prepared on the connection

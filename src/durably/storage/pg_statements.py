@@ -323,8 +323,12 @@ class OneStatementVerbs(sql.SqlStore):
         tell: bool = True,
     ) -> signals.KeptSignal:
         # One statement (keep_signal in queries.sql); alone in its batch, one round trip.
+        # Only with a key: a statement sent alone commits as it runs, and one whose answer
+        # a lost connection took is sent again on a new one (PostgresStore._execute); with
+        # its key it finds its own signal then, without one it would keep a second. Keyless,
+        # it goes with BEGIN, and a loss before its COMMIT leaves nothing committed.
         params = self._keep_signal_params(workflow_id, name, payload, idempotency_key, now, tell)
-        with self._alone(whole):
+        with self._alone(whole and idempotency_key is not None):
             found = self._q("keep_signal", **params).fetchone()
         return self._kept(workflow_id, found)
 

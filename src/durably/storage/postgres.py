@@ -570,23 +570,22 @@ class PostgresStore(pg_wakeup.WakeupVerbs):
         alone = session.skip_begin
         session.skip_begin = False
         conn = self.conn
-        # A statement sent alone commits as it runs: once sent, a lost connection leaves
-        # its outcome unknown (a signal without a key sent again would be kept twice), so
-        # a connection the server closed while idle is looked for before it is sent.
-        if not (alone and self._direct(conn).lost()):
-            try:
-                return self._send_first(conn, sql_text, params, alone)
-            except psycopg.OperationalError:
-                if alone or not conn.broken:
-                    raise
-        if session.inline:  # connecting is a store thread's work, not the loop's
-            raise _Elsewhere(self.where) from None
-        # The connection died while idle, or inside a transaction that died with it:
-        # nothing of this batch was committed; send it all again on a new connection.
-        lost = session.temp
-        conn = self._connect()
-        self._carry_temp_tables(lost)  # what the batch's statements may rely on
-        return self._send_first(conn, sql_text, params, alone)
+        try:
+            return self._send_first(conn, sql_text, params, alone)
+        except psycopg.OperationalError:
+            if not conn.broken:
+                raise
+            if session.inline:  # connecting is a store thread's work, not the loop's
+                raise _Elsewhere(self.where) from None
+            # The connection died while idle; nothing of this batch reached the server, or
+            # only inside a transaction that dies with the connection: send it all again.
+            # (A statement sent alone may have committed before the connection went: each
+            # such statement is one whose second sending finds its own write, see
+            # EntryVerbs._wrote and ClaimVerbs.create_workflow.)
+            lost = session.temp
+            conn = self._connect()
+            self._carry_temp_tables(lost)  # what the batch's statements may rely on
+            return self._send_first(conn, sql_text, params, alone)
 
     def _send_first(
         self, conn: psycopg.Connection[Any], sql_text: str, params: Any, alone: bool
