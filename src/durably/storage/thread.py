@@ -477,6 +477,8 @@ class StoreThread:
                 and _still_wanted(waiter)
             ):
                 time.sleep(CONFLICT_PAUSE * tries)
+                if not _still_wanted(waiter):  # its caller went during the pause
+                    break
                 tries += 1
                 log.debug("%s: run again after a conflict: %s", self.store.url, op.error)
                 op.error = op.result = None
