@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import durably
 from durably import errors
 from durably.storage import create_store, thread
 
@@ -61,3 +62,26 @@ async def test_an_op_whose_caller_went_during_the_pause_after_a_conflict_is_not_
     resume.set()
     assert await runner.call(int) == 0  # queued behind it: the store thread is past it
     assert runs == ["durably-store"]  # once, before the conflict; not after its caller went
+
+
+@durably.step
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@durably.workflow
+async def adds(a: int, b: int) -> int:
+    return await add(a, b)
+
+
+async def test_an_engine_opened_again_after_close_runs_its_sync_steps(tmp_path: Path) -> None:
+    """close() shuts the step threads down; an engine opened again runs its plain ``def``
+    steps on threads of its own, instead of journaling each as failed with the refusal of
+    a pool that was shut down."""
+    engine = durably.Engine(f"sqlite:///{tmp_path / 'again.db'}")
+    async with engine:
+        first = await engine.start(adds, 1, 2)
+        assert await first.result(timeout=10) == 3
+    async with engine:
+        second = await engine.start(adds, 3, 4)
+        assert await second.result(timeout=10) == 7

@@ -194,6 +194,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         self._database = resolve_url(url)  # with its password, for the watchdog's connection
         self._store = thread.StoreThread(create_store(self._database))
         self.url = self._store.store.url  # as shown in messages: without a password
+        self._step_thread_count = step_threads
         self._step_threads = step_threads_mod.StepThreads(step_threads, "durably-step")
         self._executor_id = executor_id
         self._me: journal.ExecutorInfo | None = None
@@ -240,6 +241,8 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._store.start)
         faults.reached("engine_start")
+        # threads of its own each time it opens: close() shut the last ones down for good
+        self._step_threads = step_threads_mod.StepThreads(self._step_thread_count, "durably-step")
         self._me = self._serving(liveness.this_executor(self.clock(), self._executor_id))
         self._services = workflow_run.Services(
             store=self._store,
