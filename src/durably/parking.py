@@ -28,6 +28,7 @@ class Parking:
     _state: State
     _resume: State
     _blocks: list[Block]
+    pokes: int
     _idle: asyncio.Event
     _settled: asyncio.Event
     _park_timer: asyncio.TimerHandle | None
@@ -92,10 +93,18 @@ class Parking:
         """Wait until no step or commit of this run is on its way."""
         await self._idle.wait()
 
-    async def block(self, kind: str, key: str, wake_at: float | None) -> None:
-        """Wait until poked, until ``wake_at``, or until the run parks (raises Suspended)."""
+    async def block(
+        self, kind: str, key: str, wake_at: float | None, since: int | None = None
+    ) -> None:
+        """Wait until poked, until ``wake_at``, or until the run parks (raises Suspended).
+
+        ``since``: the count of pokes when the caller last looked at the store; a poke
+        after that look (it found no block to wake) returns at once, so that it is not lost.
+        """
         if not self.listening:
             raise self.suspend("this run has let go of the workflow")
+        if since is not None and since != self.pokes:
+            return
         loop = asyncio.get_running_loop()
         block = Block(loop.create_future(), kind, key, wake_at)
         self._blocks.append(block)
@@ -117,6 +126,7 @@ class Parking:
 
     def poke(self, kind: str | None = None, key: str | None = None) -> None:
         """Wake the waits of this run (all, or those for one signal or child) to re-check."""
+        self.pokes += 1  # counted for a wait between its look and its block (``block``)
         for block in list(self._blocks):
             if kind is None or (block.kind == kind and block.key == key):
                 _wake(block.future)

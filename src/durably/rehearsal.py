@@ -113,7 +113,9 @@ class RehearsalRun(workflow_run.Run):
     async def write(self, verb: workflow_run.Verb, *args: Any, **kwargs: Any) -> Any:
         raise _EndOfJournal(f"{verb}: a live run would write here")
 
-    async def block(self, kind: str, key: str, wake_at: float | None) -> None:
+    async def block(
+        self, kind: str, key: str, wake_at: float | None, since: int | None = None
+    ) -> None:
         raise _EndOfJournal(f"a live run would wait for {kind} {key!r} here")
 
     def cancel_point(self, seq: int) -> None:

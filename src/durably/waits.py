@@ -285,9 +285,10 @@ async def _until_final(
     received = entry.seq == run.received_at_claim  # ended in the claim that launched us
     waited = entry.status == _STARTED or received
     while entry.status == _STARTED:
+        pokes = run.pokes  # a wake-up from here on, even before the block, re-checks
         entry = await run.write(receive, entry)
         if entry.status == _STARTED:
-            await run.block(entry.kind, entry.name, entry.wake_at)
+            await run.block(entry.kind, entry.name, entry.wake_at, pokes)
             run.cancel_point(entry.seq)
     if waited:
         telemetry.wait_ended(

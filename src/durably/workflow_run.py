@@ -150,6 +150,7 @@ class Run(parking.Parking):
         # the driver running compensations, weakly: its context holds this run
         self._compensator: weakref.ref[asyncio.Task[Any]] | None = None
         self._blocks: list[Block] = []
+        self.pokes = 0  # wake-ups so far (``poke``): a wait that looked before one re-checks
         self.compensations: list[Compensation] = []
         self._park_timer: asyncio.TimerHandle | None = None
         self._park_task: asyncio.Task[None] | None = None

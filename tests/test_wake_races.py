@@ -1,0 +1,71 @@
+"""Wake-ups that arrive at an awkward moment of a run: between a signal wait's look at the
+store and its block, or while its park is on its way. The run must not lose them: a wake-up
+that finds no wait to poke would otherwise be seen only by the next park or poll."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import durably
+
+#: Set by the workflow once its signal wait returned (while its step still runs).
+GOT = threading.Event()
+#: Lets the long step end.
+RELEASE = threading.Event()
+
+
+@durably.step
+def long_step() -> str:
+    RELEASE.wait(15)
+    return "step done"
+
+
+@durably.workflow(name="wake-races.busy-waiter")
+async def busy_waiter() -> list[Any]:
+    async def wait() -> Any:
+        got = await durably.wait_for_signal("go")
+        GOT.set()
+        return got
+
+    return list(await asyncio.gather(wait(), long_step()))
+
+
+def after_verb(engine: durably.Engine, verb: str, then: Callable[[], Any]) -> None:
+    """Run ``then`` (a coroutine function) the first time ``verb`` returns to the run, after
+    its commit and before the run sees the answer; the store runs as it is."""
+    store_thread: Any = engine._store
+    real_call = store_thread.call
+    done: list[bool] = []
+
+    async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        result = await real_call(fn, *args, **kwargs)
+        if getattr(fn, "__name__", "") == verb and not done:
+            done.append(True)
+            await then()
+        return result
+
+    store_thread.call = call
+
+
+async def test_a_signal_sent_between_a_waits_look_and_its_block_wakes_it(store_url: str) -> None:
+    """The signal is committed, and the run poked, after ``receive_signal`` found nothing and
+    before the wait blocks; a step of the run still runs, so no park looks again."""
+    GOT.clear()
+    RELEASE.clear()
+    wid = "wake-races-look-then-block"
+    async with durably.Engine(store_url, poll_interval=30) as engine:
+
+        async def send() -> None:
+            assert await engine.send_signal(wid, "go", "hi")
+
+        after_verb(engine, "receive_signal", send)
+        try:
+            handle = await engine.start(busy_waiter, workflow_id=wid)
+            received = await asyncio.to_thread(GOT.wait, 5)
+            assert received, "the wait did not see the signal while the step ran"
+        finally:
+            RELEASE.set()
+        assert await handle.result(timeout=10) == ["hi", "step done"]
