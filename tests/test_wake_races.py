@@ -69,3 +69,25 @@ async def test_a_signal_sent_between_a_waits_look_and_its_block_wakes_it(store_u
         finally:
             RELEASE.set()
         assert await handle.result(timeout=10) == ["hi", "step done"]
+
+
+@durably.workflow(name="wake-races.waiter")
+async def waiter() -> Any:
+    return await durably.wait_for_signal("go")
+
+
+async def test_a_signal_sent_while_the_park_is_on_its_way_wakes_the_parked_run(
+    store_url: str,
+) -> None:
+    """The signal is committed after the park, and its wake-up pokes the run before the run
+    learns that it parked: the poke finds a wait that is about to be suspended, so the engine
+    must look for the workflow (now claimable) itself, not at its next poll."""
+    wid = "wake-races-park-then-signal"
+    async with durably.Engine(store_url, hold_seconds=0.0, poll_interval=30) as engine:
+
+        async def send() -> None:
+            assert await engine.send_signal(wid, "go", "hi")
+
+        after_verb(engine, "park", send)
+        handle = await engine.start(waiter, workflow_id=wid)
+        assert await handle.result(timeout=5) == "hi"

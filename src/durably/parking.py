@@ -179,6 +179,7 @@ class Parking:
         wake_at = min((b.wake_at for b in waits if b.wake_at is not None), default=None)
         signals = sorted({b.key for b in waits if b.kind == journal.Kind.SIGNAL})
         children = sorted({b.key for b in waits if b.kind == journal.Kind.JOIN})
+        pokes = self.pokes
         try:
             parked = await self.write("park", status, wake_at, signals, children, internal=True)
         except (errors.FencedError, Abandoned):
@@ -194,6 +195,11 @@ class Parking:
             self.poke()
             return
         self._state = State.PARKED
+        if self.pokes != pokes or any(b.future.done() for b in waits):
+            # Woken while the park was on its way: what woke it (a signal, a child's end)
+            # came after the park's look, so the parked workflow is due now; the wake-up
+            # went to these waits, which no longer act on it: look for it from here.
+            wake_at = self._services.clock()
         for block in waits:
             if not block.future.done():
                 block.future.set_exception(self.suspend(f"parked {status}"))
