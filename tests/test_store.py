@@ -573,7 +573,9 @@ def test_committed_changes_wake_listeners_and_rolled_back_ones_do_not(store_url,
             db.create_workflow(new("x"), None, None, NOW)
             assert got == []  # SQLite engines poll
             return
-        time.sleep(0.2)  # the listener connects
+        # once its LISTEN holds the listener reports "work" (what came before it is lost)
+        assert _wait_until(lambda: base.Wakeup("work") in got, 5)
+        got.clear()
         info = owned(db)
         db.create_workflow(new("pending"), None, None, NOW)
         db.send_signal("wf-1", "approval", "1", None, NOW)

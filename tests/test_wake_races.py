@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import durably
+from durably.storage import pg_listener
 
 #: Set by the workflow once its signal wait returned (while its step still runs).
 GOT = threading.Event()
@@ -91,3 +92,32 @@ async def test_a_signal_sent_while_the_park_is_on_its_way_wakes_the_parked_run(
         after_verb(engine, "park", send)
         handle = await engine.start(waiter, workflow_id=wid)
         assert await handle.result(timeout=5) == "hi"
+
+
+async def test_a_signal_sent_before_the_first_listen_took_hold_is_found(
+    postgres_url: str, monkeypatch: Any
+) -> None:
+    """An engine opens, its recovery pass finds nothing due, and a signal is sent elsewhere
+    before its listener's first LISTEN took hold: that NOTIFY reached no one, so the listener
+    must report ``work`` once listening, as after a reconnect, not leave it to the poll."""
+    wid = "wake-races-before-listen"
+    async with durably.Engine(postgres_url, hold_seconds=0.0) as first:
+        handle = await first.start(waiter, workflow_id=wid)
+        while await handle.status() != "waiting" or wid in first._tasks:
+            await asyncio.sleep(0.01)
+    connected, listen = threading.Event(), threading.Event()
+    real_use_schema = pg_listener.use_schema
+
+    def use_schema(conn: Any, schema: str) -> None:
+        if threading.current_thread().name == "durably-listen":  # not the store's connections
+            connected.set()
+            listen.wait(10)  # the LISTEN waits for the test's signal
+        real_use_schema(conn, schema)
+
+    monkeypatch.setattr(pg_listener, "use_schema", use_schema)
+    async with durably.Engine(postgres_url, poll_interval=30) as engine:
+        assert await asyncio.to_thread(connected.wait, 5)
+        with durably.Client(postgres_url) as client:
+            assert await asyncio.to_thread(client.send_signal, wid, "go", "hi")
+        listen.set()
+        assert await engine.handle(wid).result(timeout=5) == "hi"

@@ -1,8 +1,9 @@
 """PostgreSQL's wake-ups: a thread holding a LISTEN connection, for the PostgreSQL store.
 
 A notification names what changed (new work, a signal, a cancel, a timer); the
-engine acts on it at once instead of at its next poll. After a lost connection
-the listener connects again and reports "work": what was sent meanwhile is lost.
+engine acts on it at once instead of at its next poll. Once its LISTEN holds, the
+first time and after a lost connection (connected again), the listener reports
+"work": what was sent before it listened reached no one.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class Listener:
         os.close(self._stop_w)
 
     def _run(self) -> None:
-        delay, lost = 0.1, False
+        delay = 0.1
         while not self._stopped.is_set():
             try:
                 # UTF-8 whatever the database's encoding: a payload holding an id of
@@ -83,12 +84,12 @@ class Listener:
                 use_schema(conn, self._schema)
                 conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self._channel)))
                 delay = 0.1
-                if lost:
-                    self._deliver(base.Wakeup("work"))  # what was sent meanwhile is lost
+                # What was sent before this LISTEN (while connecting, the first time too:
+                # after the engine's first pass) is lost: a pass now looks for it.
+                self._deliver(base.Wakeup("work"))
                 self._serve(conn)
             except psycopg.Error as exc:
                 log.info("lost the wake-up connection to %s: %s", self._where, exc)
-                lost = True
                 self._pause(delay)
             finally:
                 conn.close()
