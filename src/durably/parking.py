@@ -161,6 +161,10 @@ class Parking:
             self._settled.set()
             # kept only while it runs: its context holds the run (a cycle once done)
             self._park_task = None
+            # A wait that blocked again while this park was on its way scheduled none
+            # (_schedule_park skips while parking): if only waits are left, hold anew.
+            if self.listening and self.inflight == 0 and self._blocks:
+                self._schedule_park()
 
     async def _park_now(self, planned: list[Block]) -> None:
         waits = list(self._blocks)

@@ -1,0 +1,61 @@
+"""Parks that meet a wake-up on their way: the workflow still parks once all is blocked.
+
+The interleavings are ordered by hand on the live run (its waits, its park), as in
+test_promise_guards; what is asserted is what the store shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import durably
+from durably import journal
+
+
+async def _blocked(e: durably.Engine, workflow_id: str, count: int) -> Any:
+    """The live run of ``workflow_id`` once ``count`` of its branches wait."""
+    deadline = time.monotonic() + 30
+    while True:
+        run = e._runs.get(workflow_id)
+        if run is not None and len(run._blocks) == count:
+            return run
+        assert time.monotonic() < deadline, "the workflow never blocked on its waits"
+        await asyncio.sleep(0.005)
+
+
+async def _status_becomes(handle: Any, status: str, within: float) -> str:
+    """The workflow's status once it is ``status``, or the last seen after ``within`` s."""
+    deadline = time.monotonic() + within
+    seen = (await handle.info()).status
+    while seen != status and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        seen = (await handle.info()).status
+    return str(seen)
+
+
+@durably.workflow
+async def nap_and_listen() -> list[Any]:
+    return list(await asyncio.gather(durably.sleep(30), durably.wait_for_signal("go")))
+
+
+async def test_a_wait_woken_as_the_park_begins_does_not_keep_the_run_in_memory(
+    sqlite_url: str,
+) -> None:
+    """A wake-up of a sleep (not due yet) in the same loop iteration as the hold running
+    out: the park gives up (the woken wait may have left), and the branch blocks again
+    while the park is on its way, which schedules nothing. The run must still park once
+    it settles; it stayed in memory, holding its lease (and its queue's place), until
+    its sleep ended."""
+    async with durably.Engine(sqlite_url, hold_seconds=2.0, poll_interval=0.2) as e:
+        handle = await e.start(nap_and_listen, workflow_id="raced")
+        run = await _blocked(e, "raced", 2)
+        assert run._park_timer is not None  # the hold is running
+        run._park_timer.cancel()  # it runs out now, by hand:
+        run._park_timer = None
+        run.poke(journal.Kind.SLEEP, "")  # a wake-up of the sleep ...
+        run._start_park()  # ... and the hold running out, in the same iteration
+        await asyncio.wait_for(run.settle(), timeout=10)
+        assert await _status_becomes(handle, "waiting", within=8.0) == "waiting"
+        assert "raced" not in e._tasks  # parked: no task is held for it
