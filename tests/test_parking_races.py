@@ -7,7 +7,9 @@ test_promise_guards; what is asserted is what the store shows.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
+from pathlib import Path
 from typing import Any
 
 import durably
@@ -59,3 +61,51 @@ async def test_a_wait_woken_as_the_park_begins_does_not_keep_the_run_in_memory(
         await asyncio.wait_for(run.settle(), timeout=10)
         assert await _status_becomes(handle, "waiting", within=8.0) == "waiting"
         assert "raced" not in e._tasks  # parked: no task is held for it
+
+
+# --- an engine stopping while a park is on its way -------------------------------------
+
+
+@durably.workflow
+async def long_nap() -> str:
+    await durably.sleep(3600)
+    return "rested"
+
+
+async def test_a_wait_blocked_again_while_the_park_commits_is_unwound_by_it(
+    tmp_path: Path,
+) -> None:
+    """The engine starts stopping while the park's commit waits for a lock held elsewhere:
+    its poke wakes the sleep, which is not due and blocks again, as a new wait the park
+    did not list. The park committed and unwound only the waits it listed: the new one
+    held the workflow's task until close() gave up on it (its drain timeout)."""
+    path = tmp_path / "durably.db"
+    e = durably.Engine(f"sqlite:///{path}", hold_seconds=60.0, poll_interval=0.2)
+    await e.open()
+    handle = await e.start(long_nap, workflow_id="nap")
+    run = await _blocked(e, "nap", 1)
+    first = run._blocks[0]
+    lock = sqlite3.connect(path, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")  # the park's commit waits for this
+    try:
+        assert run._park_timer is not None
+        run._park_timer.cancel()
+        run._park_timer = None
+        run._start_park()
+        deadline = time.monotonic() + 10
+        while not run.inflight:  # the park's write is on its way
+            assert time.monotonic() < deadline, "the park never began its write"
+            await asyncio.sleep(0.005)
+        closing = asyncio.create_task(e.close(drain_timeout=8.0))
+        while not run._blocks or run._blocks[0] is first:  # poked: the sleep blocked anew
+            assert time.monotonic() < deadline, "the stopping engine never poked the run"
+            await asyncio.sleep(0.005)
+    finally:
+        lock.rollback()
+        lock.close()
+    began = time.monotonic()
+    await asyncio.wait_for(closing, timeout=20)
+    assert time.monotonic() - began < 4.0, "close() waited for a parked run's task"
+    assert run.parked
+    with durably.Client(f"sqlite:///{path}") as client:
+        assert client.get_workflow(handle.workflow_id).status == "sleeping"

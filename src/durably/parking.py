@@ -204,7 +204,9 @@ class Parking:
             # came after the park's look, so the parked workflow is due now; the wake-up
             # went to these waits, which no longer act on it: look for it from here.
             wake_at = self._services.clock()
-        for block in waits:
+        # Every wait unwinds, not only those listed: one woken on the way (the engine
+        # stopping pokes them all) that blocked again is a new wait, as parked as these.
+        for block in list(self._blocks):
             if not block.future.done():
                 block.future.set_exception(self.suspend(f"parked {status}"))
         self._services.on_park(wake_at)
