@@ -66,6 +66,48 @@ async def test_a_wait_woken_as_the_park_begins_does_not_keep_the_run_in_memory(
         assert "raced" not in e._tasks  # parked: no task is held for it
 
 
+# --- a child id another workflow holds ------------------------------------------------
+
+
+@durably.workflow
+async def squatter() -> str:
+    return "squatter"
+
+
+@durably.workflow
+async def kid() -> str:
+    return "kid"
+
+
+@durably.workflow
+async def adopt() -> str:
+    try:
+        await durably.start_child(kid, workflow_id="taken")
+    except durably.WorkflowIdConflict:
+        await durably.wait_for_signal("go")  # parks: what follows runs in a replay
+        return "conflict"
+    return "started"
+
+
+async def test_a_child_id_taken_by_another_workflow_conflicts_again_on_replay(
+    store_url: str,
+) -> None:
+    """start_child with an id that names a workflow of another name raises
+    WorkflowIdConflict; it journaled the child's start all the same, so the replay after
+    the park found it, returned a handle instead of raising, and took the other path:
+    the workflow diverged (or joined a stranger's workflow)."""
+    async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.2) as e:
+        assert await (await e.start(squatter, workflow_id="taken")).result(timeout=10) == (
+            "squatter"
+        )
+        handle = await e.start(adopt, workflow_id="adopter")
+        assert await _status_becomes(handle, "waiting", within=8.0) == "waiting"
+        await e.send_signal("adopter", "go")
+        assert await handle.result(timeout=10) == "conflict"
+        kinds = [x.kind for x in await e.history("adopter")]
+    assert kinds == ["signal"]
+
+
 # --- an engine stopping while a park is on its way -------------------------------------
 
 

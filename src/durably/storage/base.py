@@ -685,7 +685,11 @@ class Store(abc.ABC):
         child: NewWorkflow,
         now: float,
     ) -> journal.WorkflowInfo:
-        """Journal the start of a child and create it pending (unless it exists); its row."""
+        """Journal the start of a child and create it pending (unless it exists); its row.
+
+        The last of ``entries`` is the child's start: it is taken back when the id names a
+        workflow of another name (the caller raises WorkflowIdConflict).
+        """
 
     @abc.abstractmethod
     def join_child(

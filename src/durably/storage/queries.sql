@@ -980,6 +980,10 @@ WHERE workflow_id = :workflow_id  -- (found by its key alone, as keep_lease is)
 -- Drop a workflow's journal from seq on.
 DELETE FROM journal WHERE workflow_id = :workflow_id AND seq >= :seq
 
+-- name: delete_entry
+-- Drop one entry of a workflow's journal (a child's start that did not start it).
+DELETE FROM journal WHERE workflow_id = :workflow_id AND seq = :seq
+
 -- name: retry_entry
 -- Make a failed step's entry retrying, due now.
 UPDATE journal SET status = 'retrying', wake_at = :now

@@ -281,6 +281,11 @@ class SignalVerbs(entries.EntryVerbs):
         self._wake("work")
         row = self.get_workflow(child.workflow_id)
         assert row is not None
+        if row.name != child.name and entries:
+            # The id names another workflow: the caller raises WorkflowIdConflict. Its
+            # start, the last entry, is taken back, so that a replay asks again and raises
+            # again instead of finding it and going on as if the child had started.
+            self._q("delete_entry", workflow_id=workflow_id, seq=entries[-1].seq)
         return row
 
     def join_child(
