@@ -98,3 +98,24 @@ async def test_an_executor_in_another_pid_namespace_of_this_host_is_not_judged_d
     finally:
         outcome = _finish(proc)
     assert outcome == {"result": "done", "claims": ["start"]}
+
+
+async def test_an_executor_restarted_under_its_fixed_id_is_judged_by_its_new_pid(
+    tmp_path: Path,
+) -> None:
+    """Killed, then started again with the same ``executor_id`` (a StatefulSet's
+    worker-0), an executor registers its new pid: judged by the pid of the killed one,
+    it would be found dead, and its running workflow taken while it runs it."""
+    url = f"sqlite:///{tmp_path / 'durably.db'}"
+    killed = _child([], url, "held-before", "worker-0")
+    killed.kill()
+    killed.wait()
+    assert killed.stdout is not None and killed.stdin is not None
+    killed.stdout.close()
+    killed.stdin.close()
+    proc = _child([], url, "held-fixed", "worker-0")
+    try:
+        assert await _open_beside(url, "held-fixed") == ["start"]
+    finally:
+        outcome = _finish(proc)
+    assert outcome == {"result": "done", "claims": ["start"]}

@@ -532,11 +532,17 @@ def test_a_forgotten_executor_is_registered_again_by_its_heartbeat(db):
 def test_executors_register_list_and_remove(db):
     db.register_executor(executor("ex-b", NOW + 1))
     db.register_executor(executor("ex-a", NOW))
+    assert [e.executor_id for e in db.list_executors()] == ["ex-a", "ex-b"]
+    db.register_executor(dataclasses.replace(executor("ex-a", NOW), heartbeat_at=NOW + 5))
+    assert db.list_executors()[0] == journal.ExecutorInfo(  # a heartbeat refreshes the time
+        "ex-a", "host-a", 4242, "start-token", NOW, NOW + 5
+    )
+    # the same id from another process (restarted under a fixed id): judged by that one
     again = journal.ExecutorInfo("ex-a", "other-host", 1, "x", NOW + 9, NOW + 9)
-    db.register_executor(again)  # re-announcing refreshes the heartbeat only
+    db.register_executor(again)
     listed = db.list_executors()
-    assert [e.executor_id for e in listed] == ["ex-a", "ex-b"]
-    assert listed[0] == journal.ExecutorInfo("ex-a", "host-a", 4242, "start-token", NOW, NOW + 9)
+    assert [e.executor_id for e in listed] == ["ex-b", "ex-a"]
+    assert listed[1] == again
 
     owned(db, "a1", "ex-a")
     owned(db, "b1", "ex-b")

@@ -620,10 +620,14 @@ UPDATE workflows SET lease_expires_at = 0 WHERE owner = :owner
 -- name: register_executor
 -- Record an executor and what it serves (or refresh its heartbeat).
 -- Also the heartbeat's: what it serves may have grown since (a module imported later).
+-- Its process too: one started again under a fixed executor id, whose last process was
+-- killed, must not be judged by that process's pid (found dead: its leases expired).
 INSERT INTO executors (executor_id, host, pid, pid_start, started_at, heartbeat_at, serves)
 VALUES (:executor_id, :host, :pid, :pid_start, :started_at, :heartbeat_at, :serves)
 ON CONFLICT (executor_id) DO UPDATE
-SET heartbeat_at = excluded.heartbeat_at, serves = excluded.serves
+SET host = excluded.host, pid = excluded.pid, pid_start = excluded.pid_start,
+    started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at,
+    serves = excluded.serves
 
 -- name: list_executors
 -- The executors known and what each serves, oldest first.
