@@ -134,6 +134,59 @@ async def test_close_gives_up_on_a_run_that_ignores_cancellation_and_names_it(
     assert task.done()
 
 
+# --- a run that let go while another drains ------------------------------------------------
+
+DRAIN: dict[str, threading.Event] = collections.defaultdict(threading.Event)
+
+
+@durably.step
+def drain_hold(which: str) -> str:
+    """A plain step that runs until the test lets ``which`` go."""
+    DRAIN[f"{which}-started"].set()
+    DRAIN[f"{which}-go"].wait(20)
+    return which
+
+
+@durably.workflow(name="test_lifecycle.drained")
+async def drained(which: str) -> str:
+    await drain_hold(which)
+    return await drain_hold(f"{which}-again")
+
+
+@pytest.mark.timeout(60)
+async def test_a_run_that_let_go_while_another_drains_is_not_released_as_a_crash(
+    sqlite_url: str,
+) -> None:
+    """close() lets a run end its step and suspend at the next while another step still
+    drains; the heartbeats meanwhile must not take the suspended one, held and driven by
+    no run, for an orphan and count a crash: close() releases it cleanly."""
+    DRAIN.clear()
+    engine = durably.Engine(sqlite_url, lease_seconds=0.6)  # a heartbeat every 0.2 s
+    await engine.open()
+    for which in ("slow", "quick"):
+        await engine.start(drained, which, workflow_id=which)
+        assert await asyncio.to_thread(DRAIN[f"{which}-started"].wait, 10)
+    assert engine._services is not None
+    stopping = engine._services.stopping
+    closing = asyncio.create_task(engine.close(drain_timeout=30))
+    try:
+        await _until(stopping.is_set, "close() to begin")
+        DRAIN["quick-go"].set()  # it commits its step and suspends at the next
+        await _until(lambda: "quick" not in engine._tasks, "the quick run to suspend")
+        renewals: set[float | None] = set()
+        while len(renewals) < 4:  # three heartbeats since (each renews the slow one's lease)
+            renewals.add((await engine.get_workflow("slow")).lease_expires_at)
+            await asyncio.sleep(0.02)
+        quick = await engine.get_workflow("quick")
+        assert (quick.owner, quick.crash_count) == (engine.executor_id, 0)
+    finally:
+        DRAIN["slow-go"].set()
+        await asyncio.wait_for(closing, 30)
+    with durably.Client(sqlite_url) as client:
+        quick = client.get_workflow("quick")
+    assert (quick.status, quick.owner, quick.crash_count) == ("running", None, 0)
+
+
 # --- a start whose caller is cancelled ---------------------------------------------------
 
 STARTED: list[str] = []

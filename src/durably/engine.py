@@ -274,7 +274,8 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             asyncio.create_task(self._recovery_loop(), name="durably-recovery"),
         ]
         self._heartbeat = asyncio.create_task(
-            self._leases.heartbeat_loop(self._drained, self._me), name="durably-heartbeat"
+            self._leases.heartbeat_loop(self._drained, self._me, self._services.stopping),
+            name="durably-heartbeat",
         )
         self._watchdog = watchdog.Watchdog(
             self._database, self._me, self.lease_seconds, self.clock, self._held_here

@@ -65,23 +65,29 @@ class Leases:
     def untrack(self, run: workflow_run.Run) -> None:
         self._drivers.pop(run, None)
 
-    async def heartbeat_loop(self, drained: asyncio.Event, me: journal.ExecutorInfo) -> None:
+    async def heartbeat_loop(
+        self, drained: asyncio.Event, me: journal.ExecutorInfo, stopping: asyncio.Event
+    ) -> None:
         """Beat every ``lease_seconds / 3`` for executor ``me`` until ``drained`` is set.
 
         Not until the engine starts stopping: the runs still draining then keep
-        their leases, so that no other executor starts their steps again.
+        their leases, so that no other executor starts their steps again. Once
+        ``stopping`` is set it releases no orphan: a run that suspended for the
+        stop holds its workflow, driven by nothing, until close() lets go of it
+        cleanly, and must not be counted a crash meanwhile.
         """
         while not drained.is_set():
             await operations.wait_event(drained, self._lease_seconds / 3)
             if drained.is_set():
                 return
             try:
-                await self.beat(me)
+                await self.beat(me, release_orphans=not stopping.is_set())
             except errors.StoreError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
-    async def beat(self, me: journal.ExecutorInfo) -> None:
-        """Renew every lease once; stop the runs that lost theirs; release orphans."""
+    async def beat(self, me: journal.ExecutorInfo, *, release_orphans: bool = True) -> None:
+        """Renew every lease once; stop the runs that lost theirs; release orphans (unless
+        ``release_orphans`` is False: the engine is stopping)."""
         call, store = self._store.call, self._store.store
         runs = list(self._drivers)  # every one of them was claimed before this heartbeat
         now = self._clock()
@@ -93,6 +99,9 @@ class Leases:
             ended = run.state is workflow_run.State.RETIRED
             if info is not None and info.epoch != run.epoch and not ended:
                 self._lose(run, info.epoch, info.owner)
+        if not release_orphans:
+            self._orphans = {}
+            return
         running = self._running()
         orphans = {wid: epoch for wid, epoch in held.items() if wid not in running}
         for wid, epoch in orphans.items():
