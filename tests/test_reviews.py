@@ -136,6 +136,24 @@ async def test_resolved_as_failed_reaches_the_workflow(sqlite_url: str) -> None:
     assert result == "gave up: resolved as failed by dan: bank says no"
 
 
+async def test_a_review_cancelled_then_resumed_is_asked_again(store_url: str) -> None:
+    """Cancel a workflow parked for review, resume it: its at-most-once step's outcome is
+    still unknown, so it parks for review again (the same review, reopened), never runs."""
+    await interrupt(store_url, "at_most_once", "t3")
+    async with durably.Engine(store_url, poll_interval=0.1) as e:
+        await until_status(e.handle("t3"), "needs_review")
+        await e.cancel("t3")
+        await until_status(e.handle("t3"), "cancelled")
+        assert await e.reviews() == []
+        await e.resume("t3")
+        await until_status(e.handle("t3"), "needs_review")
+        (review,) = await e.reviews()
+        assert (review.seq, review.step, review.idempotency_key) == (1, "transfer", "t3:1")
+        await e.resolve("t3", 1, result={"transfer_id": "tr-seen"}, by="bob")
+        assert await e.handle("t3").result(timeout=5) == {"transfer_id": "tr-seen"}
+    assert [x[0] for x in LOG] == ["transfer"]  # never repeated
+
+
 @durably.step
 async def book(item: str) -> str:
     LOG.append(("book", item))

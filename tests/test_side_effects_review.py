@@ -142,3 +142,24 @@ def payload_of(output: str | None) -> dict[str, object]:
     value = json.loads(output or "null")
     assert isinstance(value, dict), output
     return value
+
+
+def test_resuming_a_cancelled_review_asks_again_instead_of_running_the_step(
+    tmp_path: Path,
+) -> None:
+    """A needs_review workflow cancelled, then resumed: the at-most-once step's outcome is
+    still unknown, so it parks for review again; it never reaches the service a second time."""
+    with bench(tmp_path, "plain") as b:
+        parked_at_most_once(b)
+        with durably.Client(b.url) as client:
+            client.cancel(b.workflow_id)
+        b.run(REFUND_FLOW, "ORD-9912", "at_most_once", until=(), child_timeout=5.0)
+        assert b.workflow().status == "cancelled"
+        with durably.Client(b.url) as client:
+            client.resume(b.workflow_id)
+        again = b.run(REFUND_FLOW, "ORD-9912", "at_most_once", child_timeout=10.0)
+        assert again.returncode == 0, again.describe()
+        assert len(b.posts()) == 1, b.posts()  # the unknown transfer was not made again
+        assert b.workflow().status == "needs_review"
+        (review,) = b.reviews()
+        assert review.idempotency_key == b.key_of("issue_refund")

@@ -1020,7 +1020,10 @@ WHERE workflow_id = :new_id
 -- Open a review of a step whose outcome nothing could decide.
 INSERT INTO reviews (workflow_id, seq, attempt, step, idempotency_key, intent, reason, opened_at)
 VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason, :now)
-ON CONFLICT (workflow_id, seq, attempt) DO NOTHING
+ON CONFLICT (workflow_id, seq, attempt) DO UPDATE
+SET decision = NULL, outcome = NULL, decided_by = NULL, decided_at = NULL,
+    reason = excluded.reason, opened_at = excluded.opened_at
+WHERE reviews.decision = 'cancelled'  -- a cancel closed it; a resume put its intent back
 
 -- name: open_reviews
 -- The reviews awaiting a decision, of one workflow or all, oldest first.
@@ -1042,6 +1045,13 @@ SELECT decision, decided_by, decided_at FROM reviews
 WHERE workflow_id = :workflow_id AND seq = :seq AND decision IS NOT NULL
 ORDER BY attempt DESC
 LIMIT 1
+
+-- name: cancelled_review_at
+-- The intent of the step at seq when its latest review was closed by a cancel.
+SELECT step, attempt, intent, opened_at FROM reviews
+WHERE workflow_id = :workflow_id AND seq = :seq
+  AND attempt = (SELECT MAX(attempt) FROM reviews WHERE workflow_id = :workflow_id AND seq = :seq)
+  AND decision = 'cancelled'
 
 -- name: review_decided
 -- A review was decided: the workflow is pending again.

@@ -31,6 +31,7 @@ class ReviewVerbs(signals.SignalVerbs):
         edit = replay.plan_reopen(workflow_id, info.status, self.load_history(workflow_id))
         if edit.delete_from is not None:
             self._q("delete_entries_from", workflow_id=workflow_id, seq=edit.delete_from)
+            self._restore_intent(workflow_id, edit.delete_from, now)
         if edit.retry_seq is not None:
             self._q("retry_entry", workflow_id=workflow_id, seq=edit.retry_seq, now=now)
         self._q("reopen", workflow_id=workflow_id, now=now)
@@ -38,6 +39,26 @@ class ReviewVerbs(signals.SignalVerbs):
         reopened = self.get_workflow(workflow_id)
         assert reopened is not None
         return reopened
+
+    def _restore_intent(self, workflow_id: str, seq: int, now: float) -> None:
+        """Put back the intent a cancel overwrote at ``seq`` while its step awaited review.
+
+        That step's outcome is still unknown: the resumed run must ask again
+        (reconcile, or the review, reopened) instead of running the step as new.
+        """
+        row = rows.first(self._q("cancelled_review_at", workflow_id=workflow_id, seq=seq))
+        if row is None:
+            return
+        intent = journal.Entry(
+            seq,
+            journal.Kind.STEP,
+            str(row["step"]),
+            journal.EntryStatus.STARTED,
+            int(row["attempt"]),
+            row["intent"],
+            float(row["opened_at"]),
+        )
+        self._upsert(workflow_id, [intent], now, None)
 
     def fork(
         self, workflow_id: str, from_seq: int, new_id: str, now: float
