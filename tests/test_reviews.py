@@ -154,6 +154,23 @@ async def test_a_review_cancelled_then_resumed_is_asked_again(store_url: str) ->
     assert [x[0] for x in LOG] == ["transfer"]  # never repeated
 
 
+async def test_a_cancel_that_finds_an_unknown_outcome_keeps_it_for_review(
+    store_url: str,
+) -> None:
+    """A cancel asked while an at-most-once step's outcome is unknown (its run gone) is
+    delivered once the step awaits review, not over its intent: resumed, it asks again."""
+    await interrupt(store_url, "at_most_once", "t4")
+    with durably.Client(store_url) as client:
+        assert client.cancel("t4") == ["t4"]
+    async with durably.Engine(store_url, poll_interval=0.1) as e:
+        await until_status(e.handle("t4"), "cancelled")
+        await e.resume("t4")
+        await until_status(e.handle("t4"), "needs_review")
+        (review,) = await e.reviews()
+        assert (review.seq, review.idempotency_key) == (1, "t4:1")
+    assert [x[0] for x in LOG] == ["transfer"]  # never repeated
+
+
 @durably.step
 async def book(item: str) -> str:
     LOG.append(("book", item))

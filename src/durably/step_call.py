@@ -85,6 +85,7 @@ async def _run(
             found = await _unknown_outcome(run, seq, step, entry, args, kwargs, key, where)
             if found is not None:
                 return found[0]
+            run.cancel_point(seq)  # it did not happen: a cancellation asked may end it here
     if run.must_flush():  # what the step could observe is committed before it runs
         await run.flush_observed()
     key = f"{run.workflow_id}:{seq}"
@@ -302,8 +303,8 @@ async def _await_review(
     await run.write("open_review", intent, key, reason)
     with run.not_active():
         while True:
+            run.cancel_point(seq)  # asked already: delivered here, once the review is open
             await run.block(REVIEW, key, None)
-            run.cancel_point(seq)
 
 
 async def invoke(

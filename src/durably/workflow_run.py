@@ -592,14 +592,16 @@ class Run(parking.Parking):
 
         A cancellation is delivered once, at the first call that is not already
         final in the journal, and journaled there so a replay raises it at the
-        same seq.
+        same seq. Not over a step's intent (its outcome unknown): the marker would
+        erase it, and a resume would run the step as new; the step settles it
+        first (reconcile, or a review, where the cancellation is delivered).
         """
         entry = self._replayer.lookup(seq, kind, name)
         if entry is not None and entry.kind == journal.Kind.CANCEL:
             self.cancellation.delivered = True
             at = self.clock() if entry.started_at is None else entry.started_at
             raise self._cancelled(seq, at)
-        if entry is None or entry.status not in _FINAL:
+        if entry is None or not (entry.status in _FINAL or _is_intent(entry)):
             self.cancel_point(seq)
         return entry
 
@@ -634,6 +636,14 @@ _COMMITS = frozenset({"append_entries", "commit_receipt"})
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
 
 _COMPLETED = journal.EntryStatus.COMPLETED
+
+_STARTED = journal.EntryStatus.STARTED
+
+
+def _is_intent(entry: journal.Entry) -> bool:
+    """Whether ``entry`` is a step's intent without its receipt: an outcome unknown."""
+    return entry.status == _STARTED and entry.kind == journal.Kind.STEP
+
 
 _FINAL = journal.FINAL_ENTRY_STATUSES
 
