@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import durably
 from tests import children
 from tests import ops_flows as flows
@@ -61,6 +63,8 @@ def test_a_backup_taken_mid_run_restores_and_finishes_the_unfinished(tmp_path: P
 
 
 def test_backup_never_overwrites_a_file(sqlite_url: str, tmp_path: Path) -> None:
+    with durably.Client(sqlite_url):
+        pass
     taken = tmp_path / "taken.db"
     taken.write_text("keep me")
     result = run_cli(sqlite_url, "backup", str(taken))
@@ -73,3 +77,20 @@ def test_postgres_backup_gives_the_procedure(postgres_url: str, tmp_path: Path) 
     assert result.exit_code == 1
     assert "pg_dump --schema=durably" in result.output
     assert not (tmp_path / "x.dump").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("backup", "copy.db"), ("export",), ("prune", "--finished-before", "30d")],
+)
+def test_a_mistyped_database_path_is_an_error_not_a_new_empty_database(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    """backup, export and prune read a database that must exist: a mistyped path used to
+    create an empty one there, and a backup of it reported success (an empty "backup")."""
+    missing = tmp_path / "typo.db"
+    args = [str(tmp_path / a) if a.endswith(".db") else a for a in command]
+    result = run_cli(f"sqlite:///{missing}", *args)
+    assert result.exit_code == 1, result.output
+    assert str(missing) in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing created

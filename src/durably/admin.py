@@ -53,10 +53,14 @@ def _fail(exc: Exception) -> NoReturn:
 
 
 class _Session:
-    """The database's store, on its thread, for one command."""
+    """The database's store, on its thread, for one command.
 
-    def __init__(self, url: str) -> None:
-        self.thread = thread.StoreThread(create_store(url))
+    ``create=False`` where the command reads a database that must exist (export, prune,
+    backup): a mistyped path is then an error, not a new empty database.
+    """
+
+    def __init__(self, url: str, *, create: bool = True) -> None:
+        self.thread = thread.StoreThread(create_store(url, create=create))
         self.store = self.thread.store
 
     def __enter__(self) -> _Session:
@@ -83,7 +87,7 @@ def export_cmd(database: str, workflow_ids: tuple[str, ...], status: str | None,
         raise click.UsageError("give workflow ids, or --status/--since, not both")
     start = parse_when(since, "--since") if since else None
     try:
-        with _Session(database) as db:
+        with _Session(database, create=False) as db:
             ids = list(workflow_ids) or db.call(db.store.export_ids, status, start)
             head = archive.header(durably.__version__, db.call(db.store.schema_version))
             count = archive.write(sys.stdout, head, _exported(db, ids))
@@ -146,7 +150,7 @@ def prune_cmd(database: str, before: str, status: str | None) -> None:  # fmt: s
     cutoff = parse_when(before, "--finished-before")
     total = 0
     try:
-        with _Session(database) as db:
+        with _Session(database, create=False) as db:
             while True:
                 pruned = db.call(db.store.prune, cutoff, status, BATCH, write=True)
                 total += len(pruned)
@@ -164,7 +168,7 @@ def backup_cmd(database: str, path: str) -> None:
     """Copy a SQLite database to the new file PATH while workers run (PostgreSQL: prints
     the procedure)."""
     try:
-        with _Session(database) as db:
+        with _Session(database, create=False) as db:
             db.thread.call_sync(db.store.backup, path, _raw=True)
     except errors.DurablyError as exc:
         _fail(exc)
