@@ -94,3 +94,20 @@ def test_a_mistyped_database_path_is_an_error_not_a_new_empty_database(
     assert result.exit_code == 1, result.output
     assert str(missing) in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing created
+
+
+def test_backup_leaves_an_existing_partial_named_file_alone(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """The copy is written beside PATH under a name of its own: a file already named
+    PATH.partial (someone else's) used to be deleted, then overwritten."""
+    with durably.Client(sqlite_url):
+        pass
+    theirs = tmp_path / "copy.db.partial"
+    theirs.write_text("not durably's")
+    result = run_cli(sqlite_url, "backup", str(tmp_path / "copy.db"))
+    assert result.exit_code == 0, result.output
+    assert theirs.read_text() == "not durably's"
+    conn = sqlite3.connect(tmp_path / "copy.db")
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()

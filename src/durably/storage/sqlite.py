@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import sqlite3
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -205,9 +206,9 @@ class SqliteStore(sql.SqlStore):
 
         The copy is one read transaction: a consistent snapshot, taken while
         workers keep committing (WAL readers do not block writers). It is written
-        beside ``path`` and renamed into place once complete and on disk.
+        beside ``path``, under a name of its own (a file already there is never
+        touched), and renamed into place once complete and on disk.
         """
-        partial = f"{path}.partial"
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
         except OSError as exc:
@@ -217,9 +218,17 @@ class SqliteStore(sql.SqlStore):
             ) from None
         os.close(fd)  # claims the name; the copy goes to a partial file first
         try:
+            fd, partial = tempfile.mkstemp(
+                prefix=f"{os.path.basename(path)}.", suffix=".partial",
+                dir=os.path.dirname(os.path.abspath(path)),
+            )  # fmt: skip
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        os.close(fd)
+        try:
             self._wait_for_locks(self.busy_timeout_ms)  # not left at 0 by an inline commit
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(partial)
             target = sqlite3.connect(partial, isolation_level=None)
             try:
                 self.conn.backup(target)
