@@ -4,9 +4,11 @@ restores and finishes what was unfinished. PostgreSQL gets its documented proced
 from __future__ import annotations
 
 import asyncio
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,19 @@ def test_a_mistyped_database_path_is_an_error_not_a_new_empty_database(
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing created
 
 
+def _big_database(tmp_path: Path) -> str:
+    """A durably SQLite file of about 64 MiB, so that copying it takes a while."""
+    url = f"sqlite:///{tmp_path / 'big.db'}"
+    with durably.Client(url):
+        pass
+    conn = sqlite3.connect(tmp_path / "big.db")
+    conn.execute("CREATE TABLE ballast (b BLOB)")
+    conn.executemany("INSERT INTO ballast VALUES (randomblob(1048576))", [()] * 64)
+    conn.commit()
+    conn.close()
+    return url
+
+
 def test_backup_leaves_an_existing_partial_named_file_alone(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -111,3 +126,26 @@ def test_backup_leaves_an_existing_partial_named_file_alone(
     conn = sqlite3.connect(tmp_path / "copy.db")
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     conn.close()
+
+
+def test_a_backup_killed_midway_leaves_nothing_under_its_name(tmp_path: Path) -> None:
+    """PATH appears only once the copy is complete: a backup killed while copying used
+    to leave an empty file under PATH, which opens as an empty database (a "backup"
+    restoring to nothing)."""
+    url = _big_database(tmp_path)
+    target = tmp_path / "copy.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durably.cli", "--database", url, "backup", str(target)],
+        cwd=REPO, env=children.child_env(), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        while proc.poll() is None and not target.exists():
+            time.sleep(0.0005)
+        proc.send_signal(signal.SIGKILL)  # at the first sight of PATH
+    finally:
+        proc.wait()
+    if target.exists():  # then only as the finished copy
+        conn = sqlite3.connect(target)
+        assert conn.execute("SELECT count(*) FROM ballast").fetchone() == (64,)
+        conn.close()

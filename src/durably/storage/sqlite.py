@@ -206,26 +206,21 @@ class SqliteStore(sql.SqlStore):
 
         The copy is one read transaction: a consistent snapshot, taken while
         workers keep committing (WAL readers do not block writers). It is written
-        beside ``path``, under a name of its own (a file already there is never
-        touched), and renamed into place once complete and on disk.
+        beside ``path`` under a name of its own (a file already there is never
+        touched) and given the name ``path`` only once complete and on disk, by a
+        hard link, which refuses a file that took the name meanwhile: ``path`` never
+        names a partial copy, not even after a crash.
         """
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
-        except OSError as exc:
-            raise errors.BackupError(
-                f"cannot create the backup {path!r}: {exc.strerror} (durably never "
-                "overwrites a file: give a new path)"
-            ) from None
-        os.close(fd)  # claims the name; the copy goes to a partial file first
+        refused = "(durably never overwrites a file: give a new path)"
+        if os.path.lexists(path):
+            raise errors.BackupError(f"cannot create the backup {path!r}: it exists {refused}")
         try:
             fd, partial = tempfile.mkstemp(
                 prefix=f"{os.path.basename(path)}.", suffix=".partial",
                 dir=os.path.dirname(os.path.abspath(path)),
             )  # fmt: skip
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            raise
+        except OSError as exc:
+            raise errors.BackupError(f"cannot create the backup {path!r}: {exc.strerror}") from None
         os.close(fd)
         try:
             self._wait_for_locks(self.busy_timeout_ms)  # not left at 0 by an inline commit
@@ -237,15 +232,18 @@ class SqliteStore(sql.SqlStore):
             os.chmod(partial, self.file_mode)
             with open(partial, "rb+") as f:
                 os.fsync(f.fileno())
-            os.replace(partial, path)
-        except BaseException as exc:
+            try:
+                _publish(partial, path)
+            except FileExistsError:
+                raise errors.BackupError(
+                    f"cannot create the backup {path!r}: a file took the name while the "
+                    f"copy was made {refused}"
+                ) from None
+        except sqlite3.Error as exc:
+            raise self._map_error(exc) from exc
+        finally:
             with contextlib.suppress(OSError):
                 os.unlink(partial)
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            if isinstance(exc, sqlite3.Error):
-                raise self._map_error(exc) from exc
-            raise
 
     def close(self) -> None:
         if self._conn is not None:
@@ -338,6 +336,27 @@ class SqliteStore(sql.SqlStore):
         except OSError:
             return None
         return f"its file system has {free} bytes free" if free < _ROOM else None
+
+
+def _publish(partial: str, path: str) -> None:
+    """Give the complete copy ``partial`` the name ``path``, never over a file there.
+
+    A hard link does it atomically; a file system without hard links gets the name
+    claimed (an empty file, for an instant) and the copy moved over it.
+    """
+    try:
+        os.link(partial, path)
+    except FileExistsError:
+        raise
+    except OSError:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.replace(partial, path)
+    with contextlib.suppress(OSError):  # the new name survives a power loss too
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _file_mode(value: str | None, url: str) -> int:
