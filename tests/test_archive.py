@@ -227,3 +227,56 @@ def test_reading_refuses_a_newer_format_and_what_is_not_an_archive() -> None:
         archive.read(['{"workflow_id": "a"}'], "x.jsonl")
     with pytest.raises(errors.ArchiveError, match=r"x\.jsonl is empty"):
         archive.read([], "x.jsonl")
+
+
+def test_a_postgres_export_reads_each_workflow_in_one_snapshot(postgres_url: str) -> None:
+    """A workflow's rows are read table by table; under READ COMMITTED each statement saw
+    the commits made since the one before, so a signal consumed between the journal read
+    and the signals read was exported consumed at a seq the exported journal lacks (the
+    imported workflow then waits for it forever). The rival's commit lands exactly there:
+    it holds the signals table until the export waits for it."""
+    import psycopg
+
+    from durably.storage import thread
+
+    runner = thread.StoreThread(create_store(postgres_url))
+    runner.start()
+    rival = psycopg.connect(postgres_url, autocommit=True)
+    try:
+        rival.execute("SET search_path TO durably")
+        rival.execute(
+            "INSERT INTO workflows (workflow_id, name, status, input, created_at, updated_at) "
+            "VALUES ('w', 'n', 'waiting', '[]', 1.0, 1.0)"
+        )
+        rival.execute(
+            "INSERT INTO journal (workflow_id, seq, kind, name, status, payload) "
+            "VALUES ('w', 1, 'step', 's', 'completed', '1')"
+        )
+        rival.execute(
+            "INSERT INTO signals (workflow_id, num, name, payload, sent_at) "
+            "VALUES ('w', 1, 'go', '\"x\"', 1.0)"
+        )
+        rival.execute("BEGIN")
+        rival.execute("LOCK TABLE signals IN ACCESS EXCLUSIVE MODE")
+        export = runner.submit(runner.store.export_workflows, ["w"], write=False)
+        deadline = time.monotonic() + 4
+        while not rival.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        ).fetchone()[0]:
+            assert not export.done(), export.exception()
+            assert time.monotonic() < deadline, "the export never waited for the signals"
+            time.sleep(0.01)
+        rival.execute(  # the workflow receives the signal: its entry and its consumption
+            "INSERT INTO journal (workflow_id, seq, kind, name, status, payload) "
+            "VALUES ('w', 2, 'signal', 'go', 'completed', '\"x\"')"
+        )
+        rival.execute("UPDATE signals SET consumed_seq = 2 WHERE workflow_id = 'w'")
+        rival.execute("COMMIT")
+        (wf,) = export.result(timeout=10)
+    finally:
+        rival.close()
+        runner.stop()
+    seqs = {r["seq"] for r in wf.rows["journal"]}
+    consumed = {r["consumed_seq"] for r in wf.rows["signals"]} - {None}
+    assert consumed <= seqs, (wf.rows["journal"], wf.rows["signals"])

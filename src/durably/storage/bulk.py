@@ -88,9 +88,12 @@ class BulkVerbs(sqlbase.SqlBase):
     def export_workflows(self, workflow_ids: Sequence[str]) -> list[ArchivedWorkflow]:
         """The workflows with every row that names them, and their children's, recursively.
 
-        Read in one transaction, so each is consistent; an id that does not exist
-        raises WorkflowNotFound.
+        Read in one transaction and one snapshot (a PostgreSQL statement would otherwise
+        see what was committed since the one before: a signal consumed at a journal
+        entry that the journal read before it lacked), so they are consistent; an id
+        that does not exist raises WorkflowNotFound.
         """
+        self._read_one_snapshot()
         out: list[ArchivedWorkflow] = []
         seen: set[str] = set()
         todo = list(workflow_ids)

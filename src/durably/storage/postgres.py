@@ -704,6 +704,13 @@ class PostgresStore(pg_wakeup.WakeupVerbs):
         # BEGIN takes no lock here; this one is held until the migration commits.
         self._execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": MIGRATION_LOCK})
 
+    def _read_one_snapshot(self) -> None:
+        # READ COMMITTED gives each statement a snapshot of its own, REPEATABLE READ the
+        # transaction one; only the transaction's first statement may ask for it (an op
+        # batched after others in one transaction reads as they do).
+        if self._begin_pending:
+            self._execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+
     def _create_namespace(self) -> None:
         # Only when missing: CREATE SCHEMA needs the CREATE privilege on the database even
         # with IF NOT EXISTS, which a role given a schema made by its DBA may lack.

@@ -261,6 +261,11 @@ class SqlBase(base.Store):
         write lock (SQLite's BEGIN IMMEDIATE).
         """
 
+    def _read_one_snapshot(self) -> None:
+        """Make the rest of this transaction read the database as of one moment, where
+        the dialect's transactions do not already (SQLite's read transaction sees the file
+        as of its first read)."""
+
     def _create_namespace(self) -> None:
         """Create where durably's tables go, if it is missing; under the migration lock.
 
