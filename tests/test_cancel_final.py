@@ -170,6 +170,46 @@ async def test_a_cancelled_queued_workflow_stuck_in_plain_code_frees_its_place(
     assert RAN == ["step s", "body n", "step n", "returning s"]
 
 
+# --- a child started after its parent's cancel was committed ------------------------------
+
+URLS: dict[str, str] = {}
+
+
+@durably.workflow(name="test_cancel_final.child")
+async def child(label: str) -> str:
+    RAN.append(f"child {label}")  # plain code: must not run, its parent was cancelled first
+    return await note(f"child step {label}")
+
+
+@durably.workflow(name="test_cancel_final.spawner")
+async def spawner(label: str) -> str:
+    await note(f"step {label}")
+    # Plain code, the event loop held: a cancel committed from elsewhere lands here, after
+    # this run's last cancel point and before the child's start is written.
+    with durably.Client(URLS[label]) as client:
+        client.cancel(label)
+    await durably.start_child(child, label, workflow_id=f"{label}-child")
+    return label  # it ends cancelled all the same: its cancel was committed
+
+
+async def test_a_child_started_after_its_parent_s_cancel_was_committed_is_cancelled(
+    store_url: str,
+) -> None:
+    """The cancel found no child to cascade to; the child's start, written after it, must
+    not give the cancelled parent a child that runs on (it is cancelled unstarted)."""
+    URLS["p"] = store_url
+    async with engine(store_url) as e:
+        parent = await e.start(spawner, "p", workflow_id="p")
+        with pytest.raises(durably.Cancelled):
+            await parent.result(timeout=15)
+        kid = e.handle("p-child")
+        with pytest.raises(durably.Cancelled):
+            await kid.result(timeout=15)
+        info = await kid.info()
+    assert (info.status, info.cancel_requested) == ("cancelled", 1)
+    assert RAN == ["step p"]
+
+
 async def _ran(text: str) -> bool:
     return text in RAN
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from durably import errors, journal, replay, validate
+from durably import cancellation, codec, errors, journal, replay, validate
 from durably.storage import base, entries
 
 
@@ -277,7 +277,18 @@ class SignalVerbs(entries.EntryVerbs):
     ) -> journal.WorkflowInfo:
         fence = self._fenced_upsert(workflow_id, epoch, entries, now)
         child = dataclasses.replace(child, parent_id=workflow_id)
-        self._insert_workflow(child, None, None, now, inherited_deadline=fence.deadline_at)
+        created = self._insert_workflow(
+            child, None, None, now, inherited_deadline=fence.deadline_at
+        )
+        if created is not None and fence.asked(now):
+            # The parent's cancel was committed before this start, and its cascade found no
+            # child: this one is cancelled unstarted (as that cascade would have), not left
+            # to run on for a cancelled parent.
+            stopped = cancellation.cancelled(
+                child.workflow_id, "before it started", created.deadline_at, now
+            )
+            error = codec.encode(codec.encode_error(stopped), where="workflow error")
+            self._q("cancel_unstarted", workflow_id=child.workflow_id, error=error, now=now)
         self._wake("work")
         row = self.get_workflow(child.workflow_id)
         assert row is not None
