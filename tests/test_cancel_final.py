@@ -210,6 +210,41 @@ async def test_a_child_started_after_its_parent_s_cancel_was_committed_is_cancel
     assert RAN == ["step p"]
 
 
+@durably.workflow(name="test_cancel_final.napper")
+async def napper(label: str) -> str:
+    try:
+        await durably.sleep(60)
+        return await note(f"woke {label}")
+    finally:
+        await note(f"cleanup {label}")  # runs as a step once the cancel is delivered
+
+
+async def test_a_cancel_reaches_a_parked_queued_workflow_while_its_queue_is_full(
+    store_url: str,
+) -> None:
+    """A parked workflow of a full queue, asked to stop, is run to deliver its cancel at
+    once: asked to stop it holds no place, so it waits for none to free."""
+    GATES["busy"] = asyncio.Event()
+    q = Queue("tcf-parked", concurrency=1)
+    async with engine(store_url, q) as e:
+        try:
+            sleeper = await q.enqueue(e, napper, "z", workflow_id="z")
+            await until(lambda: _status(e, "z", "sleeping"), "'z' to park")
+            await q.enqueue(e, late, "busy", workflow_id="busy")
+            await until(lambda: _ran("step busy"), "the step of 'busy'")  # the one place
+            assert await e.cancel("z") == ["z"]
+            with pytest.raises(durably.Cancelled):
+                await sleeper.result(timeout=5)
+            assert "returning busy" not in RAN  # the place was still taken meanwhile
+        finally:
+            GATES["busy"].set()
+    assert RAN[:3] == ["step busy", "cleanup z", "returning busy"]
+
+
+async def _status(e: durably.Engine, workflow_id: str, status: str) -> bool:
+    return (await e.handle(workflow_id).status()) == status
+
+
 async def _ran(text: str) -> bool:
     return text in RAN
 

@@ -289,6 +289,13 @@ class ClaimVerbs(bulk.BulkVerbs):
         # in a cycle.
         for queue in sorted(queues, key=lambda q: q.name):
             room, starts = self._room(queue, owner, now)
+            if room < limit - len(claimed):
+                # The limits bind: the workflows asked to stop, which hold no place, are taken
+                # first and whatever the room (a parked one waits for no place to free).
+                asked = self._pick(
+                    "claimable_cancelled", queue=queue.name, now=now, limit=limit - len(claimed)
+                )
+                claimed += [self._take(c, owner, lease_expires_at, now) for c in asked]
             room = min(room, limit - len(claimed))
             if room <= 0:
                 continue

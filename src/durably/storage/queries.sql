@@ -195,6 +195,17 @@ WHERE queue = :queue
 ORDER BY priority DESC, created_at, workflow_id
 LIMIT :limit
 
+-- name: claimable_cancelled
+-- Workflows of one queue asked to stop that may be claimed now, whatever the queue's limits:
+-- asked to stop, a workflow holds no place (queue_load), so it waits for none to free before
+-- its run delivers the cancel (a parked one of a full queue is woken by it).
+SELECT workflow_id, status, owner, epoch
+FROM workflows w
+WHERE queue = :queue AND cancel_requested = 1
+  AND {{claimable_now}}
+ORDER BY priority DESC, created_at, workflow_id
+LIMIT :limit
+
 -- name: claimable_woken
 -- The one workflow of no queue a wake-up named (a signal sent to it, its child ended), if
 -- it may be claimed now (claimable_now).
