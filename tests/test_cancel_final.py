@@ -219,18 +219,20 @@ async def napper(label: str) -> str:
         await note(f"cleanup {label}")  # runs as a step once the cancel is delivered
 
 
+@pytest.mark.parametrize("partition", [False, True])
 async def test_a_cancel_reaches_a_parked_queued_workflow_while_its_queue_is_full(
-    store_url: str,
+    store_url: str, partition: bool
 ) -> None:
-    """A parked workflow of a full queue, asked to stop, is run to deliver its cancel at
-    once: asked to stop it holds no place, so it waits for none to free."""
+    """A parked workflow of a full queue (or partition), asked to stop, is run to deliver
+    its cancel at once: asked to stop it holds no place, so it waits for none to free."""
     GATES["busy"] = asyncio.Event()
-    q = Queue("tcf-parked", concurrency=1)
+    q = Queue(f"tcf-parked-{partition}", concurrency=1, partition=partition)
+    key = {"partition_key": "k"} if partition else {}
     async with engine(store_url, q) as e:
         try:
-            sleeper = await q.enqueue(e, napper, "z", workflow_id="z")
+            sleeper = await q.enqueue(e, napper, "z", workflow_id="z", **key)
             await until(lambda: _status(e, "z", "sleeping"), "'z' to park")
-            await q.enqueue(e, late, "busy", workflow_id="busy")
+            await q.enqueue(e, late, "busy", workflow_id="busy", **key)
             await until(lambda: _ran("step busy"), "the step of 'busy'")  # the one place
             assert await e.cancel("z") == ["z"]
             with pytest.raises(durably.Cancelled):

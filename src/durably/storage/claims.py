@@ -289,9 +289,9 @@ class ClaimVerbs(bulk.BulkVerbs):
         # in a cycle.
         for queue in sorted(queues, key=lambda q: q.name):
             room, starts = self._room(queue, owner, now)
-            if room < limit - len(claimed):
-                # The limits bind: the workflows asked to stop, which hold no place, are taken
-                # first and whatever the room (a parked one waits for no place to free).
+            if room < limit - len(claimed) or queue.partitioned:
+                # The limits bind (or may, per key): the workflows asked to stop, which hold no
+                # place, are taken first and whatever the room (a parked one waits for none).
                 asked = self._pick(
                     "claimable_cancelled", queue=queue.name, now=now, limit=limit - len(claimed)
                 )
