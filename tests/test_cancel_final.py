@@ -210,6 +210,32 @@ async def test_a_child_started_after_its_parent_s_cancel_was_committed_is_cancel
     assert RAN == ["step p"]
 
 
+@durably.workflow(name="test_cancel_final.tidier")
+async def tidier(label: str) -> str:
+    try:
+        await durably.sleep(60)
+        return "woke"
+    finally:  # the cancel was delivered: cleanup may start a child, which must run
+        kid = await durably.start_child(child, label, workflow_id=f"{label}-cleanup")
+        RAN.append(f"joined {await kid.result()}")
+
+
+async def test_a_child_started_by_cleanup_after_the_cancel_was_delivered_runs(
+    store_url: str,
+) -> None:
+    """Once a run has received its cancel, its ``finally`` blocks run as usual: a child they
+    start is the cleanup's, not one the cancel's cascade missed, and is not cancelled."""
+    async with engine(store_url) as e:
+        parent = await e.start(tidier, "t", workflow_id="t")
+        await until(lambda: _status(e, "t", "sleeping"), "'t' to park")
+        await e.cancel("t")
+        with pytest.raises(durably.Cancelled):
+            await parent.result(timeout=15)
+        info = await e.handle("t-cleanup").info()
+    assert info.status == "completed"
+    assert RAN == ["child t", "child step t", "joined child step t"]
+
+
 @durably.workflow(name="test_cancel_final.napper")
 async def napper(label: str) -> str:
     try:

@@ -995,6 +995,10 @@ WHERE workflow_id = :workflow_id  -- (found by its key alone, as keep_lease is)
 -- Drop a workflow's journal from seq on.
 DELETE FROM journal WHERE workflow_id = :workflow_id AND seq >= :seq
 
+-- name: cancel_delivered
+-- Whether a workflow's run has received its cancel (the journal holds its marker).
+SELECT 1 FROM journal WHERE workflow_id = :workflow_id AND kind = 'cancel' LIMIT 1
+
 -- name: delete_entry
 -- Drop one entry of a workflow's journal (a child's start that did not start it).
 DELETE FROM journal WHERE workflow_id = :workflow_id AND seq = :seq

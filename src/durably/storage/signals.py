@@ -280,10 +280,15 @@ class SignalVerbs(entries.EntryVerbs):
         created = self._insert_workflow(
             child, None, None, now, inherited_deadline=fence.deadline_at
         )
-        if created is not None and fence.asked(now):
+        if (
+            created is not None
+            and fence.asked(now)
+            and not self._cancel_delivered(workflow_id, entries)
+        ):
             # The parent's cancel was committed before this start, and its cascade found no
             # child: this one is cancelled unstarted (as that cascade would have), not left
-            # to run on for a cancelled parent.
+            # to run on for a cancelled parent. (Once the parent's run received its cancel,
+            # a child its cleanup starts is the cleanup's: it runs.)
             stopped = cancellation.cancelled(
                 child.workflow_id, "before it started", created.deadline_at, now
             )
@@ -298,6 +303,13 @@ class SignalVerbs(entries.EntryVerbs):
             # again instead of finding it and going on as if the child had started.
             self._q("delete_entry", workflow_id=workflow_id, seq=entries[-1].seq)
         return row
+
+    def _cancel_delivered(self, workflow_id: str, entries: Sequence[journal.Entry]) -> bool:
+        """Whether the workflow's run has received its cancel: its marker is in the journal
+        or among the entries this write journals."""
+        if any(e.kind == journal.Kind.CANCEL for e in entries):
+            return True
+        return self._q("cancel_delivered", workflow_id=workflow_id).fetchone() is not None
 
     def join_child(
         self,
