@@ -100,7 +100,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
     """A child process (stdout and stderr to one pipe), killed when the block ends."""
-    full = children.child_env(env, drop=(), paths=[ROOT])
+    full = children.child_env(env, drop=(), paths=[ROOT, ROOT / "src"])
     proc = subprocess.Popen(
         args, cwd=ROOT, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
