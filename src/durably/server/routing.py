@@ -177,6 +177,8 @@ async def body_of(request: Request) -> dict[str, Any]:
         value = json.loads(raw)
     except ValueError as exc:
         raise BadInput(f"the request body is not JSON: {exc}") from None
+    except RecursionError:  # nested deeper than the decoder follows: bad input, not a 500
+        raise BadInput("the request body is JSON nested too deep") from None
     if not isinstance(value, dict):
         raise BadInput("the request body must be a JSON object")
     return value

@@ -175,7 +175,7 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created_at, workflow_id = json.loads(raw)
         return float(created_at), str(workflow_id)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ValueError(f"cursor {cursor!r} is not one this API returned") from exc
 
 

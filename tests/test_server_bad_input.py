@@ -1,0 +1,68 @@
+"""Bad input sent to a real ``durably serve``: a clear 4xx that changes nothing, never a 500.
+
+One server process on a SQLite file serves every test here (real HTTP on 127.0.0.1);
+each test uses its own workflow ids.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+import durably
+from durably.server import auth
+from tests.serverkit import harness
+
+BEARER = {"Authorization": f"Bearer {harness.SECRET}"}
+#: JSON nested deeper than the standard library's decoder follows (its recursion limit),
+#: short enough for a URL or a cookie.
+DEEP = "[" * 2_000 + "]" * 2_000
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The database the module's server serves."""
+    return f"sqlite:///{tmp_path_factory.mktemp('bad-input') / 'durably.db'}"
+
+
+@pytest.fixture(scope="module")
+def base(url: str) -> Iterator[str]:
+    """The base URL of one real server for the whole module."""
+    durably.Client(url).start("srv-wait", workflow_id="w")
+    with harness.server(url) as served:
+        yield served
+
+
+def _session(base: str) -> str:
+    """A valid session cookie of the server at ``base`` (logged in with the test token)."""
+    r = httpx.post(base + "/login", data={"token": harness.SECRET}, follow_redirects=False)
+    assert r.status_code == 303
+    return r.cookies[auth.COOKIE]
+
+
+def test_a_json_body_nested_past_the_decoders_limit_is_a_422_that_starts_nothing(
+    base: str, url: str
+) -> None:
+    """A body of JSON nested too deep to decode is bad input (422), not a 500."""
+    r = httpx.post(base + "/api/workflows", content=DEEP, headers=BEARER, timeout=10)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["type"] == "BadInput"
+    r = httpx.post(base + "/api/workflows/w/signals", content=DEEP, headers=BEARER, timeout=10)
+    assert r.status_code == 422, r.text
+    client = durably.Client(url)
+    assert [w.workflow_id for w in client.list_workflows()] == ["w"]
+    assert client.signals("w") == []
+
+
+def test_a_cursor_nested_past_the_decoders_limit_is_a_422(base: str) -> None:
+    """A cursor this API never returned is a 422 naming it, however deep its JSON."""
+    cursor = base64.urlsafe_b64encode(DEEP.encode()).decode()
+    r = httpx.get(base + "/api/workflows", params={"cursor": cursor}, headers=BEARER, timeout=10)
+    assert r.status_code == 422, r.text
+    assert "cursor" in r.json()["error"]["message"]
+    cookie = {auth.COOKIE: _session(base)}
+    r = httpx.get(base + "/", params={"cursor": cursor}, cookies=cookie, timeout=10)
+    assert r.status_code == 200 and "is not one this API returned" in r.text
