@@ -66,3 +66,18 @@ def test_a_cursor_nested_past_the_decoders_limit_is_a_422(base: str) -> None:
     cookie = {auth.COOKIE: _session(base)}
     r = httpx.get(base + "/", params={"cursor": cursor}, cookies=cookie, timeout=10)
     assert r.status_code == 200 and "is not one this API returned" in r.text
+
+
+def test_a_garbled_session_cookie_is_refused_not_a_500(base: str) -> None:
+    """A cookie that is no session (JSON nested too deep, a signature of non-ASCII
+    characters) is refused as no session: 401 from the API, the login page from the
+    dashboard."""
+    deep = base64.urlsafe_b64encode(DEEP.encode()).decode().rstrip("=") + ".00"
+    good = _session(base)
+    data, _, _ = good.rpartition(".")
+    accented = f"{auth.COOKIE}={data}.\u00e9".encode("latin-1")
+    for cookie in (f"{auth.COOKIE}={deep}".encode(), accented):
+        r = httpx.get(base + "/api/summary", headers={"Cookie": cookie}, timeout=10)
+        assert r.status_code == 401, r.text
+        r = httpx.get(base + "/", headers={"Cookie": cookie}, follow_redirects=False, timeout=10)
+        assert r.status_code == 303 and r.headers["location"].startswith("/login"), r.text

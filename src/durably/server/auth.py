@@ -156,12 +156,15 @@ class Auth:
         data, _, signature = cookie.rpartition(".")
         try:
             body = json.loads(base64.urlsafe_b64decode(data + "=" * (-len(data) % 4)))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):  # not a session: JSON nested too deep
             return None
         if not isinstance(body, dict):
             return None
         token = next((t for t in self.tokens if t.fingerprint == body.get("t")), None)
-        if token is None or not hmac.compare_digest(_sign(token.key, data), signature):
+        # bytes: compare_digest refuses a str of non-ASCII characters (TypeError, a 500)
+        if token is None or not hmac.compare_digest(
+            _sign(token.key, data).encode(), signature.encode()
+        ):
             return None
         if not isinstance(body.get("e"), int) or body["e"] < now:
             return None
