@@ -81,3 +81,19 @@ def test_a_garbled_session_cookie_is_refused_not_a_500(base: str) -> None:
         assert r.status_code == 401, r.text
         r = httpx.get(base + "/", headers={"Cookie": cookie}, follow_redirects=False, timeout=10)
         assert r.status_code == 303 and r.headers["location"].startswith("/login"), r.text
+
+
+@pytest.mark.parametrize("key", ["timeout", "delay", "max_recoveries", "workflow_id"])
+def test_kwargs_named_as_a_start_option_are_a_422_that_starts_nothing(
+    base: str, url: str, key: str
+) -> None:
+    """A workflow keyword argument named as one of Client.start's own options cannot be
+    passed as one: it is refused naming it, rather than taken as that option (a
+    ``timeout`` kwarg became the workflow's deadline, and was not passed)."""
+    wid = f"kw-{key}"
+    body = {"workflow": "srv-wait", "workflow_id": wid, "kwargs": {key: 5}}
+    r = httpx.post(base + "/api/workflows", json=body, headers=BEARER, timeout=10)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["type"] == "BadInput" and repr(key) in r.json()["error"]["message"]
+    with pytest.raises(durably.WorkflowNotFound):
+        durably.Client(url).get_workflow(wid)

@@ -3,6 +3,7 @@ approve, reject and resolve (declared with :func:`durably.server.routing.route`)
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
@@ -26,6 +27,15 @@ from durably.server.routing import (
 # --- changing -----------------------------------------------------------------------------
 
 _ANY: dict[str, Any] = {}  # a JSON schema that accepts any value
+
+
+#: The keyword-only options of Client.start: a kwarg under one of these names would be
+#: taken as that option (a ``timeout`` kwarg as the workflow's deadline), not passed.
+_START_OPTIONS = frozenset(
+    name
+    for name, p in inspect.signature(client_module.Client.start).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+)
 
 
 @route(
@@ -56,6 +66,12 @@ async def start(request: Request, ctx: Context) -> Any:
         raise BadInput("the field 'args' must be a JSON array")
     if not isinstance(kwargs, dict):
         raise BadInput("the field 'kwargs' must be a JSON object")
+    taken = sorted(set(kwargs) & _START_OPTIONS)
+    if taken:
+        raise BadInput(
+            f"the field 'kwargs' holds {taken[0]!r}, the name of an option of Client.start: "
+            "a workflow's keyword argument cannot be passed under it"
+        )
     workflow_id = text(body, "workflow_id")
     wid = await call(ctx.client.start, name, *args, workflow_id=workflow_id, **kwargs)
     return views.workflow(await call(ctx.client.get_workflow, wid))
