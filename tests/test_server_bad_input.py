@@ -7,6 +7,7 @@ each test uses its own workflow ids.
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -97,3 +98,15 @@ def test_kwargs_named_as_a_start_option_are_a_422_that_starts_nothing(
     assert r.json()["error"]["type"] == "BadInput" and repr(key) in r.json()["error"]["message"]
     with pytest.raises(durably.WorkflowNotFound):
         durably.Client(url).get_workflow(wid)
+
+
+def test_serve_prints_the_database_url_without_its_password() -> None:
+    """The line ``durably serve`` prints (into terminals and service logs) names the
+    database without the password of its URL, as every message of durably does."""
+    port = harness.free_port()
+    url = f"postgresql://app:sekrit-pw-1234@127.0.0.1:{harness.free_port()}/app"
+    args = [sys.executable, "-m", "durably.cli", "--database", url, "serve", "--port", str(port)]
+    with harness.process(args, {"DURABLY_API_TOKEN": harness.TOKEN}) as proc:
+        out, _ = proc.communicate(timeout=30)  # nothing listens there: it exits at startup
+    assert "serving postgresql://app:***@127.0.0.1:" in out, out
+    assert "sekrit-pw-1234" not in out, out

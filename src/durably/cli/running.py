@@ -169,7 +169,9 @@ def serve(database: str, host: str, port: int, token_file: str | None) -> None:
     except durably.DurablyError as exc:
         _fail(exc)
     shown = f"[{host}]" if ":" in host else host
-    console.print(f"serving {database} on http://{shown}:{port}/", soft_wrap=True)
+    # the client's url, not the one given: it shows a PostgreSQL URL without its password
+    served = application.state.client.url
+    console.print(f"serving {served} on http://{shown}:{port}/", soft_wrap=True)
     if made is not None:
         console.print(f"no API token configured; this run's token: {made}", soft_wrap=True)
     # An open dashboard keeps an event stream open: on Ctrl-C, give requests a
