@@ -7,7 +7,9 @@ each test uses its own workflow ids.
 from __future__ import annotations
 
 import base64
+import re
 import sys
+import urllib.parse
 from collections.abc import Iterator
 
 import httpx
@@ -110,3 +112,26 @@ def test_serve_prints_the_database_url_without_its_password() -> None:
         out, _ = proc.communicate(timeout=30)  # nothing listens there: it exits at startup
     assert "serving postgresql://app:***@127.0.0.1:" in out, out
     assert "sekrit-pw-1234" not in out, out
+
+
+def test_a_workflow_id_with_dot_segments_links_and_posts_to_itself_only(
+    base: str, url: str
+) -> None:
+    """A workflow id such as ``../workflows/victim`` is one path segment in every link and
+    form of the dashboard: a browser resolving ``/workflows/../workflows/victim/...``
+    would send a person's click (open, resolve a review) to the workflow ``victim``."""
+    durably.Client(url).start("srv-wait", workflow_id="victim")
+    harness.park_for_review(url, "../workflows/victim", "ORD-DOT")
+    cookie = {auth.COOKIE: _session(base)}
+    with harness.engine_thread(url):
+        harness.until(
+            lambda: "../workflows/victim" in httpx.get(base + "/reviews", cookies=cookie).text,
+            "the review to open",
+        )
+    for page in ("/", "/reviews"):
+        html = httpx.get(base + page, cookies=cookie).text
+        targets = re.findall(r'(?:href|action)="(/[^"]*)"', html)
+        assert any("reviews/1/resolve" in t for t in targets) or page == "/", html
+        for target in targets:
+            # what a browser requests for the link: dot segments removed
+            assert urllib.parse.urljoin(base + page, target) == base + target, (page, target)

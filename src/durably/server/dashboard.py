@@ -40,6 +40,9 @@ def templates() -> jinja2.Environment:
     env.filters["ago"] = _ago
     env.filters["seconds"] = _seconds
     env.filters["iso"] = _iso
+    # a value as one path segment: urlencode leaves "/" as it is, and a browser resolves the
+    # dot segments of an id like "../workflows/other" to another workflow's page or action
+    env.filters["segment"] = lambda value: urllib.parse.quote(str(value), safe="")
     env.filters["money"] = lambda cost: f"${cost:.4f}" if cost < 0.01 else f"${cost:.2f}"
     return env
 
