@@ -82,6 +82,18 @@ class Order(pydantic.BaseModel):
     currency: str = "EUR"
 """ + COMMON.format(returns="Order")
 
+ALIASED = """
+import pydantic
+
+class {name}(pydantic.BaseModel):
+    id: str = pydantic.Field(alias="orderId")
+    total: float
+
+    @property
+    def currency(self) -> str:
+        return "-"
+""" + COMMON.replace("{returns}(id=order_id", "{returns}(orderId=order_id")
+
 #: Runs in a child process next to one version of app.py: start the workflow and
 #: return once it is parked, or approve it and return once it has finished.
 DRIVER = """
@@ -187,3 +199,23 @@ def test_a_new_required_field_diverges_then_resumes_on_compatible_code(
         info = client.get_workflow("wf")
     assert json.loads(info.output or "null") == "Order A1 12.5 EUR yes"
     assert calls.read_text().splitlines() == ["A1"]  # never run again: its receipt was used
+
+
+def test_a_model_with_aliased_fields_parks_and_decodes_after_a_rename(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """A model whose fields have aliases (``orderId``) is stored by field name: the first
+    run gets it back and parks, and a deploy that renamed the class builds it by the
+    annotation. Before, both decodes validated the names as aliases and failed."""
+    calls = tmp_path / "calls.txt"
+    v1 = ALIASED.format(name="Order", returns="Order")
+    _run(_deploy(tmp_path / "v1", v1), sqlite_url, "start", calls)
+    with Client(sqlite_url) as client:
+        assert client.get_workflow("wf").status == "waiting"
+    v2 = ALIASED.format(name="PurchaseOrder", returns="PurchaseOrder")
+    out = _run(_deploy(tmp_path / "v2", v2), sqlite_url, "approve", calls)
+    assert "STATUS completed" in out, out
+    with Client(sqlite_url) as client:
+        info = client.get_workflow("wf")
+    assert json.loads(info.output or "null") == "PurchaseOrder A1 12.5 - yes"
+    assert calls.read_text().splitlines() == ["A1"]

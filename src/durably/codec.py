@@ -26,6 +26,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
+import functools
+import inspect
 import json
 import math
 import reprlib
@@ -41,7 +43,15 @@ from typing import Any, TypeVar
 
 from durably import errors, errorstate, json_text
 
-__all__ = ["decode", "decode_error", "decode_shape", "describe_stored", "encode", "encode_error"]
+__all__ = [
+    "decode",
+    "decode_error",
+    "decode_shape",
+    "describe_stored",
+    "encode",
+    "encode_error",
+    "validate_model",
+]
 
 _MARK = "__durably__"
 _MARK_TEXT = '"__durably__"'
@@ -376,7 +386,26 @@ def _pydantic(d: dict[str, Any]) -> object:
     pydantic = sys.modules.get("pydantic")
     base = getattr(pydantic, "BaseModel", None) if pydantic is not None else None
     cls = _resolve(d, "pydantic BaseModel", lambda c: base is not None and issubclass(c, base))
-    return cls.model_validate(_get(d, "fields", dict))
+    return validate_model(cls, _get(d, "fields", dict))
+
+
+def validate_model(cls: Any, fields: object) -> object:
+    """``cls.model_validate(fields)``, reading the fields by name as ``model_dump`` wrote them.
+
+    A field with an alias (``user_id`` with ``alias="userId"``) is otherwise accepted by
+    its alias only, and the model could not be read back; pydantic before 2.11 has no
+    ``by_name`` (nor a way to ask for it per call).
+    """
+    if _validates_by_name():
+        return cls.model_validate(fields, by_name=True)
+    return cls.model_validate(fields)
+
+
+@functools.cache
+def _validates_by_name() -> bool:
+    """Whether this pydantic's ``model_validate`` takes ``by_name`` (2.11 on)."""
+    base = sys.modules["pydantic"].BaseModel
+    return "by_name" in inspect.signature(base.model_validate).parameters
 
 
 def _path(d: dict[str, Any]) -> object:

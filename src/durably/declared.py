@@ -305,7 +305,7 @@ def _convert_class(value: object, cls: type) -> object:
         if not isinstance(value, dict):
             raise _Mismatch(f"is {_what(value)}, not the fields of {type_text(cls)}")
         try:
-            return cls.model_validate(value)  # type: ignore[attr-defined]
+            return codec.validate_model(cls, value)
         except pydantic.ValidationError as exc:
             raise _Mismatch(f"does not fit {type_text(cls)}: {_pydantic_reasons(exc)}") from None
     if dataclasses.is_dataclass(cls):
