@@ -357,14 +357,18 @@ def plan_reopen(workflow_id: str, status: str, history: Sequence[journal.Entry])
     A cancelled workflow continues from where its cancellation stopped it (its
     entries from the cancel marker on are dropped), unless steps completed
     after it (cleanup, compensations): resuming would forget them. A failed
-    workflow gives the step that failed it another try. Only a failed,
-    cancelled or diverged workflow can be resumed.
+    workflow gives the step that failed it another try. A diverged workflow
+    replays its whole journal: a cancellation it had received before it diverged
+    stays delivered where it was. Only a failed, cancelled or diverged workflow
+    can be resumed.
     """
     if status not in _REOPENABLE:
         raise errors.NotResumable(
             f"workflow {workflow_id!r} is {status}; only a failed, cancelled or "
             "diverged workflow, or a pending one waiting on its queue, can be resumed"
         )
+    if status == journal.Status.DIVERGED:
+        return Reopening()
     cancels = [e.seq for e in history if e.kind == journal.Kind.CANCEL]
     if cancels:  # continue from where the cancellation stopped it
         after = [
