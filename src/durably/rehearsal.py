@@ -9,6 +9,8 @@ the journal ends. Nothing is written and no step function is called: a step
 the journal has no final entry for (a new call, an interrupted one) ends the
 rehearsal of that workflow there, and so does any wait that would need the
 store (a signal not yet received, a child not yet joined, a timer not yet due).
+A cancellation the journal recorded is raised at its seq, as a recovery raises
+it, so the cleanup that ran after it is matched too.
 
 A :class:`Problem` is what would stop the workflow if today's code recovered
 it: a divergence (the seq, both calls, the line of today's call), a recorded
@@ -86,7 +88,8 @@ class RehearsalRun(workflow_run.Run):
     Only the hooks where a live run would act are replaced: ``lookup`` stops
     at a step without a final entry (a live run would call it), ``write`` and
     ``block`` stop (a live run would commit or wait), ``cancel_point`` delivers
-    nothing, and a changed argument is collected instead of noted on the row.
+    nothing new (a journaled cancellation is raised at its seq, as a live replay
+    raises it), and a changed argument is collected instead of noted on the row.
     """
 
     def __init__(
@@ -104,8 +107,10 @@ class RehearsalRun(workflow_run.Run):
     def lookup(self, seq: int, kind: str, name: str) -> journal.Entry | None:
         entry = self.recorded(seq, kind, name)  # raises NonDeterminismError on another call
         self.at = (seq, self.call_site(seq))
-        if entry is None or entry.kind == journal.Kind.CANCEL:
+        if entry is None:
             raise _EndOfJournal(f"the journal ends at seq {seq}")
+        if entry.kind == journal.Kind.CANCEL:  # raised here as a live replay raises it (no
+            return super().lookup(seq, kind, name)  # write): the cleanup after it replays too
         if entry.kind == journal.Kind.STEP and entry.status not in journal.FINAL_ENTRY_STATUSES:
             raise _EndOfJournal(f"the step at seq {seq} has no recorded outcome")
         return entry
@@ -194,6 +199,8 @@ async def _replay_one(
         if run.diverged is not None:  # caught by the code, re-raised as something else
             return _problem(info, run.diverged, run)
         run.reached_end = True
+        if isinstance(exc, errors.Cancelled) and run.cancellation.delivered:
+            return None  # the journal's own cancellation, raised on: as the recorded run did
         if isinstance(exc, errors.DecodeError) or info.status not in _MAY_RAISE:
             seq, site = run.at or (None, None)
             what = (
