@@ -227,7 +227,19 @@ def model_step(
             params["extra_headers"] = headers
         return params
 
-    join = messages_api.assemble if anthropic else assemble  # a stream's chunks, as one answer
+    assemble_chunks = messages_api.assemble if anthropic else assemble
+
+    def join(chunks: list[JSON]) -> JSON:
+        """A stream's chunks as one answer; ConnectionError (retried) when it was cut short.
+
+        A stream whose connection closes before its last event ends without an
+        error from the client, so its first words would be journaled as the answer.
+        """
+        if not _finished(chunks, anthropic):
+            raise ConnectionError(
+                f"the model's stream ended after {len(chunks)} chunk(s), before its final one"
+            )
+        return assemble_chunks(chunks)
 
     def answered(call: Call, result: JSON, span: Any) -> JSON:
         """The provider answered: the call is billed, and its turn is what the step returns."""
@@ -263,6 +275,15 @@ def model_step(
             return answered(call, _dump(response), span)
 
     return steps.step(name=name, retry=retry, timeout=timeout, reconcile=lost_answer)(call_sync)
+
+
+def _finished(chunks: Iterable[Mapping[str, Any]], anthropic: bool) -> bool:
+    """Whether a stream reached its end: a ``message_stop`` event, or a finish reason."""
+    if anthropic:
+        return any(chunk.get("type") == "message_stop" for chunk in chunks)
+    return any(
+        choice.get("finish_reason") for chunk in chunks for choice in chunk.get("choices") or ()
+    )
 
 
 def _seen(call: Call, chunk: JSON) -> JSON:
