@@ -170,3 +170,35 @@ def test_a_crash_loop_cannot_spend_past_a_pydantic_ai_budget(tmp_path: Path) -> 
     assert done["status"] == "completed", done
     assert done["result"]["output"] == "Both orders shipped."
     assert [r["turn"] for r in read_log(log)] == [0, 1, 1, 1, 2]
+
+
+async def test_a_turn_answered_after_a_lost_request_is_counted_the_same_on_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requests a crash lost before a turn's answer count on every replay, not only live.
+
+    Budget 300 tokens. A process dies right after turn 0 was answered. The
+    next run asks turn 0 again (110 + 110 lost) and turn 1 (330 >= 300): it
+    parks before turn 2. Raised to 400, the replay must count 330 again, so it
+    parks where the live run did, takes the raise and asks turn 2 (it counted
+    220 before, skipped the park and diverged from its journal).
+    """
+    db, effects, log = tmp_path / "pai.db", tmp_path / "effects.jsonl", tmp_path / "model.jsonl"
+    budget = {harness.MAX_TOKENS_ENV: "300"}
+    monkeypatch.setenv(harness.MAX_TOKENS_ENV, "300")
+    url = f"sqlite:///{db}"
+    with FakeModelServer(by_turn(SCRIPT), log_path=log) as server:
+        crash = {**budget, "DURABLY_CRASH_AT": "after_call:llm:pydantic_ai"}
+        assert _runner(db, harness.child_env(server.url, effects, crash)) is None
+        pai_flows.client.base_url = server.url
+        async with durably.Engine(url, hold_seconds=0.05, poll_interval=0.05) as engine:
+            await _until(engine.handle("b-1"), "waiting")
+            assert [r["turn"] for r in read_log(log)] == [0, 0, 1]
+            why = await engine.get_event("b-1", agents.budget.SIGNAL)
+            assert why["spent"]["tokens"] == 330, why
+        async with durably.Engine(url, hold_seconds=0.05, poll_interval=0.05) as engine:
+            await agents.set_budget(engine, "b-1", by="alice", max_tokens=400)
+            done = await engine.handle("b-1").result(timeout=10)
+
+    assert done == {"output": "Both orders shipped."}
+    assert [r["turn"] for r in read_log(log)] == [0, 0, 1, 2]

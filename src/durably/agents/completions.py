@@ -182,7 +182,7 @@ def lost_answer(key: str, *_: Any) -> Any:
     return steps.NotFound
 
 
-def _noted(result: JSON) -> JSON:
+def noted(result: JSON) -> JSON:
     """The step's result, with the attempt number when earlier requests were made."""
     step = context.current_step.get()
     if step is None or step.attempt <= 1:
@@ -246,7 +246,7 @@ def model_step(
         call.live = True
         answer = messages_api.turn(result) if anthropic else result
         telemetry.record_result(span, name, answer)
-        return _noted(answer)
+        return noted(answer)
 
     if is_async_client(client):
 

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from durably import context, errors, steps
-from durably.agents import budget, usage
+from durably.agents import budget, completions, usage
 
 JSON = dict[str, Any]
 
@@ -135,7 +135,7 @@ async def model_turn(
             budget.refuse_if_reached(run_limits, estimate, attempt, prices)
             record = await ask()
             turn.live = True
-            return record
+            return completions.noted(record)  # the attempts, for replays to count them too
 
         try:
             record: JSON = await steps.run_step(
@@ -148,5 +148,7 @@ async def model_turn(
             budget.count_refused(exc, (meter,))
             await budget.park(run_limits, str(exc), meter.charged if meter else usage.Tokens())
             continue
+        attempts = record.pop(completions.ATTEMPT_KEY, 1)
+        turn.interrupted = max(0, attempts - 1) if isinstance(attempts, int) else 0
         count_turn(record, turn, prices)
         return record
