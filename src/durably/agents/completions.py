@@ -76,7 +76,10 @@ def is_transient(exc: BaseException) -> bool:
         module = sys.modules.get(provider)
         if module is not None and isinstance(exc, module.APIConnectionError):
             return True
-    return False
+    # Pydantic AI raises its own for the client's connection errors and timeouts
+    pydantic_ai = sys.modules.get("pydantic_ai.exceptions")
+    connection = getattr(pydantic_ai, "ModelConnectionError", None)
+    return isinstance(connection, type) and isinstance(exc, connection)
 
 
 def retry_after(exc: BaseException, now: Callable[[], float] = time.time) -> float | None:
