@@ -125,3 +125,45 @@ def test_a_sub_agent_killed_mid_way_asks_no_completed_turn_again(tmp_path: Path)
     total = result["billed"]["calls"] + result["replayed"]["calls"]
     assert total == 5  # the lead's 2 turns and the researcher's 3, rolled up
     assert result["replayed"]["calls"] == 2  # the lead's turn 0 and the researcher's turn 0
+
+
+@durably.workflow(name="subagents-reused-ids")
+async def reused_ids_flow(question: str) -> list[str]:
+    result = await AGENTS[0].run(question)
+    return [m["content"] for m in result.messages if m["role"] == "tool"]
+
+
+def _reusing_script(body: dict[str, Any]) -> Any:
+    """A provider that names every tool call ``call_0``: two questions, one id."""
+    said = [m for m in body["messages"] if m["role"] == "assistant"]
+    if body["messages"][0]["content"] == "You research orders.":
+        return text("answer to " + body["messages"][-1]["content"])
+    if len(said) < 2:
+        question = ["When did A1 ship?", "When did B2 ship?"][len(said)]
+        return tool_calls(call("researcher", {"input": question}, id="call_0"))
+    return text("Done.")
+
+
+async def test_a_reused_tool_call_id_still_asks_the_sub_agent_again(sqlite_url: str) -> None:
+    """Each call runs its own child: a reused id must not join the earlier call's child."""
+    with FakeModelServer(_reusing_script) as server:
+        async with openai.AsyncOpenAI(base_url=server.url, api_key="t", max_retries=0) as client:
+            researcher = agents.Agent(
+                client=client,
+                model="gpt-4.1-mini",
+                instructions="You research orders.",
+                name="researcher",
+            )
+            AGENTS[:] = [
+                agents.Agent(
+                    client=client,
+                    model="gpt-4.1-mini",
+                    instructions="You are a support agent.",
+                    tools=[agents.as_tool(researcher)],
+                )
+            ]
+            async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.05) as engine:
+                handle = await engine.start(reused_ids_flow, "A1 and B2?", workflow_id="wf")
+                answers = await handle.result(timeout=10)
+        assert len(server.requests) == 5  # parent, child, parent, child, parent
+    assert answers == ["answer to When did A1 ship?", "answer to When did B2 ship?"]

@@ -2,10 +2,11 @@
 
 ``as_tool(researcher)`` makes a tool the parent agent can call with
 ``{"input": "..."}``. Each call starts the child workflow
-``<parent id>:agent:<tool_call_id>`` (the registered workflow
-``durably-subagent``), which runs ``researcher.run(input)`` with its own journal:
-a crash in the middle replays the child's completed turns from the child's
-journal, never asks them again. The child's answer (its output as text, or as
+``<parent id>:agent:<tool_call_id>`` (suffixed ``#2``, ``#3``... when a
+provider reuses a call id; the registered workflow ``durably-subagent``),
+which runs ``researcher.run(input)`` with its own journal: a crash in the
+middle replays the child's completed turns from the child's journal, never
+asks them again. The child's answer (its output as text, or as
 JSON for a structured output) is the tool's result; its usage rolls up into the
 parent's run (as billed or replayed, the way the child's run counted it, and
 as replayed when the parent replays the finished child).
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from durably.agents.agent import Agent
 
 _AGENTS: dict[str, Agent] = {}
+_CHILD_IDS = "durably.agents.subagents:child ids"  # Run.local key: the ids used this run
 
 
 @workflows.workflow(name="durably-subagent")
@@ -89,7 +91,13 @@ class SubAgentTool(tools.Tool[..., Any]):
     def call_for_model(self, call_id: str, kwargs: dict[str, Any]) -> Any:
         """Start the child and take its join's seq now (program order); await its answer."""
         run = context.require_run("a sub-agent call")
-        child_id = f"{run.workflow_id}:agent:{call_id}"
+        base = f"{run.workflow_id}:agent:{call_id}"
+        used: set[str] = run.local(_CHILD_IDS, set)
+        child_id, n = base, 1
+        while child_id in used:  # a provider that reuses (or omits) call ids: a child each
+            n += 1
+            child_id = f"{base}#{n}"
+        used.add(child_id)
         started = waits.start_child(
             run_subagent, self.name, str(kwargs.get("input") or ""), workflow_id=child_id
         )
