@@ -281,11 +281,16 @@ def model_step(
 
 
 def _finished(chunks: Iterable[Mapping[str, Any]], anthropic: bool) -> bool:
-    """Whether a stream reached its end: a ``message_stop`` event, or a finish reason."""
+    """Whether a stream reached its end: a ``message_stop`` event, or a finish reason or usage.
+
+    Usage (asked with ``include_usage``) comes in the last chunk, so a provider
+    that never sends a finish reason is not taken for a stream cut short.
+    """
     if anthropic:
         return any(chunk.get("type") == "message_stop" for chunk in chunks)
     return any(
-        choice.get("finish_reason") for chunk in chunks for choice in chunk.get("choices") or ()
+        chunk.get("usage") or any(c.get("finish_reason") for c in chunk.get("choices") or ())
+        for chunk in chunks
     )
 
 
