@@ -62,6 +62,33 @@ class _CutHandler(models._Handler):
         self.close_connection = True
 
 
+class _OverloadedHandler(_CutHandler):
+    """Answers the first Anthropic stream with ``message_start`` then an ``overloaded_error``.
+
+    Anthropic sends an overload that comes after the 200 as an ``error`` event.
+    """
+
+    def _stream_events(self, events: Any, pause: float = 0.0) -> None:
+        with self.lock:
+            cut = bool(self.cuts) and self.cuts.pop() > 0
+        if not cut:
+            models._Handler._stream_events(self, events, pause)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        event, data = next(iter(events))
+        error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+        for name, payload in ((event, data), ("error", error)):
+            self.wfile.write(f"event: {name}\ndata: {json.dumps(payload)}\n\n".encode())
+        self.wfile.flush()
+        self.close_connection = True
+
+
+class _OverloadedServer(FakeModelServer):
+    handler = _OverloadedHandler
+
+
 class _CuttingServer(FakeModelServer):
     handler = _CutHandler
 
@@ -123,3 +150,18 @@ async def test_an_anthropic_stream_cut_before_message_stop_is_asked_again(sqlite
             assert await handle.result(timeout=10) == LONG
         await client.close()
         assert len(server.requests) == 2  # the cut answer, then the whole one
+
+
+async def test_an_anthropic_overload_sent_inside_the_stream_is_retried(sqlite_url: str) -> None:
+    """An ``error`` event after the 200 is an APIStatusError whose status is 200: its type,
+    ``overloaded_error``, says it is transient, as a 529 answer would."""
+    anthropic = pytest.importorskip("anthropic")
+    _CutHandler.cuts[:] = [1]
+    with _OverloadedServer(by_turn([text(LONG)])) as server:
+        client = anthropic.AsyncAnthropic(base_url=server.anthropic_url, api_key="t", max_retries=0)
+        LLM[:] = [agents.llm(client, retry=FAST)]
+        async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.05) as engine:
+            handle = await engine.start(ask_claude_streamed, "where?", workflow_id="wf")
+            assert await handle.result(timeout=10) == LONG
+        await client.close()
+        assert len(server.requests) == 2  # the overloaded answer, then the whole one

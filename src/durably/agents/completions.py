@@ -69,6 +69,8 @@ def is_transient(exc: BaseException) -> bool:
     """Whether a model call that raised ``exc`` may succeed if tried again."""
     status = getattr(exc, "status_code", None)
     if isinstance(status, int):
+        if status < 400:  # an error event inside a stream answered 200: its type says
+            return _error_type(exc) in _TRANSIENT_TYPES
         return status in _RETRY_STATUSES or status >= 500
     if isinstance(exc, errors.StepTimeout | ConnectionError | TimeoutError):
         return True
@@ -80,6 +82,18 @@ def is_transient(exc: BaseException) -> bool:
     pydantic_ai = sys.modules.get("pydantic_ai.exceptions")
     connection = getattr(pydantic_ai, "ModelConnectionError", None)
     return isinstance(connection, type) and isinstance(exc, connection)
+
+
+#: The error types Anthropic sends as an ``error`` event after a 200 that a new request may cure.
+_TRANSIENT_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
+
+
+def _error_type(exc: BaseException) -> str | None:
+    """The ``error.type`` of the body a provider's error carries (``overloaded_error``)."""
+    body = getattr(exc, "body", None)
+    error = body.get("error") if isinstance(body, Mapping) else None
+    kind = error.get("type") if isinstance(error, Mapping) else None
+    return kind if isinstance(kind, str) else None
 
 
 def retry_after(exc: BaseException, now: Callable[[], float] = time.time) -> float | None:
