@@ -165,3 +165,33 @@ async def test_an_anthropic_overload_sent_inside_the_stream_is_retried(sqlite_ur
             assert await handle.result(timeout=10) == LONG
         await client.close()
         assert len(server.requests) == 2  # the overloaded answer, then the whole one
+
+
+@durably.workflow(name="agents-sdk-stream-cut")
+async def ask_sdk_streamed(question: str) -> str:
+    from agents import Agent, OpenAIProvider, RunConfig
+
+    from durably.integrations.openai_agents import DurableRunner
+
+    agent = Agent(name="support", instructions="You are a support agent.", model="gpt-4.1-mini")
+    config = RunConfig(model_provider=OpenAIProvider(openai_client=LLM[0].client))
+    result = DurableRunner.run_streamed(agent, question, run_config=config, retry=FAST)
+    async for _ in result.stream_events():
+        pass
+    return str(result.final_output)
+
+
+async def test_an_agents_sdk_stream_cut_before_its_end_is_asked_again(sqlite_url: str) -> None:
+    """A Responses API stream that ends before ``response.completed`` is retried."""
+    agents_sdk = pytest.importorskip("agents")
+    agents_sdk.set_tracing_disabled(True)
+    _CutHandler.cuts[:] = [1]
+    with _CuttingServer(by_turn([text(LONG)])) as server:
+        client = openai.AsyncOpenAI(base_url=server.url, api_key="t", max_retries=0)
+        LLM[:] = [agents.llm(client)]
+        async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.05) as engine:
+            handle = await engine.start(ask_sdk_streamed, "where?", workflow_id="wf")
+            assert await handle.result(timeout=10) == LONG
+        await client.close()
+        assert len(server.requests) == 2  # the cut answer, then the whole one
+        assert {r["path"] for r in server.requests} == {"/v1/responses"}

@@ -27,6 +27,8 @@ from durably.agents import completions
 
 JSON = dict[str, Any]
 _END = object()
+#: The events that end a Responses API stream; a stream without one was cut short.
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
 def with_key(model_settings: ModelSettings) -> ModelSettings:
@@ -52,10 +54,14 @@ async def journaled(
 
     async def stream_step() -> JSON:
         completed: Response | None = None
+        ended = False  # a terminal event came: the stream was not cut short
         async for event in open_stream():
             queue.put_nowait(event)
+            ended = ended or getattr(event, "type", None) in _TERMINAL
             if isinstance(event, ResponseCompletedEvent):
                 completed = event.response
+        if not ended:  # retried, as a connection that broke off would be
+            raise ConnectionError("the model's stream ended before its final event")
         if completed is None:
             raise ModelBehaviorError("the model's stream ended without a response.completed event")
         return record_of(model_response(completed))
