@@ -139,32 +139,27 @@ async def test_a_stream_cut_before_its_end_is_asked_again_not_journaled(
     assert len(model_steps) == 1
 
 
-async def test_an_anthropic_stream_cut_before_message_stop_is_asked_again(sqlite_url: str) -> None:
+@pytest.mark.parametrize(
+    "server_class",
+    [_CuttingServer, _OverloadedServer],
+    ids=["cut-before-message-stop", "overloaded-inside-the-stream"],
+)
+async def test_an_anthropic_stream_cut_or_overloaded_is_asked_again(
+    sqlite_url: str, server_class: Any
+) -> None:
+    """A stream cut before ``message_stop``, and an ``error`` event after the 200 (an
+    APIStatusError whose status is 200: its type, ``overloaded_error``, says it is
+    transient, as a 529 answer would): either way the turn is asked again."""
     anthropic = pytest.importorskip("anthropic")
     _CutHandler.cuts[:] = [1]
-    with _CuttingServer(by_turn([text(LONG)])) as server:
+    with server_class(by_turn([text(LONG)])) as server:
         client = anthropic.AsyncAnthropic(base_url=server.anthropic_url, api_key="t", max_retries=0)
         LLM[:] = [agents.llm(client, retry=FAST)]
         async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.05) as engine:
             handle = await engine.start(ask_claude_streamed, "where?", workflow_id="wf")
             assert await handle.result(timeout=10) == LONG
         await client.close()
-        assert len(server.requests) == 2  # the cut answer, then the whole one
-
-
-async def test_an_anthropic_overload_sent_inside_the_stream_is_retried(sqlite_url: str) -> None:
-    """An ``error`` event after the 200 is an APIStatusError whose status is 200: its type,
-    ``overloaded_error``, says it is transient, as a 529 answer would."""
-    anthropic = pytest.importorskip("anthropic")
-    _CutHandler.cuts[:] = [1]
-    with _OverloadedServer(by_turn([text(LONG)])) as server:
-        client = anthropic.AsyncAnthropic(base_url=server.anthropic_url, api_key="t", max_retries=0)
-        LLM[:] = [agents.llm(client, retry=FAST)]
-        async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.05) as engine:
-            handle = await engine.start(ask_claude_streamed, "where?", workflow_id="wf")
-            assert await handle.result(timeout=10) == LONG
-        await client.close()
-        assert len(server.requests) == 2  # the overloaded answer, then the whole one
+        assert len(server.requests) == 2  # the cut or overloaded answer, then the whole one
 
 
 @durably.workflow(name="agents-sdk-stream-cut")

@@ -43,23 +43,28 @@ def _script(body: dict[str, Any]) -> Any:
     return text("Done: A1 shipped on Monday.")
 
 
+def _support_agent(client: Any, **tool: Any) -> None:
+    """The support agent (AGENTS[0]), with the researcher as its one tool."""
+    researcher = agents.Agent(
+        client=client,
+        model="gpt-4.1-mini",
+        instructions="You research orders.",
+        name="researcher",
+    )
+    AGENTS[:] = [
+        agents.Agent(
+            client=client,
+            model="gpt-4.1-mini",
+            instructions="You are a support agent.",
+            tools=[agents.as_tool(researcher, **tool)],
+        )
+    ]
+
+
 async def test_a_sub_agent_runs_as_a_child_workflow_and_rolls_up(store_url: str) -> None:
     with FakeModelServer(_script) as server:
         async with openai.AsyncOpenAI(base_url=server.url, api_key="t", max_retries=0) as client:
-            researcher = agents.Agent(
-                client=client,
-                model="gpt-4.1-mini",
-                instructions="You research orders.",
-                name="researcher",
-            )
-            AGENTS[:] = [
-                agents.Agent(
-                    client=client,
-                    model="gpt-4.1-mini",
-                    instructions="You are a support agent.",
-                    tools=[agents.as_tool(researcher, description="Ask the researcher.")],
-                )
-            ]
+            _support_agent(client, description="Ask the researcher.")
             async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.1) as engine:
                 handle = await engine.start(parent_flow, "A1?", workflow_id="wf")
                 deadline = asyncio.get_running_loop().time() + 15
@@ -148,20 +153,7 @@ async def test_a_reused_tool_call_id_still_asks_the_sub_agent_again(sqlite_url: 
     """Each call runs its own child: a reused id must not join the earlier call's child."""
     with FakeModelServer(_reusing_script) as server:
         async with openai.AsyncOpenAI(base_url=server.url, api_key="t", max_retries=0) as client:
-            researcher = agents.Agent(
-                client=client,
-                model="gpt-4.1-mini",
-                instructions="You research orders.",
-                name="researcher",
-            )
-            AGENTS[:] = [
-                agents.Agent(
-                    client=client,
-                    model="gpt-4.1-mini",
-                    instructions="You are a support agent.",
-                    tools=[agents.as_tool(researcher)],
-                )
-            ]
+            _support_agent(client)
             async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.05) as engine:
                 handle = await engine.start(reused_ids_flow, "A1 and B2?", workflow_id="wf")
                 answers = await handle.result(timeout=10)
