@@ -199,6 +199,12 @@ def lost_answer(key: str, *_: Any) -> Any:
     return steps.NotFound
 
 
+def earlier_requests(result: Any) -> int:
+    """How many requests before the answer a crash lost (``noted``), the mark taken off."""
+    attempts = result.pop(ATTEMPT_KEY, 1) if isinstance(result, dict) else 1
+    return max(0, attempts - 1) if isinstance(attempts, int) else 0
+
+
 def noted(result: JSON) -> JSON:
     """The step's result, with the attempt number when earlier requests were made."""
     step = context.current_step.get()
@@ -435,8 +441,7 @@ def _made(
 
     async def finish() -> JSON:
         response = await pending
-        attempts = response.pop(ATTEMPT_KEY, 1) if isinstance(response, dict) else 1
-        earlier = max(0, int(attempts) - 1) if isinstance(attempts, int) else 0
+        earlier = earlier_requests(response)
         tokens = usage.tokens_of(response, prices)
         for meter in (*meters, run_meter):
             if meter is not None:

@@ -148,7 +148,6 @@ async def model_turn(
             budget.count_refused(exc, (meter,))
             await budget.park(run_limits, str(exc), meter.charged if meter else usage.Tokens())
             continue
-        attempts = record.pop(completions.ATTEMPT_KEY, 1)
-        turn.interrupted = max(0, attempts - 1) if isinstance(attempts, int) else 0
+        turn.interrupted = completions.earlier_requests(record)
         count_turn(record, turn, prices)
         return record
