@@ -221,6 +221,47 @@ async def test_a_direct_call_of_a_gated_tool_waits_too(sqlite_url: str, effects:
     assert sorted(e["order_id"] for e in tools.effects(effects)) == ["A1", "A3"]
 
 
+@durably.workflow(name="approvals-gathered")
+async def gathered_flow() -> Any:
+    async def one(order_id: str, cents: int) -> Any:
+        refunded = await tools.refund(order_id, cents)
+        return [refunded, await tools.refund(order_id, 1)]  # a small one after: no approval
+
+    return list(await asyncio.gather(one("A1", 50_000), one("A2", 60_000)))
+
+
+async def test_direct_gated_calls_in_a_gather_replay_with_their_own_decisions(
+    sqlite_url: str, effects: Path
+) -> None:
+    """Two branches each wait for a decision; the second is decided first, so its branch
+    goes on first. Every decision is a park and a replay from the top, where each branch
+    must meet its own entries (not the other's, as in the order of the first run)."""
+    async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.1) as engine:
+        handle = await engine.start(gathered_flow, workflow_id="g")
+        await until(handle, "waiting")
+        pending = await agents.list_approvals(engine)
+        assert sorted(p.arguments["order_id"] for p in pending) == ["A1", "A2"]
+        second = next(p for p in pending if p.arguments["order_id"] == "A2")
+        await agents.approve(engine, "g", by="alice", expect=second)
+        await until(handle, "waiting")
+        for _ in range(100):  # A2's branch goes on to its small refund before it parks again
+            if len(tools.effects(effects)) == 2:
+                break
+            await asyncio.sleep(0.05)
+        left = await agents.list_approvals(engine)
+        assert [p.arguments["order_id"] for p in left] == ["A1"], left
+        await agents.approve(engine, "g", by="alice")
+        assert await handle.result(timeout=10) == [
+            [{"refund_id": "re_A1", "cents": 50_000}, {"refund_id": "re_A1", "cents": 1}],
+            [{"refund_id": "re_A2", "cents": 60_000}, {"refund_id": "re_A2", "cents": 1}],
+        ]
+        info = await engine.get_workflow("g")
+    done = [(e["order_id"], e["cents"]) for e in tools.effects(effects)]
+    assert done == [("A2", 60_000), ("A2", 1), ("A1", 50_000), ("A1", 1)]
+    assert len({e["key"] for e in tools.effects(effects)}) == 4
+    assert info.warnings is None
+
+
 # --- across processes ----------------------------------------------------------------------
 
 

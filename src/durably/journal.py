@@ -98,6 +98,10 @@ class Entry:
     #: A step's arguments as a short digest of their encoded JSON, checked on replay
     #: (None: not a step, arguments that cannot be encoded, or journaled before 0.2).
     args_digest: str | None = None
+    #: The seq of the call the same task made before this one, where that is not
+    #: ``seq - 1`` (None): a call of one of the tasks a workflow runs at once, which a
+    #: replay matches by it, whatever order the tasks come back in (``replay.Replayer``).
+    follows: int | None = None
 
     def describe(self) -> str:
         """The call as people name it: ``step 'issue_refund'``."""

@@ -46,7 +46,8 @@ def send_signal(workflow_id: str, name: str, payload: Any = None) -> Coroutine[A
     validate.name(workflow_id, "send_signal(workflow_id)")
     validate.name(name, "signal name")
     data = codec.encode(payload, where=f"signal {name!r} payload")
-    return _send(run, run.take_seq(), workflow_id, name, data)
+    seq = run.take_seq(kind=journal.Kind.SEND, name=f"{name} -> {workflow_id}")
+    return _send(run, seq, workflow_id, name, data)
 
 
 @races.durable_call
@@ -85,7 +86,8 @@ def get_event(
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
     seconds = 0.0 if timeout is None else validate.number(timeout, "get_event(timeout)")
-    return _get_event(run, run.take_seq(), workflow_id, key, seconds)
+    seq = run.take_seq(kind=journal.Kind.GET_EVENT, name=f"{key} of {workflow_id}")
+    return _get_event(run, seq, workflow_id, key, seconds)
 
 
 @races.durable_call

@@ -70,7 +70,7 @@ def wait(
     """
     run = context.require_run("wait")
     given = _check(aws, return_when, "wait")
-    return _wait(run, run.take_seq(), given, return_when)
+    return _wait(run, run.take_seq(kind=journal.Kind.WAIT, name=return_when), given, return_when)
 
 
 def wait_first(*aws: Awaitable[Any]) -> Coroutine[Any, Any, tuple[int, Any]]:
@@ -90,7 +90,7 @@ def wait_first(*aws: Awaitable[Any]) -> Coroutine[Any, Any, tuple[int, Any]]:
     """
     run = context.require_run("wait_first")
     given = _check(aws, FIRST_COMPLETED, "wait_first")
-    return _wait_first(run, run.take_seq(), given)
+    return _wait_first(run, run.take_seq(kind=journal.Kind.WAIT, name=FIRST), given)
 
 
 def _check(aws: Iterable[Awaitable[Any]], return_when: str, what: str) -> list[Awaitable[Any]]:

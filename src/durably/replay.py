@@ -17,10 +17,11 @@ of an operator's ``resume`` and ``resolve`` (:func:`plan_reopen`,
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from durably import errors, journal, steps
 
@@ -37,8 +38,12 @@ class Replayer:
     __slots__ = (
         "_diverged",
         "_entries",
+        "_free",
+        "_groups",
         "_last_seq",
         "_sites",
+        "_top",
+        "_unmatched",
         "asked_code",
         "recorded_code",
         "workflow_id",
@@ -54,6 +59,14 @@ class Replayer:
         self.workflow_id = workflow_id
         self._entries = {e.seq: e for e in entries}
         self._last_seq = 0
+        # A journal of tasks run at once is matched call by call (``_match``); one
+        # without is consumed in seq order, as every journal written before 0.3 is.
+        self._groups: dict[int, list[int]] | None = None
+        self._unmatched: set[int] = set()
+        self._free: list[int] = []
+        self._top = 0
+        if any(e.follows is not None for e in self._entries.values()):
+            self._group()
         self._diverged: errors.NonDeterminismError | None = None
         self._sites: dict[int, tuple[str, int]] = {}
         self.recorded_code = recorded_code
@@ -69,10 +82,100 @@ class Replayer:
         """The seq most recently handed out."""
         return self._last_seq
 
-    def next_seq(self) -> int:
-        """Take the seq for the next durable call, in program order."""
-        self._last_seq += 1
+    def next_seq(
+        self,
+        follows: int = 0,
+        kind: str = "",
+        name: str = "",
+        digest: Callable[[], str | None] | None = None,
+    ) -> int:
+        """Take the seq for the next durable call: the one after the last in program order,
+        or, in a journal of several tasks, the recorded call this one is (``_match``).
+
+        ``follows`` is the seq of the call the calling task made before this one (0: none);
+        ``kind``, ``name`` and ``digest`` (a step's arguments, computed only when needed)
+        tell apart calls that followed the same one (the tasks an ``asyncio.gather`` began).
+        """
+        if self._groups is None:
+            self._last_seq += 1
+        else:
+            self._last_seq = self._match(follows, kind, name, digest)
         return self._last_seq
+
+    @property
+    def matching(self) -> bool:
+        """Whether calls are matched to the journal's entries (tasks ran at once in it)."""
+        return self._groups is not None
+
+    def upcoming(self, follows: int, kind: str, name: str) -> journal.Entry | None:
+        """The entry the calling task's next call of ``kind`` and ``name`` would replay,
+        without taking it (``durably.patched()`` looks before it decides to call)."""
+        if self._diverged is not None:
+            raise self._diverged
+        if self._groups is None:
+            return self._entries.get(self._last_seq + 1)
+        group = self._groups.get(follows)
+        if not group:
+            return None
+        return self._entries[group[self._pick(group, kind, name, None)]]
+
+    def _group(self) -> None:
+        """Index the journal by the call each entry followed in its task: the replay of
+        tasks run at once takes them in another order than the first run did, and a
+        call finds its own entry by what its task called before it, not by position."""
+        groups: dict[int, list[int]] = {}
+        for seq in sorted(self._entries):
+            follows = self._entries[seq].follows
+            groups.setdefault(seq - 1 if follows is None else follows, []).append(seq)
+        self._groups = groups
+        self._unmatched = set(self._entries)
+        self._top = max(self._entries)
+        # seqs the first run took for calls it never journaled (on their way at a crash)
+        self._free = [seq for seq in range(1, self._top) if seq not in self._entries]
+
+    def _match(
+        self, follows: int, kind: str, name: str, digest: Callable[[], str | None] | None
+    ) -> int:
+        """The seq of the call the calling task makes now, in a journal of several tasks.
+
+        Among the recorded calls that followed the task's previous call, the one of
+        this kind, name and arguments (else kind and name, else the first: the lookup
+        then reports the divergence). None recorded: the call was on its way at a
+        crash, or is new; it takes the first seq the first run took and never
+        journaled after its predecessor (a step's idempotency key stays its own where
+        the first run's order allows), else one past every seq taken.
+        """
+        group = self._groups.get(follows) if self._groups is not None else None
+        if group:
+            seq = group.pop(self._pick(group, kind, name, digest))
+            self._unmatched.discard(seq)
+            return seq
+        free = self._free
+        at = bisect.bisect_right(free, follows)
+        if at < len(free):
+            return free.pop(at)
+        self._top += 1
+        return self._top
+
+    def _pick(
+        self, group: list[int], kind: str, name: str, digest: Callable[[], str | None] | None
+    ) -> int:
+        """The index in ``group`` of the recorded call the code's call is (see ``_match``)."""
+        if len(group) == 1 or not kind:
+            return 0
+        named = [
+            i
+            for i, seq in enumerate(group)
+            if (e := self._entries[seq]).kind == journal.Kind.CANCEL
+            or (e.kind == kind and e.name == name)
+        ]
+        if len(named) > 1 and digest is not None:
+            asked = digest()
+            for i in named:
+                recorded = self._entries[group[i]].args_digest
+                if asked is not None and recorded == asked:
+                    return i
+        return named[0] if named else 0
 
     def replaying(self, seq: int) -> bool:
         """Whether the journal holds an entry at ``seq`` (the call there is replayed)."""
@@ -155,7 +258,10 @@ class Replayer:
         """Raise NonDeterminismError if the journal holds calls the code never made."""
         if self._diverged is not None:
             raise self._diverged
-        beyond = [seq for seq in self._entries if seq > self._last_seq]
+        if self._groups is not None:
+            beyond = list(self._unmatched)
+        else:
+            beyond = [seq for seq in self._entries if seq > self._last_seq]
         if beyond:
             entry = self._entries[min(beyond)]
             raise self.mismatch(entry.seq, entry.describe(), None)

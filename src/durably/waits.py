@@ -45,7 +45,7 @@ def sleep(duration: float | datetime.timedelta) -> Coroutine[Any, Any, None]:
     """Wait ``duration`` (seconds or a timedelta) durably: a restart waits only what is left."""
     run = context.require_run("sleep")
     seconds = _seconds(duration, "sleep(duration)")
-    return _sleep(run, run.take_seq(), lambda now: now + seconds)
+    return _sleep(run, run.take_seq(kind=journal.Kind.SLEEP), lambda now: now + seconds)
 
 
 def sleep_until(when: datetime.datetime) -> Coroutine[Any, Any, None]:
@@ -54,7 +54,7 @@ def sleep_until(when: datetime.datetime) -> Coroutine[Any, Any, None]:
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.UTC)
     at = when.timestamp()
-    return _sleep(run, run.take_seq(), lambda now: at)
+    return _sleep(run, run.take_seq(kind=journal.Kind.SLEEP), lambda now: at)
 
 
 @races.durable_call
@@ -86,7 +86,7 @@ def wait_for_signal(
     run = context.require_run("wait_for_signal")
     validate.name(name, "signal name")
     seconds = None if timeout is None else _seconds(timeout, "wait_for_signal(timeout)")
-    return _wait_for_signal(run, run.take_seq(), name, seconds)
+    return _wait_for_signal(run, run.take_seq(kind=journal.Kind.SIGNAL, name=name), name, seconds)
 
 
 @races.durable_call
@@ -119,7 +119,7 @@ def set_event(key: str, value: Any) -> None:
         return
     run = context.require_run("set_event")
     validate.name(key, "event key")
-    seq = run.take_seq()
+    seq = run.take_seq(kind=journal.Kind.EVENT, name=key)
     if run.lookup(seq, journal.Kind.EVENT, key) is not None:
         return
     now = run.clock()
@@ -136,7 +136,8 @@ class ChildHandle:
     def result(self) -> Coroutine[Any, Any, Any]:
         """Wait durably for the child; its result, or raise its error in the parent."""
         run = context.require_run("ChildHandle.result")
-        return _join(run, run.take_seq(), self.workflow_id)
+        seq = run.take_seq(kind=journal.Kind.JOIN, name=self.workflow_id)
+        return _join(run, seq, self.workflow_id)
 
 
 def start_child(
@@ -158,7 +159,7 @@ def start_child(
     run = context.require_run("start_child")
     definition = workflows.definition_of(wf)
     queue_name = _queue_name(queue, partition_key)
-    seq = run.take_seq()
+    seq = run.take_seq(kind=journal.Kind.CHILD, name=definition.name)
     return _start_child(run, seq, definition, args, kwargs, workflow_id, queue_name, partition_key)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import dataclasses
 import functools
 import logging
 import os
@@ -124,6 +126,10 @@ class Run(parking.Parking):
             replay.code_label(version, source_hash),
         )
         self._patches: dict[str, bool] = {}  # durably.patched() answers, once per change id
+        # The seq of the calling task's last durable call (its context's, inherited by the
+        # tasks it starts), and each call's where that was not seq - 1 (journaled with it).
+        self._after = contextvars.ContextVar[int]("durably_after", default=0)
+        self._follows: dict[int, int] = {}
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
         # Writes on their way that carry values a step could observe (now, random, uuid4),
@@ -228,6 +234,9 @@ class Run(parking.Parking):
         the caller records the refusal instead.
         """
         batch = [*self._take_pending(), *entries]
+        if self._follows:  # tasks ran at once: each entry says which call it followed
+            batch = [self._with_follows(e) for e in batch]
+            args = tuple(self._with_follows(a) if isinstance(a, journal.Entry) else a for a in args)
         observed = any(e.kind in _OBSERVABLE for e in batch)
         if observed:
             self._observing += 1
@@ -321,6 +330,13 @@ class Run(parking.Parking):
         await self.settle()
         status, error = await self.write("finish_workflow", status, output, error, internal=True)
         self.ended = Outcome(status, output, error)
+
+    def _with_follows(self, entry: journal.Entry) -> journal.Entry:
+        """``entry`` with the seq of the call its task made before it, where not seq - 1."""
+        follows = self._follows.get(entry.seq)
+        if follows is None or entry.follows == follows:
+            return entry
+        return dataclasses.replace(entry, follows=follows)
 
     def _take_pending(self) -> list[journal.Entry]:
         """Hand over the staged entries to the write about to be made."""
@@ -444,7 +460,7 @@ class Run(parking.Parking):
 
     def journal_value(self, kind: journal.Kind, make: Callable[[], T]) -> T:
         """Return the recorded value at the next seq, or make, record and return a new one."""
-        seq = self.take_seq()
+        seq = self.take_seq(kind=kind)
         entry = self.lookup(seq, kind, "")
         if entry is not None:
             return codec.decode(entry.payload or "null", where=f"{kind} at seq {seq}")  # type: ignore[return-value]
@@ -461,7 +477,8 @@ class Run(parking.Parking):
     ) -> Coroutine[Any, Any, Any]:
         """Take the step's seq now, in program order, and return the awaitable that runs it."""
         # the user's call is two frames up: StepFunction.__call__, then its caller
-        return _run_step()(self, self.take_seq(callers=2), step, args, kwargs)
+        seq = self.take_seq(callers=2, kind=_STEP, name=step.name, arguments=(args, kwargs))
+        return _run_step()(self, seq, step, args, kwargs)
 
     def check_stopping(self) -> None:
         """Raise Suspended when no new step may start: the engine or the workflow is ending."""
@@ -508,18 +525,34 @@ class Run(parking.Parking):
         """Raise NonDeterminismError if the journal holds calls the code never made."""
         self._replayer.check_finished()
 
-    def take_seq(self, *, callers: int = 0) -> int:
+    def take_seq(
+        self,
+        *,
+        callers: int = 0,
+        kind: str = "",
+        name: str = "",
+        arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+    ) -> int:
         """The next seq, for a durable call made now; refuses once the run cannot go on.
 
         ``callers``: how many of durably's frames the caller knows lie between it and
-        the user's call, skipped unread when a replayed call's line is noted.
+        the user's call, skipped unread when a replayed call's line is noted. ``kind``,
+        ``name`` and a step's ``arguments`` tell a replay of tasks run at once which
+        recorded call this is, where several followed the same call (``Replayer``).
         """
         if self._replayer.diverged is not None:
             raise self._replayer.diverged
         self._check_live()
         if self.closing and not self._is_compensating():
             raise self.suspend("the workflow function has ended")
-        seq = self._replayer.next_seq()
+        after = self._after.get()
+        digest = None
+        if arguments is not None and self._replayer.matching:
+            digest = functools.partial(_digest, *arguments)
+        seq = self._replayer.next_seq(after, kind, name, digest)
+        self._after.set(seq)
+        if after != seq - 1:  # another task's call came between: journal which it follows
+            self._follows[seq] = after
         if self._replayer.replaying(seq):  # only a replayed call can diverge: name its line
             self._replayer.note_site(seq, call_site(2 + callers))
         return seq
@@ -536,11 +569,11 @@ class Run(parking.Parking):
         known = self._patches.get(change_id)
         if known is not None:
             return known
-        plan = replay.plan_patch(self._replayer.peek(self.last_seq + 1), change_id)
+        plan = replay.plan_patch(self._upcoming_patch(change_id), change_id)
         if plan is replay.Patch.PASSED:
             self._patches[change_id] = False
             return False
-        seq = self.take_seq()
+        seq = self.take_seq(kind=journal.Kind.PATCH, name=change_id)
         if plan is replay.Patch.NEW:
             now = self._services.clock()
             self.stage(
@@ -554,10 +587,15 @@ class Run(parking.Parking):
         journal has one here; journal nothing either way."""
         if change_id in self._patches:
             return
-        plan = replay.plan_patch(self._replayer.peek(self.last_seq + 1), change_id)
+        plan = replay.plan_patch(self._upcoming_patch(change_id), change_id)
         if plan is replay.Patch.MARKED:
-            self.take_seq()
+            self.take_seq(kind=journal.Kind.PATCH, name=change_id)
         self._patches[change_id] = True
+
+    def _upcoming_patch(self, change_id: str) -> journal.Entry | None:
+        """The entry the calling task's next call would replay, a marker of this change
+        first (``patched`` decides by it before it takes a seq)."""
+        return self._replayer.upcoming(self._after.get(), journal.Kind.PATCH, change_id)
 
     async def check_arguments(self, seq: int, entry: journal.Entry, digest: str | None) -> None:
         """Report a replayed step called with other arguments than the journal recorded.
@@ -633,6 +671,7 @@ class Run(parking.Parking):
 _COMMITS = frozenset({"append_entries", "commit_receipt"})
 
 #: Journaled values a step could observe: committed before any step starts.
+_STEP = journal.Kind.STEP
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
 
 _COMPLETED = journal.EntryStatus.COMPLETED
@@ -672,6 +711,13 @@ def call_site(start: int) -> tuple[str, int] | None:
             return filename, frame.f_lineno
         frame = frame.f_back
     return None
+
+
+def _digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """``step_call.args_digest`` (that module imports this one)."""
+    from durably import step_call
+
+    return step_call.args_digest(args, kwargs)
 
 
 @functools.cache

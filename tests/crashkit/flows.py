@@ -279,3 +279,33 @@ async def shape(ops: list[dict[str, Any]], seed: int) -> dict[str, Any]:
             raise ValueError(f"unknown op {kind!r}")
         outputs.append(acc)
     return {"acc": acc, "outputs": outputs, "values": values}
+
+
+# --- branches of an asyncio.gather, each of several steps ----------------------------------
+
+
+@durably.step
+async def api(op: str, name: str, delay: float, kill_marker: str = "") -> str:
+    """One call of an outside service: waits ``delay``, then counts itself. Given a
+    ``kill_marker`` that does not exist yet, creates it and kills its executor instead."""
+    await asyncio.sleep(delay)
+    if kill_marker and not os.path.exists(kill_marker):
+        open(kill_marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    record(op, name)
+    return f"{op}:{name}"
+
+
+async def _branch(name: str, fetch_delay: float, charge_delay: float, marker: str) -> list[str]:
+    fetched = await api("fetch", name, fetch_delay)
+    charged = await api("charge", name, charge_delay, marker)
+    return [fetched, charged]
+
+
+@durably.workflow
+async def gathered(kill_marker: str) -> list[list[str]]:
+    """Two branches of two steps: ``b``'s fetch ends first, so its charge takes seq 3
+    and ``a``'s takes seq 4, which the first run is killed in (after ``b``'s charge)."""
+    return list(
+        await asyncio.gather(_branch("a", 0.3, 0.0, kill_marker), _branch("b", 0.0, 0.1, ""))
+    )

@@ -28,7 +28,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "journal": (
         "workflow_id", "seq", "kind", "name", "status", "attempt", "payload", "started_at",
-        "finished_at", "wake_at", "args_digest",
+        "finished_at", "wake_at", "args_digest", "follows",
     ),
     "claims": ("workflow_id", "epoch", "owner", "claimed_at", "previous_owner", "reason"),
     "signals": (
@@ -55,7 +55,7 @@ LATER_COLUMNS: dict[str, frozenset[str]] = {
             "deadline_at",
         }
     ),
-    "journal": frozenset({"args_digest"}),
+    "journal": frozenset({"args_digest", "follows"}),
 }
 
 #: Tables of the schema that belong to no workflow (see the module docstring).

@@ -49,6 +49,7 @@ def entry_params(workflow_id: str, e: journal.Entry) -> dict[str, object]:
         "finished_at": e.finished_at,
         "wake_at": e.wake_at,
         "args_digest": e.args_digest,
+        "follows": e.follows,
     }
 
 

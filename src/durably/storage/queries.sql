@@ -466,9 +466,9 @@ WHERE journal.status NOT IN ('completed', 'failed', 'timed_out')
 -- name: upsert_entry
 -- Write a call's entry at its seq; a final entry, or another call's, is never changed.
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at, args_digest)
+                     finished_at, wake_at, args_digest, follows)
 VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
-        :finished_at, :wake_at, :args_digest)
+        :finished_at, :wake_at, :args_digest, :follows)
 {{entry_conflict}}
 
 -- name: fence_and_write_entry
@@ -483,12 +483,12 @@ WITH fence AS (
     FOR UPDATE
 ), written AS (
     INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                         finished_at, wake_at, args_digest)
+                         finished_at, wake_at, args_digest, follows)
     SELECT CAST(:workflow_id AS TEXT), CAST(:seq AS BIGINT), CAST(:kind AS TEXT),
            CAST(:name AS TEXT), CAST(:status AS TEXT), CAST(:attempt AS BIGINT),
            CAST(:payload AS TEXT), CAST(:started_at AS DOUBLE PRECISION),
            CAST(:finished_at AS DOUBLE PRECISION), CAST(:wake_at AS DOUBLE PRECISION),
-           CAST(:args_digest AS TEXT)
+           CAST(:args_digest AS TEXT), CAST(:follows AS BIGINT)
     FROM fence
     {{entry_conflict}}
     RETURNING 1
@@ -505,7 +505,7 @@ FROM fence
 -- name: entry_at
 -- The journal entry at one seq.
 SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
-       args_digest
+       args_digest, follows
 FROM journal WHERE workflow_id = :workflow_id AND seq = :seq
 
 -- name: history_mark
@@ -524,7 +524,7 @@ ORDER BY 1, 2
 -- name: load_history
 -- A workflow's journal, in seq order.
 SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
-       args_digest
+       args_digest, follows
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
 -- name: history_page
@@ -534,7 +534,7 @@ FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 -- (sqlbase.load_queries) makes it oldest first too, the :limit entries just after :seq,
 -- as history_page_oldest_first.
 SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
-       args_digest
+       args_digest, follows
 FROM journal WHERE workflow_id = :workflow_id AND seq {past} :seq
 ORDER BY seq {order}
 LIMIT :limit
@@ -545,7 +545,7 @@ LIMIT :limit
 -- entries are passed over by the database, not sent. A prefix compared as SUBSTR, not
 -- LIKE: exact in both dialects, whatever the prefix holds (SQLite's LIKE ignores case).
 SELECT seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
-       args_digest
+       args_digest, follows
 FROM journal
 WHERE workflow_id = :workflow_id AND kind = 'step'
   AND SUBSTR(name, 1, LENGTH(CAST(:name_prefix AS TEXT))) = :name_prefix
@@ -795,11 +795,12 @@ FOR UPDATE
 {{next_signal}}
 ), written AS (
     INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                         finished_at, wake_at, args_digest)
+                         finished_at, wake_at, args_digest, follows)
     SELECT CAST(:workflow_id AS TEXT), CAST(:seq AS BIGINT), CAST(:kind AS TEXT),
            CAST(:name AS TEXT), 'completed', CAST(:attempt AS BIGINT), next.payload,
            CAST(:started_at AS DOUBLE PRECISION), CAST(:now AS DOUBLE PRECISION),
-           CAST(:wake_at AS DOUBLE PRECISION), CAST(:args_digest AS TEXT)
+           CAST(:wake_at AS DOUBLE PRECISION), CAST(:args_digest AS TEXT),
+           CAST(:follows AS BIGINT)
     FROM fence, settled, next
     WHERE NOT settled.final
     {{entry_conflict}}
@@ -1011,9 +1012,9 @@ WHERE workflow_id = :workflow_id AND seq = :seq
 -- name: copy_entries
 -- Copy a workflow's journal up to seq under a new id (fork).
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at, args_digest)
+                     finished_at, wake_at, args_digest, follows)
 SELECT :new_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
-       args_digest
+       args_digest, follows
 FROM journal WHERE workflow_id = :workflow_id AND seq <= :seq
 
 -- name: copy_events
@@ -1105,7 +1106,7 @@ FROM workflows WHERE workflow_id = :workflow_id
 -- name: export_journal
 -- The journal rows of one workflow, for an archive.
 SELECT workflow_id, seq, kind, name, status, attempt, payload, started_at, finished_at, wake_at,
-       args_digest
+       args_digest, follows
 FROM journal WHERE workflow_id = :workflow_id ORDER BY seq
 
 -- name: export_claims
@@ -1146,9 +1147,9 @@ VALUES (:workflow_id, :name, :version, :source_hash, :status, :input, :output, :
 -- name: import_journal
 -- Insert one archived journal row.
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,
-                     finished_at, wake_at, args_digest)
+                     finished_at, wake_at, args_digest, follows)
 VALUES (:workflow_id, :seq, :kind, :name, :status, :attempt, :payload, :started_at,
-        :finished_at, :wake_at, :args_digest)
+        :finished_at, :wake_at, :args_digest, :follows)
 
 -- name: import_claims
 -- Insert one archived claims row.

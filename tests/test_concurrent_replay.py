@@ -1,0 +1,184 @@
+"""Replays of workflows whose tasks ran at once (``asyncio.gather``, ``create_task``).
+
+Branches of a gather finish in whatever order their steps do, so the first run
+journals their calls interleaved. A replay returns recorded results at once, so
+its branches call in another order: each call must still meet its own entry
+(matched by the call its task made before it, ``Entry.follows``), never a
+neighbour's. Counted on real SQLite files and a real SIGKILL: a call matched to
+another branch's entry returns that branch's result, and the call whose entry
+it took runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from tests.crashkit.harness import (
+    Workflow,
+    journal_rows,
+    query,
+    read_effects,
+    run_until_done,
+)
+
+
+def test_a_killed_gather_recovers_each_branch_with_its_own_entries(tmp_path: Path) -> None:
+    wf = Workflow(
+        db=tmp_path / "durably.db",
+        workflow="gathered",
+        workflow_id="wf-gathered",
+        args=[str(tmp_path / "killed")],
+        effects=tmp_path / "effects.jsonl",
+    )
+    exits = run_until_done(wf)
+
+    assert [e.returncode for e in exits] == [-9, 0]
+    assert exits[-1].output() == {
+        "ok": True,
+        "result": [["fetch:a", "charge:a"], ["fetch:b", "charge:b"]],
+    }
+    calls = [(e["args"][0], e["args"][1], e["seq"], e["pid"]) for e in read_effects(wf.effects)]
+    # every call ran once, under the seq (so the idempotency key) the first run gave it;
+    # only a's charge, on its way at the kill, ran in the second process
+    assert sorted((op, name, seq) for op, name, seq, _ in calls) == [
+        ("charge", "a", 4),
+        ("charge", "b", 3),
+        ("fetch", "a", 1),
+        ("fetch", "b", 2),
+    ]
+    pids = {(op, name): pid for op, name, _, pid in calls}
+    assert pids["fetch", "a"] == pids["fetch", "b"] == pids["charge", "b"] != pids["charge", "a"]
+    rows = journal_rows(wf.db, wf.workflow_id)
+    assert [(r["seq"], json.loads(r["payload"])) for r in rows] == [
+        (1, "fetch:a"),
+        (2, "fetch:b"),
+        (3, "charge:b"),
+        (4, "charge:a"),
+    ]
+    assert query(wf.db, "SELECT warnings FROM workflows") == [(None,)]
+
+
+# --- in one process: parked after the gather, replayed when the signal comes -------------
+
+
+LOG: list[str] = []
+
+
+@durably.step
+async def call(op: str, name: str, delay: float) -> str:
+    await asyncio.sleep(delay)
+    LOG.append(f"{op} {name}")
+    return f"{op}:{name}"
+
+
+async def branch(name: str, first: float, second: float) -> list[str]:
+    return [await call("fetch", name, first), await call("charge", name, second)]
+
+
+@durably.workflow
+async def parked_after_gather() -> list[Any]:
+    done = await asyncio.gather(branch("a", 0.3, 0.0), branch("b", 0.0, 0.4))
+    await durably.wait_for_signal("go")
+    return [*done, await call("after", "all", 0.0)]
+
+
+@durably.workflow
+async def tasks_and_sleeps() -> list[Any]:
+    async def slow(name: str) -> list[Any]:
+        await durably.sleep(0.3 if name == "a" else 0.0)
+        value = await call("value", name, 0.0)
+        return [value, durably.now().year > 2000, await call("again", name, 0.0)]
+
+    a = asyncio.create_task(slow("a"))
+    b = asyncio.create_task(slow("b"))
+    done = [await b, await a]
+    await durably.wait_for_signal("go")
+    return done
+
+
+async def _run_parked(url: str, workflow: Any, expected: list[Any]) -> list[str]:
+    """Run ``workflow`` to its park, replay it in another engine; returns what ran live."""
+    LOG.clear()
+    async with durably.Engine(url) as engine:
+        handle = await engine.start(workflow, workflow_id="wf")
+        for _ in range(250):
+            if (await handle.info()).status == "waiting":
+                break
+            await asyncio.sleep(0.02)
+        live = list(LOG)
+        history = await engine.history("wf")
+    assert any(e.follows is not None for e in history), history  # branches interleaved
+    async with durably.Engine(url) as engine:  # another engine: a replay from the top
+        await engine.send_signal("wf", "go", None)
+        assert await engine.handle("wf").result(timeout=10) == expected
+        info = await engine.get_workflow("wf")
+    assert info.warnings is None  # no call met another's entry
+    assert LOG[: len(live)] == live  # nothing recorded ran again
+    return live
+
+
+async def test_a_replay_returns_each_branch_its_own_results(store_url: str) -> None:
+    expected = [["fetch:a", "charge:a"], ["fetch:b", "charge:b"], "after:all"]
+    live = await _run_parked(store_url, parked_after_gather, expected)
+    assert live == ["fetch b", "fetch a", "charge a", "charge b"]
+    assert LOG[len(live) :] == ["after all"]
+
+
+async def test_tasks_with_durable_sleeps_and_values_replay_their_own_calls(
+    store_url: str,
+) -> None:
+    expected = [["value:b", True, "again:b"], ["value:a", True, "again:a"]]
+    live = await _run_parked(store_url, tasks_and_sleeps, expected)
+    assert live == ["value b", "again b", "value a", "again a"]
+    assert live == LOG
+
+
+CHANGED = False
+
+
+@durably.step
+async def refund(name: str) -> str:
+    return f"refund:{name}"
+
+
+@durably.workflow
+async def changes_a_branch() -> list[Any]:
+    async def one(name: str, delay: float) -> str:
+        await call("fetch", name, delay)
+        if CHANGED and name == "a":
+            return await refund(name)
+        return await call("charge", name, 0.0)
+
+    done = await asyncio.gather(one("a", 0.2), one("b", 0.0))
+    await durably.wait_for_signal("go")
+    return done
+
+
+async def test_a_branch_whose_code_changed_still_diverges(sqlite_url: str) -> None:
+    """Matching by task does not hide a change of code: a branch that makes another call
+    than the one its journal holds there diverges, as a workflow of one task does."""
+    global CHANGED
+    CHANGED = False
+    async with durably.Engine(sqlite_url) as engine:
+        handle = await engine.start(changes_a_branch, workflow_id="wf")
+        for _ in range(250):
+            if (await handle.info()).status == "waiting":
+                break
+            await asyncio.sleep(0.02)
+    CHANGED = True
+    try:
+        async with durably.Engine(sqlite_url) as engine:
+            await engine.send_signal("wf", "go", None)
+            with pytest.raises(durably.NonDeterminismError) as caught:
+                await engine.handle("wf").result(timeout=10)
+            info = await engine.get_workflow("wf")
+    finally:
+        CHANGED = False
+    assert info.status == "diverged"
+    assert "refund" in str(caught.value) and "seq 4" in str(caught.value), caught.value
