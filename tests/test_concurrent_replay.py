@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,52 @@ async def test_a_branch_whose_code_changed_still_diverges(sqlite_url: str) -> No
         CHANGED = False
     assert info.status == "diverged"
     assert "refund" in str(caught.value) and "seq 4" in str(caught.value), caught.value
+
+
+@durably.workflow
+async def across_an_upgrade() -> list[Any]:
+    async def one(name: str) -> str:
+        return await call("fetch", name, 0.0)
+
+    before = await asyncio.gather(one("a"), one("b"))
+    await durably.wait_for_signal("go")
+    after = await asyncio.gather(one("c"), one("d"))
+    await durably.wait_for_signal("again")
+    return [*before, *after]
+
+
+async def test_a_journal_begun_before_follows_were_kept_replays_in_seq_order(
+    tmp_path: Path,
+) -> None:
+    """A workflow parked across the upgrade to migration 0013 has entries without
+    ``follows`` (seq 1's 0 among them), then entries with: it is replayed in seq order
+    as before, not matched by task, which would read the old entries as one task's."""
+    db = tmp_path / "durably.db"
+    url = f"sqlite:///{db}"
+    LOG.clear()
+    async with durably.Engine(url) as engine:
+        handle = await engine.start(across_an_upgrade, workflow_id="wf")
+        await _until_waiting(handle)
+    with sqlite3.connect(db) as conn:  # as an older durably wrote it
+        conn.execute("UPDATE journal SET follows = NULL")
+    async with durably.Engine(url) as engine:
+        await engine.send_signal("wf", "go", None)
+        await _until_waiting(engine.handle("wf"), after=4)
+        follows = [e.follows for e in await engine.history("wf")]
+    assert follows[0] is None and any(f is not None for f in follows[3:]), follows
+    async with durably.Engine(url) as engine:
+        await engine.send_signal("wf", "again", None)
+        result = await engine.handle("wf").result(timeout=10)
+        info = await engine.get_workflow("wf")
+    assert result == ["fetch:a", "fetch:b", "fetch:c", "fetch:d"]
+    assert sorted(LOG) == ["fetch a", "fetch b", "fetch c", "fetch d"]  # each once
+    assert info.warnings is None
+
+
+async def _until_waiting(handle: Any, after: int = 0) -> None:
+    for _ in range(250):
+        info = await handle.info()
+        if info.status == "waiting" and len(LOG) >= after:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{info.workflow_id} is {info.status}, not waiting")

@@ -101,6 +101,7 @@ class Entry:
     #: The seq of the call the same task made before this one, where that is not
     #: ``seq - 1`` (None): a call of one of the tasks a workflow runs at once, which a
     #: replay matches by it, whatever order the tasks come back in (``replay.Replayer``).
+    #: Seq 1 holds 0: a journal whose seq 1 holds None was begun before they were kept.
     follows: int | None = None
 
     def describe(self) -> str:

@@ -59,18 +59,22 @@ class Replayer:
         self.workflow_id = workflow_id
         self._entries = {e.seq: e for e in entries}
         self._last_seq = 0
-        # A journal of tasks run at once is matched call by call (``_match``); one
-        # without is consumed in seq order, as every journal written before 0.3 is.
-        self._groups: dict[int, list[int]] | None = None
-        self._unmatched: set[int] = set()
-        self._free: list[int] = []
-        self._top = 0
-        if any(e.follows is not None for e in self._entries.values()):
-            self._group()
         self._diverged: errors.NonDeterminismError | None = None
         self._sites: dict[int, tuple[str, int]] = {}
         self.recorded_code = recorded_code
         self.asked_code = asked_code
+        # A journal of tasks run at once is matched call by call (``_match``); one of a
+        # single task, or begun before migration 0013 (its seq 1 follows nothing), is
+        # consumed in seq order, as it was written.
+        self._groups: dict[int, list[int]] | None = None
+        self._unmatched: set[int] = set()
+        self._free: list[int] = []
+        self._top = 0
+        first = self._entries.get(1)
+        if first is not None and first.follows is None:
+            return  # begun before 0013
+        if any(e.follows is not None and e.seq != 1 for e in self._entries.values()):
+            self._group()
 
     @property
     def diverged(self) -> errors.NonDeterminismError | None:

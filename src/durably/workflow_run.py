@@ -127,7 +127,7 @@ class Run(parking.Parking):
         )
         self._patches: dict[str, bool] = {}  # durably.patched() answers, once per change id
         # The seq of the calling task's last durable call (its context's, inherited by the
-        # tasks it starts), and each call's where that was not seq - 1 (journaled with it).
+        # tasks it starts), and each call's where that was not seq - 1, until journaled.
         self._after = contextvars.ContextVar[int]("durably_after", default=0)
         self._follows: dict[int, int] = {}
         self.parent_id = info.parent_id
@@ -305,6 +305,10 @@ class Run(parking.Parking):
                     raise self._abandon(exc) from exc
         for entry in batch:
             self._replayer.record(entry)
+        if self._follows:  # journaled with their entries now: a later write keeps them
+            for written in (*batch, *args):
+                if isinstance(written, journal.Entry):
+                    self._follows.pop(written.seq, None)
         if isinstance(result, journal.Entry):
             self._replayer.record(result)
         if verb in _COMMITS:  # a commit: durable now (durably test-crashes counts)
@@ -551,9 +555,12 @@ class Run(parking.Parking):
             digest = functools.partial(_digest, *arguments)
         seq = self._replayer.next_seq(after, kind, name, digest)
         self._after.set(seq)
-        if after != seq - 1:  # another task's call came between: journal which it follows
+        replayed = self._replayer.replaying(seq)
+        # another task's call came between: journal which this one follows; and the first
+        # call's 0 marks a journal written so (``Replayer``: one without is read in seq order)
+        if after != seq - 1 or (seq == 1 and not replayed):
             self._follows[seq] = after
-        if self._replayer.replaying(seq):  # only a replayed call can diverge: name its line
+        if replayed:  # only a replayed call can diverge: name its line
             self._replayer.note_site(seq, call_site(2 + callers))
         return seq
 
