@@ -45,3 +45,25 @@ async def two_steps(workflow_id: str) -> int:
     await released(workflow_id)
     await effect(f"{workflow_id}:after")
     return 5
+
+
+@durably.step
+async def undo(label: str) -> str:
+    """A compensation: waits for the flag ``go-undo-<label>`` if ``<label>`` ends in ``:a``
+    (the test kills the worker there), then appends ``undo <label>``."""
+    if label.endswith(":a"):
+        await released(f"undo-{label}")
+    with open(os.environ[EFFECTS], "a") as out:
+        out.write(f"undo {label}\n")
+    return label
+
+
+@durably.workflow(name="cancel_flows.booked_late_return")
+async def booked_late_return(workflow_id: str) -> int:
+    """Books two things with compensations, then returns after the test's flag: a cancel
+    committed while it waits ends it ``cancelled``, and its compensations run."""
+    for part in ("a", "b"):
+        await effect(f"{workflow_id}:{part}")
+        durably.compensate(undo, f"{workflow_id}:{part}")
+    await released(workflow_id)
+    return 5

@@ -189,7 +189,8 @@ async def _replay_one(
                 f"workflow {info.workflow_id!r} input is not an argument record"
             )
         await definition.fn(*call["args"], **call["kwargs"])
-        run.check_finished()
+        if not (run.compensations and info.status == journal.Status.CANCELLED):
+            run.check_finished()  # a cancelled one's compensations follow, as after a raise
         run.reached_end = True
     except workflow_run.Suspended:
         pass  # the journal ends here (or a wait needs the store): all of it replayed

@@ -668,6 +668,21 @@ class Run(parking.Parking):
         where = f"(seq {seq})"
         return cancellation.cancelled(self.workflow_id, where, self.cancellation.deadline, at)
 
+    async def cancel_asked(self) -> bool:
+        """Whether the workflow must end ``cancelled``: a cancel this run knows of (asked,
+        delivered, or journaled), else one the row holds now (a read, for a workflow whose
+        function returned with compensations registered: not on any step's path)."""
+        known = self.cancellation
+        if known.requested or known.delivered or known.in_journal:
+            return True
+        store = self._services.store
+        row = await store.call(store.store.get_workflow, self.workflow_id)
+        if row is not None and cancellation.asked(
+            row.cancel_requested, row.deadline_at, self.clock()
+        ):
+            known.requested = True
+        return known.requested
+
     def request_cancel(self) -> None:
         """Cancellation was requested while this run is live: wake its waits to deliver it."""
         self.cancellation.requested = True

@@ -69,6 +69,9 @@ async def _drive(
         if run.parked or run.suspended:  # the code went on past a Suspended it swallowed
             log.info("workflow %s returned after it let go: it ends when replayed", wid)
             return
+        if run.compensations and await run.cancel_asked():  # it returned, but is cancelled
+            await _compensate_returned(run, definition, result)
+            return
         run.check_finished()
         output = codec.encode(result, where=f"workflow {definition.name!r} ({wid!r}) result")
         faults.reached("before_finish", definition.name)
@@ -95,6 +98,43 @@ async def _drive(
         await _fail(run, exc)
     finally:
         run.retire()
+
+
+async def _compensate_returned(
+    run: workflow_run.Run, definition: workflows.WorkflowDefinition, result: object
+) -> None:
+    """End ``cancelled`` a workflow whose function returned after its cancel (it caught
+    ``Cancelled``, or the cancel came after its last durable call): its compensations
+    run first, as for one that raised it, and its result is kept in ``output``.
+
+    A cancel not delivered yet is journaled at the next seq, as a durable call there
+    would have, so a replay runs the compensations from the journal and ``resume``
+    sees steps after the cancellation.
+    """
+    run.compensate_here()
+    output = codec.encode(
+        result, where=f"workflow {definition.name!r} ({run.workflow_id!r}) result"
+    )
+    cause: errors.Cancelled | None = None
+    if not run.cancellation.delivered:
+        run.cancellation.requested = True
+        seq = run.take_seq(kind=journal.Kind.CANCEL)
+        try:
+            run.lookup(seq, journal.Kind.CANCEL, "")  # raises: delivered here, or replayed
+        except errors.Cancelled as exc:
+            cause = exc
+    if cause is None:
+        cause = cancellation.cancelled(
+            run.workflow_id, "and its function returned", run.cancellation.deadline, run.clock()
+        )
+    try:
+        await _compensate(run, cause)
+    except (workflow_run.Suspended, workflow_run.Abandoned, errors.FencedError) as stop:
+        log.warning("workflow %s: compensation interrupted: %s", run.workflow_id, stop)
+        return  # it resumes from its journal; finished compensations won't run again
+    run.check_finished()  # nothing journaled after the compensations
+    faults.reached("before_finish", definition.name)
+    await run.finish(journal.Status.CANCELLED, output, error_payload(cause))
 
 
 def _poison(info: journal.WorkflowInfo, history: list[journal.Entry], limit: int) -> str:
