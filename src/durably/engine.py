@@ -283,7 +283,11 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         self._watchdog.start()
         if self.retention is not None:
             pruning = retention_policy.prune_loop(
-                self._call, self._store.store.prune, self.clock, self.retention
+                self._call,
+                self._store.store.prune,
+                self.clock,
+                self.retention,
+                self._services.stopping,
             )
             self._background.append(asyncio.create_task(pruning, name="durably-retention"))
 

@@ -20,6 +20,7 @@ from durably import (
     errors,
     journal,
     liveness,
+    loop_errors,
     operations,
     serving,
     telemetry,
@@ -343,9 +344,13 @@ class Recovery:
 
         It ends on the stopping flag, not only on a cancellation: a cancellation
         can be lost (see ``operations.wait_event``), and close() must not wait on it forever.
+        An error other than the store's is logged (with its traceback once per kind) and
+        the next pass follows a back-off (``loop_errors``).
         """
         assert self._kick is not None
         stopping = self._require_open().stopping
+        unexpected = loop_errors.LoopErrors("the recovery loop (claims, timers, wake-ups)")
+        unread = loop_errors.LoopErrors("the recovery loop's read of the next wake-up")
         claimed_last = True
         read_wake = True
         while not stopping.is_set():
@@ -362,6 +367,10 @@ class Recovery:
                     timeout = min(timeout, max(0.0, due - self.clock()))
             except errors.StoreError as exc:
                 log.warning("cannot read the next wake-up: %s", exc)
+            except Exception as exc:  # not the store's: the wait below is the poll's
+                unread.failed(exc)
+            else:
+                unread.succeeded()
             await operations.wait_event(self._kick, timeout)
             if stopping.is_set():
                 return
@@ -377,6 +386,7 @@ class Recovery:
             try:
                 if direct and await self._claim_woken(woken):
                     read_wake = False
+                    unexpected.succeeded()
                     continue
                 self._pass_due = False
                 read_wake = True
@@ -385,3 +395,9 @@ class Recovery:
                 self._woken |= woken  # claimed by the next pass, at once
                 self._pass_due = read_wake = True
                 log.warning("recovery pass failed: %s", exc)
+            except Exception as exc:  # a driver's OSError, a bug: a pass again, after a pause
+                self._woken |= woken
+                self._pass_due = read_wake = True
+                await operations.wait_event(stopping, unexpected.failed(exc))
+            else:
+                unexpected.succeeded()

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Any
 
-from durably import errors, journal, operations, workflow_run
+from durably import errors, journal, loop_errors, operations, workflow_run
 from durably.storage import thread
 
 log = logging.getLogger("durably")
@@ -74,8 +74,10 @@ class Leases:
         their leases, so that no other executor starts their steps again. Once
         ``stopping`` is set it releases no orphan: a run that suspended for the
         stop holds its workflow, driven by nothing, until close() lets go of it
-        cleanly, and must not be counted a crash meanwhile.
+        cleanly, and must not be counted a crash meanwhile. An error other than the
+        store's is logged (with its traceback once per kind) and the beats go on.
         """
+        unexpected = loop_errors.LoopErrors("the heartbeat")
         while not drained.is_set():
             await operations.wait_event(drained, self._lease_seconds / 3)
             if drained.is_set():
@@ -84,6 +86,12 @@ class Leases:
                 await self.beat(me, release_orphans=not stopping.is_set())
             except errors.StoreError as exc:
                 log.warning("heartbeat failed: %s", exc)
+            except Exception as exc:  # a driver's OSError, a bug: beat again, never stop
+                # No back-off of its own: the next beat is a third of a lease away, and a
+                # later one could let the leases lapse.
+                unexpected.failed(exc)
+            else:
+                unexpected.succeeded()
 
     async def beat(self, me: journal.ExecutorInfo, *, release_orphans: bool = True) -> None:
         """Renew every lease once; stop the runs that lost theirs; release orphans (unless

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from durably import errors
+from durably import errors, loop_errors, operations
 
 log = logging.getLogger("durably")
 
@@ -47,13 +47,24 @@ async def prune_loop(
     prune: Callable[..., list[str]],
     clock: Callable[[], float],
     retention: datetime.timedelta,
+    stopping: asyncio.Event,
 ) -> None:
-    """Prune, then wait :func:`interval`, until cancelled."""
-    while True:
+    """Prune, then wait :func:`interval`, until ``stopping`` is set or it is cancelled.
+
+    An error other than the store's is logged (with its traceback once per kind) and
+    the next pass waits at least a back-off (``loop_errors``).
+    """
+    unexpected = loop_errors.LoopErrors("the retention loop")
+    while not stopping.is_set():
+        pause = interval(retention)
         try:
             pruned = await prune_once(call, prune, clock, retention)
             if pruned:
                 log.info("pruned %d finished workflow(s) older than %s", pruned, retention)
         except errors.StoreError as exc:
             log.warning("pruning failed: %s", exc)
-        await asyncio.sleep(interval(retention))
+        except Exception as exc:  # a driver's OSError, a bug: prune again, later
+            pause = max(pause, unexpected.failed(exc))
+        else:
+            unexpected.succeeded()
+        await operations.wait_event(stopping, pause)

@@ -170,11 +170,11 @@ class Watchdog:
 
     def _keep(self) -> None:
         """Extend the leases of the runs this executor drives, fenced by epoch."""
-        held = list(self._held())
-        if not held:
-            return
-        now = self._clock()
         try:
+            held = list(self._held())
+            if not held:
+                return
+            now = self._clock()
             if self._store is None:
                 store = create_store(self._url)
                 store.open()

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
+from durably import loop_errors
 from durably.storage import base, sqlbase
 
 log = logging.getLogger("durably")
@@ -33,7 +34,8 @@ class Listener:
 
     It waits in ``select`` on the connection's socket and on a pipe that
     :meth:`stop` writes to, so stopping is immediate. A quiet connection is
-    checked every ``keepalive`` seconds; a lost one is replaced with back-off.
+    checked every ``keepalive`` seconds; a lost one is replaced with back-off, and so
+    is one that met an error other than psycopg's (logged once per kind).
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class Listener:
         self._keepalive = keepalive
         self._stop_r, self._stop_w = os.pipe()
         self._stopped = threading.Event()
+        self._unexpected = loop_errors.LoopErrors(f"the wake-up listener of {where}")
         self._thread = threading.Thread(target=self._run, name="durably-listen", daemon=True)
 
     def start(self) -> None:
@@ -72,27 +75,35 @@ class Listener:
         delay = 0.1
         while not self._stopped.is_set():
             try:
-                # UTF-8 whatever the database's encoding: a payload holding an id of
-                # non-ASCII text (a join's, built by the server) decodes as sent.
-                conn = psycopg.connect(self._conninfo, autocommit=True, client_encoding="utf8")
-            except psycopg.Error as exc:
-                log.info("cannot listen on %s yet: %s", self._where, " ".join(str(exc).split()))
-                self._pause(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            try:
-                use_schema(conn, self._schema)
-                conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self._channel)))
-                delay = 0.1
-                # What was sent before this LISTEN (while connecting, the first time too:
-                # after the engine's first pass) is lost: a pass now looks for it.
-                self._deliver(base.Wakeup("work"))
-                self._serve(conn)
-            except psycopg.Error as exc:
-                log.info("lost the wake-up connection to %s: %s", self._where, exc)
-                self._pause(delay)
-            finally:
-                conn.close()
+                delay = self._listen(delay)
+            except Exception as exc:  # not psycopg's (an OSError, a bug): listen again
+                self._pause(self._unexpected.failed(exc))
+
+    def _listen(self, delay: float) -> float:
+        """Connect, LISTEN and serve until the connection is lost (psycopg's errors end
+        here, after a pause of ``delay``) or the listener stops; the next delay."""
+        try:
+            # UTF-8 whatever the database's encoding: a payload holding an id of
+            # non-ASCII text (a join's, built by the server) decodes as sent.
+            conn = psycopg.connect(self._conninfo, autocommit=True, client_encoding="utf8")
+        except psycopg.Error as exc:
+            log.info("cannot listen on %s yet: %s", self._where, " ".join(str(exc).split()))
+            self._pause(delay)
+            return min(delay * 2, 2.0)
+        try:
+            use_schema(conn, self._schema)
+            conn.execute(pgsql.SQL("LISTEN {}").format(pgsql.Identifier(self._channel)))
+            delay = 0.1
+            # What was sent before this LISTEN (while connecting, the first time too:
+            # after the engine's first pass) is lost: a pass now looks for it.
+            self._deliver(base.Wakeup("work"))
+            self._serve(conn)
+        except psycopg.Error as exc:
+            log.info("lost the wake-up connection to %s: %s", self._where, exc)
+            self._pause(delay)
+        finally:
+            conn.close()
+        return delay
 
     def _serve(self, conn: psycopg.Connection[Any]) -> None:
         conn.add_notify_handler(lambda n: self._deliver(sqlbase.decode_wakeup(n.payload)))
@@ -103,10 +114,12 @@ class Listener:
                 return
             if not ready:
                 conn.execute("SELECT 1")  # raises if the server went away silently
-                continue
-            conn.pgconn.consume_input()  # raises if the connection was closed
-            while (notify := conn.pgconn.notifies()) is not None:
-                self._deliver(sqlbase.decode_wakeup(notify.extra.decode("utf-8", "replace")))
+            else:
+                conn.pgconn.consume_input()  # raises if the connection was closed
+                while (notify := conn.pgconn.notifies()) is not None:
+                    payload = notify.extra.decode("utf-8", "replace")
+                    self._deliver(sqlbase.decode_wakeup(payload))
+            self._unexpected.succeeded()  # (not at LISTEN: an error each wait would spin)
 
     def _deliver(self, wakeup: base.Wakeup) -> None:
         try:
