@@ -272,6 +272,14 @@ class ServerConfigError(DurablyError):
     """``durably serve`` cannot start as configured (no token off loopback, a bad token file)."""
 
 
+class RequestTooLarge(DurablyError):
+    """The request body is larger than ``durably serve`` accepts (its ``max_body_bytes``).
+
+    Raised while the body is read, as soon as it is known to be too large: the server
+    answers 413 and reads no more of it.
+    """
+
+
 # --- storage -------------------------------------------------------------------
 
 

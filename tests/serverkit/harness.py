@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -114,13 +114,14 @@ def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subp
 
 
 @contextlib.contextmanager
-def server(url: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """A real ``durably serve`` on a free loopback port; its base URL once it answers."""
+def server(url: str, env: dict[str, str] | None = None, args: Sequence[str] = ()) -> Iterator[str]:
+    """A real ``durably serve`` on a free loopback port (``args``: more options of
+    ``serve``); its base URL once it answers."""
     import httpx
 
     port = free_port()
-    args = [sys.executable, "-m", "durably.cli", "--database", url, "serve", "--port", str(port)]
-    with process(args, {"DURABLY_API_TOKEN": TOKEN, **(env or {})}) as proc:
+    command = [sys.executable, "-m", "durably.cli", "--database", url, "serve", "--port", str(port)]
+    with process([*command, *args], {"DURABLY_API_TOKEN": TOKEN, **(env or {})}) as proc:
         base = f"http://127.0.0.1:{port}"
 
         def up() -> bool:

@@ -147,8 +147,16 @@ def workers(database: str, as_json: bool) -> None:
     default=None,
     help="API tokens, one NAME:TOKEN (or TOKEN) a line; else DURABLY_API_TOKEN.",
 )
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Largest request body taken, in bytes (default 1048576: 1 MiB); larger is a 413.",
+)
 @click.pass_obj
-def serve(database: str, host: str, port: int, token_file: str | None) -> None:
+def serve(
+    database: str, host: str, port: int, token_file: str | None, max_body_bytes: int | None
+) -> None:
     """Serve the JSON API and the dashboard (needs the server extra: durably[server]).
 
     Every request needs an API token. Off a loopback address one must be
@@ -158,6 +166,7 @@ def serve(database: str, host: str, port: int, token_file: str | None) -> None:
         import uvicorn
 
         from durably.server import app as server_app
+        from durably.server import limits
     except ModuleNotFoundError as exc:
         raise click.ClickException(
             f"durably serve needs the server extra ({exc.name} is missing): "
@@ -165,7 +174,8 @@ def serve(database: str, host: str, port: int, token_file: str | None) -> None:
         ) from None
     try:
         tokens, made = server_app.tokens_for(host, token_file)
-        application = server_app.create_app(database, tokens)
+        limit = limits.DEFAULT_MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes
+        application = server_app.create_app(database, tokens, max_body_bytes=limit)
     except durably.DurablyError as exc:
         _fail(exc)
     shown = f"[{host}]" if ":" in host else host

@@ -23,14 +23,24 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from durably import client as client_module
 from durably import errors
-from durably.server import api, auth, dashboard, openapi
+from durably.server import api, auth, dashboard, limits, openapi
 
 HERE = Path(__file__).parent
 
 
-def create_app(database: str, tokens: Sequence[auth.Token]) -> Starlette:
-    """The app serving ``database`` to holders of ``tokens`` (at least one)."""
+def create_app(
+    database: str,
+    tokens: Sequence[auth.Token],
+    *,
+    max_body_bytes: int = limits.DEFAULT_MAX_BODY_BYTES,
+) -> Starlette:
+    """The app serving ``database`` to holders of ``tokens`` (at least one).
+
+    A request body over ``max_body_bytes`` is refused with 413 before it is read
+    whole (:class:`~durably.server.limits.BodyLimit`).
+    """
     checker = auth.Auth(tokens)
+    limits.check(max_body_bytes)
     client = client_module.Client(database)
 
     @contextlib.asynccontextmanager
@@ -50,7 +60,12 @@ def create_app(database: str, tokens: Sequence[auth.Token]) -> Starlette:
         *dashboard.routes(),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders)])
+    # SecurityHeaders outermost: a 413 of BodyLimit carries the headers too
+    middleware = [
+        Middleware(SecurityHeaders),
+        Middleware(limits.BodyLimit, max_bytes=max_body_bytes),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.client = client
     app.state.auth = checker
     app.state.templates = dashboard.templates()

@@ -18,6 +18,7 @@ _REASONS = {
     403: "A session request that changes state without its CSRF token",
     404: "No workflow with that id",
     409: "Conflicts with the workflow's state (already decided, nothing pending, stale)",
+    413: "The request body is larger than the server accepts (durably serve --max-body-bytes)",
     422: "Bad input; the message names the field",
     503: "The database is unavailable",
 }
@@ -87,7 +88,8 @@ def _operation(spec: api.Spec, operation_id: str) -> dict[str, Any]:
         {
             401,
             *spec.errors,
-            *((403,) if spec.method != "GET" else ()),
+            # a request that changes state carries a body, which may be over the limit
+            *((403, 413) if spec.method != "GET" else ()),
             # a body that is not a JSON object, or a query value no database can hold (a NUL)
             *((422,) if spec.body is not None or spec.query else ()),
         }

@@ -108,6 +108,8 @@ def status_of(exc: Exception) -> int:
         return 404
     if isinstance(exc, errors.StoreError):
         return 503
+    if isinstance(exc, errors.RequestTooLarge):
+        return 413
     if isinstance(exc, errors.EncodeError | errors.DecodeError | BadInput | ValueError | TypeError):
         return 422
     return 409  # NothingToResolve, ApprovalError, WorkflowIdConflict, reopen of a live one
