@@ -232,3 +232,119 @@ async def _until_waiting(handle: Any, after: int = 0) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"{info.workflow_id} is {info.status}, not waiting")
+
+
+# --- the matching itself, table by table (replay.Replayer: no I/O) --------------------------
+
+
+def _entry(seq: int, kind: str, follows: int | None, digest: str | None = None) -> Any:
+    name = "work" if kind == "step" else ""
+    return durably.Entry(seq, kind, name, "completed", args_digest=digest, follows=follows)
+
+
+def _take(
+    replayer: Any, follows: int, kind: str, digest: str | None = None, *, new: bool = False
+) -> int:
+    """The seq a call takes: ``new``, the first call of a task begun after ``follows``."""
+    name = "work" if kind == "step" else ""
+    seq: int = replayer.next_seq(follows, kind, name, lambda: digest, new_task=new)
+    return seq
+
+
+def test_a_call_on_its_way_at_a_crash_keeps_its_seq_among_its_siblings() -> None:
+    """Three tasks began at once: the first journaled its step (seq 1), the second's step
+    (seq 2) was on its way at the crash, the third journaled a value (3) and a step (4).
+    The second's step must take seq 2 again, not the third's value at 3."""
+    from durably import replay
+
+    r = replay.Replayer("wf", [_entry(1, "step", 0), _entry(3, "now", 0), _entry(4, "step", None)])
+    assert _take(r, 0, "step", new=True) == 1
+    assert _take(r, 0, "step", new=True) == 2  # the hole, not the `now` at 3
+    assert _take(r, 0, "now", new=True) == 3
+    assert _take(r, 3, "step") == 4
+    assert _take(r, 1, "step") == 5  # new: one past every seq
+    r.check_finished()
+
+
+def test_a_tasks_first_call_never_takes_a_siblings_entry() -> None:
+    """The first task journaled a value (1), a step (2) and a value (3); the third its
+    value (4); the second's step was on its way at the crash, after every journaled seq.
+    It is new (5), not the third's value at 4, which the third then takes."""
+    from durably import replay
+
+    r = replay.Replayer(
+        "wf",
+        [_entry(1, "now", 0), _entry(2, "step", None), _entry(3, "now", None), _entry(4, "now", 0)],
+    )
+    assert _take(r, 0, "now", new=True) == 1
+    assert _take(r, 0, "step", new=True) == 5
+    assert _take(r, 0, "now", new=True) == 4
+    assert [_take(r, 1, "step"), _take(r, 2, "now")] == [2, 3]
+    r.check_finished()
+
+
+def test_a_step_with_its_siblings_arguments_takes_its_own_seq() -> None:
+    """Two tasks call the same step with other arguments; the first's (seq 1) was on its
+    way at the crash: it takes seq 1, not its sibling's receipt at 2 (digest b)."""
+    from durably import replay
+
+    r = replay.Replayer("wf", [_entry(2, "step", 0, "b"), _entry(3, "step", 2, "b2")])
+    assert _take(r, 0, "step", "a", new=True) == 1
+    assert _take(r, 0, "step", "b", new=True) == 2
+    assert _take(r, 2, "step", "b2") == 3
+
+
+def test_matching_still_reports_a_changed_call() -> None:
+    """A task's later call meets no call of its kind and no seq never journaled: the
+    recorded call is taken, and its lookup reports the divergence at once (before the
+    changed call runs); one with other arguments is taken (and warned of)."""
+    from durably import replay
+
+    r = replay.Replayer(
+        "wf", [_entry(1, "step", 0, "a"), _entry(2, "step", 0, "b"), _entry(3, "now", 1)]
+    )
+    assert _take(r, 0, "step", "a") == 1
+    assert _take(r, 0, "step", "changed") == 2
+    assert _take(r, 1, "step") == 3
+    with pytest.raises(durably.NonDeterminismError):
+        r.lookup(3, "step", "work")
+
+
+def test_a_journal_begun_before_follows_is_read_in_seq_order() -> None:
+    from durably import replay
+
+    r = replay.Replayer("wf", [_entry(1, "step", None), _entry(2, "step", 0)])
+    assert not r.matching
+    assert [_take(r, 0, "step"), _take(r, 0, "step"), _take(r, 0, "step")] == [1, 2, 3]
+
+
+# --- a branch that fails while its sibling goes on ------------------------------------------
+
+
+@durably.workflow
+async def one_branch_fails() -> list[Any]:
+    async def failing() -> None:
+        await call("first", "a", 0.0)
+        raise ValueError("branch a failed")
+
+    async def going_on() -> str:
+        await call("first", "b", 0.3)
+        return await call("second", "b", 0.0)  # after the gather raised: refused
+
+    return list(await asyncio.gather(failing(), going_on()))
+
+
+async def test_a_failing_branch_fails_the_workflow_while_its_sibling_goes_on(
+    store_url: str,
+) -> None:
+    """The gather raises at once; the function's error is its outcome, though the other
+    branch's step commits after it and its next call is refused (the workflow was left
+    running, with nothing to drive it, until its executor restarted)."""
+    LOG.clear()
+    async with durably.Engine(store_url) as engine:
+        handle = await engine.start(one_branch_fails, workflow_id="wf")
+        with pytest.raises(ValueError, match="branch a failed"):
+            await handle.result(timeout=10)
+        info = await engine.get_workflow("wf")
+    assert info.status == "failed" and info.owner is None
+    assert sorted(LOG) == ["first a", "first b"]  # b's second call never ran

@@ -189,3 +189,72 @@ def test_random_shapes_survive_random_kills(
     # a step never starts again once a later op's step has started
     op_order = [e["args"][0] for e in effects]
     assert op_order == sorted(op_order), op_order
+
+
+branch_items = st.fixed_dictionaries(
+    {"p": params, "delay": st.sampled_from([0.0, 0.005, 0.02, 0.05]), "now": st.booleans()}
+)
+branch_specs = st.lists(st.lists(branch_items, min_size=1, max_size=3), min_size=2, max_size=3)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(spec=branch_specs, seed=st.integers(min_value=0, max_value=10**6), kill_at=kills)
+def test_random_branches_of_a_gather_survive_random_kills(
+    tmp_path_factory: pytest.TempPathFactory,
+    spec: list[list[dict[str, Any]]],
+    seed: int,
+    kill_at: list[int],
+) -> None:
+    """Branches of several steps each, whose steps end in a different order in every run
+    (their delays race), killed at random boundaries: every branch gets its own results,
+    every step ran under one idempotency key with the same arguments (the journaled
+    ``now()`` its branch read included), and none ran again unless a kill cut it."""
+    where = tmp_path_factory.mktemp("branches")
+    wf = Workflow(
+        db=where / "durably.db",
+        workflow="branches",
+        workflow_id="wf-branches",
+        args=[spec, seed],
+        effects=where / "effects.jsonl",
+    )
+    steps = sum(len(items) for items in spec)
+    bound = 1 + 3 * steps + 1  # engine_start, three per step, before_finish
+    plan = [{"DURABLY_CRASH_AT": f"#{1 + n % max(2, bound >> i)}"} for i, n in enumerate(kill_at)]
+    exits = run_until_done(wf, plan, max_runs=len(plan) + 1)
+    kills_done = sum(e.killed for e in exits)
+
+    out = exits[-1].output()
+    assert out["ok"] is True, out
+    accs = []
+    for branch, items in enumerate(spec):
+        acc = seed + branch
+        for item in items:
+            acc = flows.mix(acc, item["p"])
+        accs.append(acc)
+    assert [acc for acc, _ in out["result"]] == accs
+
+    rows = journal_rows(wf.db, wf.workflow_id)
+    step_rows = [r for r in rows if r["kind"] == "step"]
+    assert len(step_rows) == steps and all(r["status"] == "completed" for r in rows), rows
+    assert query(wf.db, "SELECT warnings FROM workflows") == [(None,)]
+
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = collections.defaultdict(list)
+    for e in read_effects(wf.effects):
+        runs[e["args"][0], e["args"][1]].append(e)
+    assert sorted(runs) == [(b, i) for b, items in enumerate(spec) for i in range(len(items))]
+    keys = set()
+    for (branch, index), done in runs.items():
+        assert len({e["key"] for e in done}) == 1, done  # one key across recoveries
+        assert all(e["args"] == done[0]["args"] for e in done), done  # the same inputs
+        assert len(done) <= 1 + kills_done, (done, kills_done)
+        keys.add(done[0]["key"])
+        receipt = next(r for r in step_rows if r["seq"] == done[0]["seq"])
+        assert codec.decode(receipt["payload"], where="test") == flows.mix(
+            done[0]["args"][2], spec[branch][index]["p"]
+        )
+    assert len(keys) == steps

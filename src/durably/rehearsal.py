@@ -182,6 +182,7 @@ async def _replay_one(
     run: RehearsalRun, info: journal.WorkflowInfo, definition: workflows.WorkflowDefinition
 ) -> Problem | None:
     context.current_run.set(run)
+    run.bind_task()
     try:
         call = codec.decode(info.input, where=f"workflow {info.workflow_id!r} input")
         if not isinstance(call, dict):

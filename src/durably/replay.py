@@ -92,18 +92,21 @@ class Replayer:
         kind: str = "",
         name: str = "",
         digest: Callable[[], str | None] | None = None,
+        *,
+        new_task: bool = False,
     ) -> int:
         """Take the seq for the next durable call: the one after the last in program order,
         or, in a journal of several tasks, the recorded call this one is (``_match``).
 
         ``follows`` is the seq of the call the calling task made before this one (0: none);
         ``kind``, ``name`` and ``digest`` (a step's arguments, computed only when needed)
-        tell apart calls that followed the same one (the tasks an ``asyncio.gather`` began).
+        tell apart calls that followed the same one (the tasks an ``asyncio.gather``
+        began); ``new_task``: this is the first call of a task begun after ``follows``.
         """
         if self._groups is None:
             self._last_seq += 1
         else:
-            self._last_seq = self._match(follows, kind, name, digest)
+            self._last_seq = self._match(follows, kind, name, digest, new_task)
         return self._last_seq
 
     @property
@@ -111,7 +114,9 @@ class Replayer:
         """Whether calls are matched to the journal's entries (tasks ran at once in it)."""
         return self._groups is not None
 
-    def upcoming(self, follows: int, kind: str, name: str) -> journal.Entry | None:
+    def upcoming(
+        self, follows: int, kind: str, name: str, *, new_task: bool = False
+    ) -> journal.Entry | None:
         """The entry the calling task's next call of ``kind`` and ``name`` would replay,
         without taking it (``durably.patched()`` looks before it decides to call)."""
         if self._diverged is not None:
@@ -121,7 +126,8 @@ class Replayer:
         group = self._groups.get(follows)
         if not group:
             return None
-        return self._entries[group[self._pick(group, kind, name, None)]]
+        pick = self._pick(group, kind, name, None, new_task, self._hole(follows, group))
+        return None if pick is None else self._entries[group[pick]]
 
     def _group(self) -> None:
         """Index the journal by the call each entry followed in its task: the replay of
@@ -138,22 +144,32 @@ class Replayer:
         self._free = [seq for seq in range(1, self._top) if seq not in self._entries]
 
     def _match(
-        self, follows: int, kind: str, name: str, digest: Callable[[], str | None] | None
+        self,
+        follows: int,
+        kind: str,
+        name: str,
+        digest: Callable[[], str | None] | None,
+        new_task: bool,
     ) -> int:
         """The seq of the call the calling task makes now, in a journal of several tasks.
 
-        Among the recorded calls that followed the task's previous call, the one of
-        this kind, name and arguments (else kind and name, else the first: the lookup
-        then reports the divergence). None recorded: the call was on its way at a
-        crash, or is new; it takes the first seq the first run took and never
-        journaled after its predecessor (a step's idempotency key stays its own where
-        the first run's order allows), else one past every seq taken.
+        Among the recorded calls that followed the task's previous call (``_pick``): its
+        own, or a seq never journaled that it keeps (it was on its way at a crash: so is
+        its idempotency key). None recorded there: the first seq never journaled after
+        the task's previous call, else one past every seq taken.
         """
-        group = self._groups.get(follows) if self._groups is not None else None
+        assert self._groups is not None
+        group = self._groups.get(follows)
         if group:
-            seq = group.pop(self._pick(group, kind, name, digest))
-            self._unmatched.discard(seq)
-            return seq
+            hole = self._hole(follows, group)
+            pick = self._pick(group, kind, name, digest, new_task, hole)
+            if pick is not None:
+                seq = group.pop(pick)
+                self._unmatched.discard(seq)
+                return seq
+            if hole is not None:
+                self._free.remove(hole)
+                return hole
         free = self._free
         at = bisect.bisect_right(free, follows)
         if at < len(free):
@@ -161,24 +177,45 @@ class Replayer:
         self._top += 1
         return self._top
 
+    def _hole(self, follows: int, group: list[int]) -> int | None:
+        """The first seq after ``follows`` the first run took and never journaled, if it
+        lies before the last recorded call that followed it too (taken among them)."""
+        free = self._free
+        at = bisect.bisect_right(free, follows)
+        return free[at] if at < len(free) and free[at] < group[-1] else None
+
     def _pick(
-        self, group: list[int], kind: str, name: str, digest: Callable[[], str | None] | None
-    ) -> int:
-        """The index in ``group`` of the recorded call the code's call is (see ``_match``)."""
-        if len(group) == 1 or not kind:
-            return 0
-        named = [
-            i
-            for i, seq in enumerate(group)
-            if (e := self._entries[seq]).kind == journal.Kind.CANCEL
-            or (e.kind == kind and e.name == name)
-        ]
-        if len(named) > 1 and digest is not None:
-            asked = digest()
+        self,
+        group: list[int],
+        kind: str,
+        name: str,
+        digest: Callable[[], str | None] | None,
+        new_task: bool,
+        hole: int | None,
+    ) -> int | None:
+        """The index in ``group`` of the recorded call the code's call is; None: none is.
+
+        The call of this kind, name and arguments, else a cancellation delivered there.
+        Else a task's first call is none of them (they are its siblings', begun with it;
+        it was on its way at a crash, or is new), and a later call of a task is a seq
+        never journaled among them (``hole``) if there is one, else the call of this
+        kind and name (other arguments: reported), else the first: its lookup reports
+        the divergence, as in a workflow of one task.
+        """
+        entries = self._entries
+        named = [i for i, seq in enumerate(group) if entries[seq].kind == kind]
+        named = [i for i in named if entries[group[i]].name == name]
+        if named:
+            asked = digest() if digest is not None else None
             for i in named:
-                recorded = self._entries[group[i]].args_digest
-                if asked is not None and recorded == asked:
+                recorded = entries[group[i]].args_digest
+                if asked is None or recorded is None or recorded == asked:
                     return i
+        for i, seq in enumerate(group):
+            if entries[seq].kind == journal.Kind.CANCEL:
+                return i
+        if new_task or hole is not None:
+            return None
         return named[0] if named else 0
 
     def replaying(self, seq: int) -> bool:

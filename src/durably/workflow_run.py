@@ -128,7 +128,8 @@ class Run(parking.Parking):
         self._patches: dict[str, bool] = {}  # durably.patched() answers, once per change id
         # The seq of the calling task's last durable call (its context's, inherited by the
         # tasks it starts), and each call's where that was not seq - 1, until journaled.
-        self._after = contextvars.ContextVar[int]("durably_after", default=0)
+        # (None: no task bound, as in tests that drive a Run without a workflow task)
+        self._after = contextvars.ContextVar[tuple[int, object]]("durably_after", default=_ROOT)
         self._follows: dict[int, int] = {}
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
@@ -489,7 +490,7 @@ class Run(parking.Parking):
         if self._services.stopping.is_set():
             raise self.suspend("engine stopping")
         if self.closing and not self._is_compensating():
-            raise self.suspend("the workflow function has ended")
+            raise _ended()
 
     def compensate_here(self) -> None:
         """From now on only the calling task (the driver running compensations) may go on."""
@@ -529,6 +530,11 @@ class Run(parking.Parking):
         """Raise NonDeterminismError if the journal holds calls the code never made."""
         self._replayer.check_finished()
 
+    def bind_task(self) -> None:
+        """The calling task runs the workflow function: the tasks it starts are new tasks
+        to a replay (``Replayer``), its own later calls not."""
+        self._after.set((0, asyncio.current_task()))
+
     def take_seq(
         self,
         *,
@@ -548,13 +554,20 @@ class Run(parking.Parking):
             raise self._replayer.diverged
         self._check_live()
         if self.closing and not self._is_compensating():
-            raise self.suspend("the workflow function has ended")
-        after = self._after.get()
+            raise _ended()
+        after, caller = self._after.get()
+        task = asyncio.current_task()
         digest = None
-        if arguments is not None and self._replayer.matching:
-            digest = functools.partial(_digest, *arguments)
-        seq = self._replayer.next_seq(after, kind, name, digest)
-        self._after.set(seq)
+        if self._replayer.matching:
+            if arguments is not None:
+                digest = functools.partial(_digest, *arguments)
+            # a task's first call: it began after ``after`` in another task (a gather's)
+            seq = self._replayer.next_seq(
+                after, kind, name, digest, new_task=caller is not None and caller is not task
+            )
+        else:
+            seq = self._replayer.next_seq(after)
+        self._after.set((seq, task))
         replayed = self._replayer.replaying(seq)
         # another task's call came between: journal which this one follows; and the first
         # call's 0 marks a journal written so (``Replayer``: one without is read in seq order)
@@ -602,7 +615,9 @@ class Run(parking.Parking):
     def _upcoming_patch(self, change_id: str) -> journal.Entry | None:
         """The entry the calling task's next call would replay, a marker of this change
         first (``patched`` decides by it before it takes a seq)."""
-        return self._replayer.upcoming(self._after.get(), journal.Kind.PATCH, change_id)
+        after, caller = self._after.get()
+        new_task = caller is not None and caller is not asyncio.current_task()
+        return self._replayer.upcoming(after, journal.Kind.PATCH, change_id, new_task=new_task)
 
     async def check_arguments(self, seq: int, entry: journal.Entry, digest: str | None) -> None:
         """Report a replayed step called with other arguments than the journal recorded.
@@ -694,6 +709,7 @@ _COMMITS = frozenset({"append_entries", "commit_receipt"})
 
 #: Journaled values a step could observe: committed before any step starts.
 _STEP = journal.Kind.STEP
+_ROOT: tuple[int, object] = (0, None)  # the calling task's previous call, before any
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
 
 _COMPLETED = journal.EntryStatus.COMPLETED
@@ -733,6 +749,14 @@ def call_site(start: int) -> tuple[str, int] | None:
             return filename, frame.f_lineno
         frame = frame.f_back
     return None
+
+
+def _ended() -> Suspended:
+    """What a branch's durable call after the workflow function ended raises. Not marked
+    ``suspended``: the function's outcome is decided already, and must be committed (a
+    branch going on after a sibling failed the gather would otherwise leave the workflow
+    running with nothing to drive it)."""
+    return Suspended("the workflow function has ended")
 
 
 def _digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

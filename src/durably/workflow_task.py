@@ -63,6 +63,7 @@ async def _drive(
             raise errors.DecodeError(f"workflow {wid!r} input is not an argument record")
         races.guard_asyncio_wait()
         context.current_run.set(run)
+        run.bind_task()
         result = await definition.fn(*call["args"], **call["kwargs"])
         await run.close()  # a branch the function did not await may still run a step
         await run.settle()

@@ -309,3 +309,32 @@ async def gathered(kill_marker: str) -> list[list[str]]:
     return list(
         await asyncio.gather(_branch("a", 0.3, 0.0, kill_marker), _branch("b", 0.0, 0.1, ""))
     )
+
+
+# --- the branches of the property test of tasks run at once ---------------------------------
+
+
+@durably.step
+async def branch_step(branch: int, index: int, acc: int, p: int, delay: float, seen: str) -> int:
+    """Waits ``delay`` (so branches interleave differently in every run), then counts
+    itself; ``seen``: the ``durably.now()`` its branch read before it, if any."""
+    await asyncio.sleep(delay)
+    record(branch, index, acc, p, seen)
+    return mix(acc, p)
+
+
+async def _run_branch(branch: int, items: list[dict[str, Any]], seed: int) -> list[Any]:
+    acc, seen = seed + branch, ""
+    for index, item in enumerate(items):
+        if item.get("now"):
+            seen = durably.now().isoformat()
+        acc = await branch_step(branch, index, acc, item["p"], item["delay"], seen)
+    return [acc, seen]
+
+
+@durably.workflow
+async def branches(spec: list[list[dict[str, Any]]], seed: int) -> list[list[Any]]:
+    """An ``asyncio.gather`` of one task per list of ``spec`` (see
+    tests/test_property_crashes.py), each a chain of steps."""
+    runs = [_run_branch(branch, items, seed) for branch, items in enumerate(spec)]
+    return list(await asyncio.gather(*runs))
