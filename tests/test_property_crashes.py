@@ -198,7 +198,7 @@ branch_specs = st.lists(st.lists(branch_items, min_size=1, max_size=3), min_size
 
 
 @settings(
-    max_examples=12,
+    max_examples=8,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
