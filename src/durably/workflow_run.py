@@ -128,8 +128,11 @@ class Run(parking.Parking):
         self._patches: dict[str, bool] = {}  # durably.patched() answers, once per change id
         # The seq of the calling task's last durable call (its context's, inherited by the
         # tasks it starts), and each call's where that was not seq - 1, until journaled.
-        # (None: no task bound, as in tests that drive a Run without a workflow task)
-        self._after = contextvars.ContextVar[tuple[int, object]]("durably_after", default=_ROOT)
+        # (id 0: no task bound, as in tests that drive a Run without a workflow task)
+        # The task by its id: holding it would make a cycle (task, context, value) that
+        # only the cyclic collector frees. Ids of tasks alive at once differ, and a task
+        # sees its own value or its creator's, alive when it was created.
+        self._after = contextvars.ContextVar[tuple[int, int]]("durably_after", default=_ROOT)
         self._follows: dict[int, int] = {}
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
@@ -533,7 +536,7 @@ class Run(parking.Parking):
     def bind_task(self) -> None:
         """The calling task runs the workflow function: the tasks it starts are new tasks
         to a replay (``Replayer``), its own later calls not."""
-        self._after.set((0, asyncio.current_task()))
+        self._after.set((0, id(asyncio.current_task())))
 
     def take_seq(
         self,
@@ -556,14 +559,14 @@ class Run(parking.Parking):
         if self.closing and not self._is_compensating():
             raise _ended()
         after, caller = self._after.get()
-        task = asyncio.current_task()
+        task = id(asyncio.current_task())
         digest = None
         if self._replayer.matching:
             if arguments is not None:
                 digest = functools.partial(_digest, *arguments)
             # a task's first call: it began after ``after`` in another task (a gather's)
             seq = self._replayer.next_seq(
-                after, kind, name, digest, new_task=caller is not None and caller is not task
+                after, kind, name, digest, new_task=caller != 0 and caller != task
             )
         else:
             seq = self._replayer.next_seq(after)
@@ -616,7 +619,7 @@ class Run(parking.Parking):
         """The entry the calling task's next call would replay, a marker of this change
         first (``patched`` decides by it before it takes a seq)."""
         after, caller = self._after.get()
-        new_task = caller is not None and caller is not asyncio.current_task()
+        new_task = caller != 0 and caller != id(asyncio.current_task())
         return self._replayer.upcoming(after, journal.Kind.PATCH, change_id, new_task=new_task)
 
     async def check_arguments(self, seq: int, entry: journal.Entry, digest: str | None) -> None:
@@ -709,7 +712,7 @@ _COMMITS = frozenset({"append_entries", "commit_receipt"})
 
 #: Journaled values a step could observe: committed before any step starts.
 _STEP = journal.Kind.STEP
-_ROOT: tuple[int, object] = (0, None)  # the calling task's previous call, before any
+_ROOT = (0, 0)  # the calling task's previous call and its task's id, before any
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
 
 _COMPLETED = journal.EntryStatus.COMPLETED
