@@ -129,6 +129,12 @@ class Replayer:
         pick = self._pick(group, kind, name, None, new_task, self._hole(follows, group))
         return None if pick is None else self._entries[group[pick]]
 
+    def awaits(self, kind: str, name: str) -> bool:
+        """Whether, in a journal of several tasks, a recorded call of ``kind`` and ``name``
+        is still to be matched (a ``patched()`` marker another task journaled)."""
+        entries = self._entries
+        return any(entries[s].kind == kind and entries[s].name == name for s in self._unmatched)
+
     def _group(self) -> None:
         """Index the journal by the call each entry followed in its task: the replay of
         tasks run at once takes them in another order than the first run did, and a

@@ -1,0 +1,51 @@
+"""Faults of the replay of tasks run at once found in review: ``durably.patched()`` called
+in branches, and compensations registered in branches (real SQLite, real SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import durably
+
+LOG: list[str] = []
+
+
+@durably.step
+async def call(op: str, name: str, delay: float) -> str:
+    await asyncio.sleep(delay)
+    LOG.append(f"{op} {name}")
+    return f"{op}:{name}"
+
+
+@durably.workflow
+async def patched_in_branches() -> list[Any]:
+    async def one(name: str, delay: float) -> str:
+        await call("fetch", name, delay)
+        if durably.patched("new-charge"):
+            return await call("new-charge", name, 0.0)
+        return await call("charge", name, 0.0)
+
+    done = await asyncio.gather(one("a", 0.3), one("b", 0.0))
+    await durably.wait_for_signal("go")
+    return done
+
+
+async def test_patched_in_branches_answers_the_same_on_a_replay(sqlite_url: str) -> None:
+    """``b`` asks first in the first run (its fetch ends first) and journals the marker;
+    the replay's ``a`` asks first, and must still take the new path, as it did."""
+    LOG.clear()
+    async with durably.Engine(sqlite_url) as engine:
+        handle = await engine.start(patched_in_branches, workflow_id="wf")
+        for _ in range(250):
+            if (await handle.info()).status == "waiting":
+                break
+            await asyncio.sleep(0.02)
+    assert LOG == ["fetch b", "new-charge b", "fetch a", "new-charge a"]
+    async with durably.Engine(sqlite_url) as engine:
+        await engine.send_signal("wf", "go", None)
+        result = await engine.handle("wf").result(timeout=10)
+        info = await engine.get_workflow("wf")
+    assert result == ["new-charge:a", "new-charge:b"]
+    assert info.warnings is None
+    assert LOG == ["fetch b", "new-charge b", "fetch a", "new-charge a"]  # nothing ran again
