@@ -4,9 +4,11 @@ in branches, and compensations registered in branches (real SQLite, real SIGKILL
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import durably
+from tests.crashkit.harness import Workflow, query, read_effects, run_until_done
 
 LOG: list[str] = []
 
@@ -49,3 +51,24 @@ async def test_patched_in_branches_answers_the_same_on_a_replay(sqlite_url: str)
     assert result == ["new-charge:a", "new-charge:b"]
     assert info.warnings is None
     assert LOG == ["fetch b", "new-charge b", "fetch a", "new-charge a"]  # nothing ran again
+
+
+def test_compensations_registered_in_branches_each_run_once_across_a_kill(
+    tmp_path: Path,
+) -> None:
+    """``b``'s booking ends first in the first run, ``a``'s first in the replay: the
+    undos must still run in one order in both, each once."""
+    wf = Workflow(
+        db=tmp_path / "durably.db",
+        workflow="compensated_branches",
+        workflow_id="wf-undo",
+        args=[str(tmp_path / "killed")],
+        effects=tmp_path / "effects.jsonl",
+    )
+    exits = run_until_done(wf)
+
+    assert [e.returncode for e in exits] == [-9, 0]
+    assert exits[-1].output()["ok"] is False
+    undos = sorted(e["args"][1] for e in read_effects(wf.effects) if e["args"][0] == "undo")
+    assert undos == ["a", "b"]
+    assert query(wf.db, "SELECT status, warnings FROM workflows") == [("failed", None)]

@@ -76,6 +76,10 @@ class Compensation:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     name: str
+    #: The seq of the durable call the registering task made last (0: none): the order
+    #: the undos run in, the same on a replay when tasks ran at once (registration order
+    #: then depends on which task's replayed calls come back first).
+    after: int = 0
 
 
 #: The block kind of a step waiting for a person's decision (see step_call).

@@ -533,6 +533,10 @@ class Run(parking.Parking):
         """Raise NonDeterminismError if the journal holds calls the code never made."""
         self._replayer.check_finished()
 
+    def last_call(self) -> int:
+        """The seq of the calling task's last durable call (0: none yet)."""
+        return self._after.get()[0]
+
     def bind_task(self) -> None:
         """The calling task runs the workflow function: the tasks it starts are new tasks
         to a replay (``Replayer``), its own later calls not."""

@@ -200,13 +200,19 @@ async def _record_end(run: workflow_run.Run, status: str, err: BaseException) ->
 async def _compensate(run: workflow_run.Run, cause: BaseException) -> None:
     """Run the registered undos as durable steps, newest first; note the ones that failed."""
     run.cancellation.delivered = True  # compensations run even when cancellation was asked
-    for undo in reversed(run.compensations):
+    # by the call each was registered after (stable: in one task, registration order),
+    # not by registration: branches of a gather register in another order on a replay
+    for undo in reversed(sorted(run.compensations, key=_registered_after)):
         try:
             await steps.run_step(undo.fn, *undo.args, name=undo.name, **undo.kwargs)
         except Exception as exc:
             note = f"compensation {undo.name} failed: {type(exc).__name__}: {exc}"
             cause.add_note(f"[durably] {note}")
             log.error("workflow %s: %s", run.workflow_id, note)
+
+
+def _registered_after(undo: workflow_run.Compensation) -> int:
+    return undo.after
 
 
 def error_payload(exc: BaseException) -> str:

@@ -362,11 +362,12 @@ def compensate(fn: Callable[..., Any], *args: Any, name: str | None = None, **kw
     """Register an undo for something that succeeded (call it right after the step).
 
     If the workflow then fails or is cancelled, the registered compensations
-    run as durable steps, newest first, each exactly once across crashes, and
-    the workflow still ends with its original error.
+    run as durable steps, newest first (by the durable call each was registered
+    after, so tasks run at once undo in one order on every replay), each exactly
+    once across crashes, and the workflow still ends with its original error.
     """
     run = context.require_run("compensate")
     if not callable(fn):
         raise errors.DefinitionError(f"compensate() needs a function, got {type(fn).__name__}")
     label = name or f"compensate:{getattr(fn, '__qualname__', repr(fn))}"
-    run.compensations.append(workflow_run.Compensation(fn, args, kwargs, label))
+    run.compensations.append(workflow_run.Compensation(fn, args, kwargs, label, run.last_call()))

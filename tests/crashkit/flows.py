@@ -338,3 +338,31 @@ async def branches(spec: list[list[dict[str, Any]]], seed: int) -> list[list[Any
     tests/test_property_crashes.py), each a chain of steps."""
     runs = [_run_branch(branch, items, seed) for branch, items in enumerate(spec)]
     return list(await asyncio.gather(*runs))
+
+
+# --- compensations registered in branches of a gather ---------------------------------------
+
+
+@durably.step
+async def undo(name: str, kill_marker: str = "") -> str:
+    """A compensation; given a ``kill_marker`` that does not exist yet, creates it and
+    kills its executor before it counts itself."""
+    if kill_marker and not os.path.exists(kill_marker):
+        open(kill_marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    record("undo", name)
+    return f"undo:{name}"
+
+
+async def _booked(name: str, delay: float, marker: str) -> str:
+    booked = await api("book", name, delay)
+    durably.compensate(undo, name, marker)
+    return booked
+
+
+@durably.workflow
+async def compensated_branches(kill_marker: str) -> None:
+    """Two branches each book and register an undo (``b``'s ends first), then the
+    workflow fails: the second undo run is killed in the first run."""
+    await asyncio.gather(_booked("a", 0.3, ""), _booked("b", 0.0, kill_marker))
+    raise RuntimeError("failed after booking")
