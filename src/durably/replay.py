@@ -211,8 +211,9 @@ class Replayer:
         entries = self._entries
         named = [i for i, seq in enumerate(group) if entries[seq].kind == kind]
         named = [i for i in named if entries[group[i]].name == name]
-        if named:
-            asked = digest() if digest is not None else None
+        if named:  # the arguments tell only between several, or against a sibling's or a hole
+            decisive = len(named) > 1 or new_task or hole is not None
+            asked = digest() if decisive and digest is not None else None
             for i in named:
                 recorded = entries[group[i]].args_digest
                 if asked is None or recorded is None or recorded == asked:
