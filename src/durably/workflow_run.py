@@ -128,12 +128,15 @@ class Run(parking.Parking):
         self._patches: dict[str, bool] = {}  # durably.patched() answers, once per change id
         # The seq of the calling task's last durable call (its context's, inherited by the
         # tasks it starts), and each call's where that was not seq - 1, until journaled.
-        # (id 0: no task bound, as in tests that drive a Run without a workflow task)
-        # The task by its id: holding it would make a cycle (task, context, value) that
-        # only the cyclic collector frees. Ids of tasks alive at once differ, and a task
-        # sees its own value or its creator's, alive when it was created.
-        self._after = contextvars.ContextVar[tuple[int, int]]("durably_after", default=_ROOT)
+        self._after = contextvars.ContextVar[int]("durably_after", default=0)
         self._follows: dict[int, int] = {}
+        # A replay that matches calls (``Replayer``) also knows which task made the last
+        # call, by its id (0: none bound, as in tests that drive a Run without a task):
+        # holding the task would make a cycle (task, context, value) only the cyclic
+        # collector frees. Ids of tasks alive at once differ, and a task sees its own
+        # value or its creator's, alive when it was created.
+        self._matching = self._replayer.matching
+        self._caller = contextvars.ContextVar[int]("durably_caller", default=0)
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
         # Writes on their way that carry values a step could observe (now, random, uuid4),
@@ -535,12 +538,12 @@ class Run(parking.Parking):
 
     def last_call(self) -> int:
         """The seq of the calling task's last durable call (0: none yet)."""
-        return self._after.get()[0]
+        return self._after.get()
 
     def bind_task(self) -> None:
         """The calling task runs the workflow function: the tasks it starts are new tasks
         to a replay (``Replayer``), its own later calls not."""
-        self._after.set((0, id(asyncio.current_task())))
+        self._caller.set(id(asyncio.current_task()))
 
     def take_seq(
         self,
@@ -562,19 +565,12 @@ class Run(parking.Parking):
         self._check_live()
         if self.closing and not self._is_compensating():
             raise _ended()
-        after, caller = self._after.get()
-        task = id(asyncio.current_task())
-        digest = None
-        if self._replayer.matching:
-            if arguments is not None:
-                digest = functools.partial(_digest, *arguments)
-            # a task's first call: it began after ``after`` in another task (a gather's)
-            seq = self._replayer.next_seq(
-                after, kind, name, digest, new_task=caller != 0 and caller != task
-            )
-        else:
-            seq = self._replayer.next_seq(after)
-        self._after.set((seq, task))
+        after = self._after.get()
+        if self._matching:
+            seq = self._match(after, kind, name, arguments)
+        else:  # a workflow's first run, or a journal of one task: in program order
+            seq = self._replayer.next_seq()
+        self._after.set(seq)
         replayed = self._replayer.replaying(seq)
         # another task's call came between: journal which this one follows; and the first
         # call's 0 marks a journal written so (``Replayer``: one without is read in seq order)
@@ -583,6 +579,21 @@ class Run(parking.Parking):
         if replayed:  # only a replayed call can diverge: name its line
             self._replayer.note_site(seq, call_site(2 + callers))
         return seq
+
+    def _match(
+        self,
+        after: int,
+        kind: str,
+        name: str,
+        arguments: tuple[tuple[Any, ...], dict[str, Any]] | None,
+    ) -> int:
+        """``take_seq`` in a replay that matches calls: the seq of the recorded call this
+        is, told by whether it is the first call of a task another began (a gather's)."""
+        caller, task = self._caller.get(), id(asyncio.current_task())
+        self._caller.set(task)
+        digest = None if arguments is None else functools.partial(_digest, *arguments)
+        new_task = caller != 0 and caller != task
+        return self._replayer.next_seq(after, kind, name, digest, new_task=new_task)
 
     # --- patches and replayed arguments ------------------------------------------------
 
@@ -629,9 +640,11 @@ class Run(parking.Parking):
     def _upcoming_patch(self, change_id: str) -> journal.Entry | None:
         """The entry the calling task's next call would replay, a marker of this change
         first (``patched`` decides by it before it takes a seq)."""
-        after, caller = self._after.get()
-        new_task = caller != 0 and caller != id(asyncio.current_task())
-        return self._replayer.upcoming(after, journal.Kind.PATCH, change_id, new_task=new_task)
+        caller, task = self._caller.get(), id(asyncio.current_task())
+        new_task = caller != 0 and caller != task
+        return self._replayer.upcoming(
+            self._after.get(), journal.Kind.PATCH, change_id, new_task=new_task
+        )
 
     async def check_arguments(self, seq: int, entry: journal.Entry, digest: str | None) -> None:
         """Report a replayed step called with other arguments than the journal recorded.
@@ -723,7 +736,6 @@ _COMMITS = frozenset({"append_entries", "commit_receipt"})
 
 #: Journaled values a step could observe: committed before any step starts.
 _STEP = journal.Kind.STEP
-_ROOT = (0, 0)  # the calling task's previous call and its task's id, before any
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
 
 _COMPLETED = journal.EntryStatus.COMPLETED
