@@ -5,6 +5,7 @@ that finds no wait to poke would otherwise be seen only by the next park or poll
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -121,3 +122,33 @@ async def test_a_signal_sent_before_the_first_listen_took_hold_is_found(
             assert await asyncio.to_thread(client.send_signal, wid, "go", "hi")
         listen.set()
         assert await engine.handle(wid).result(timeout=5) == "hi"
+
+
+async def test_a_listener_whose_socket_is_past_fd_1024_still_hears_signals(
+    postgres_url: str,
+) -> None:
+    """In a process with a thousand files open, the listener's connection (and its stop
+    pipe) get descriptors past 1024, which ``select.select`` refuses (ValueError): the
+    wake-up then waited for the poll, 30 s here. It waits with a selector now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    held: list[int] = []
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        while not held or held[-1] < 1040:  # the lowest free descriptors, all taken
+            held.append(os.dup(null))
+        async with durably.Engine(postgres_url, poll_interval=30) as engine:
+            handle = await engine.start(waiter, workflow_id="wake-races-past-1024")
+            for _ in range(250):
+                if (await handle.info()).status == "waiting":
+                    break
+                await asyncio.sleep(0.02)
+            async with durably.Engine(postgres_url, poll_interval=30) as sender:
+                assert await sender.send_signal("wake-races-past-1024", "go", "hi")
+            assert await handle.result(timeout=5) == "hi"
+    finally:
+        for fd in [*held, null]:
+            os.close(fd)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-import select
+import selectors
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +32,7 @@ def use_schema(conn: psycopg.Connection[Any], schema: str) -> None:
 class Listener:
     """A thread holding a LISTEN connection; hands every notification to a callback.
 
-    It waits in ``select`` on the connection's socket and on a pipe that
+    It waits in a selector on the connection's socket and on a pipe that
     :meth:`stop` writes to, so stopping is immediate. A quiet connection is
     checked every ``keepalive`` seconds; a lost one is replaced with back-off, and so
     is one that met an error other than psycopg's (logged once per kind).
@@ -107,9 +107,13 @@ class Listener:
 
     def _serve(self, conn: psycopg.Connection[Any]) -> None:
         conn.add_notify_handler(lambda n: self._deliver(sqlbase.decode_wakeup(n.payload)))
-        fd = conn.fileno()
+        with _waiting_on(conn.fileno(), self._stop_r) as waiting:
+            self._hear(conn, waiting)
+
+    def _hear(self, conn: psycopg.Connection[Any], waiting: selectors.BaseSelector) -> None:
+        """Deliver the notifications ``conn`` hears until stopped; a keepalive when quiet."""
         while not self._stopped.is_set():
-            ready, _, _ = select.select([fd, self._stop_r], [], [], self._keepalive)
+            ready = [key.fd for key, _ in waiting.select(self._keepalive)]
             if self._stop_r in ready:
                 return
             if not ready:
@@ -128,4 +132,14 @@ class Listener:
             log.exception("wake-up callback failed")
 
     def _pause(self, seconds: float) -> None:
-        select.select([self._stop_r], [], [], seconds)
+        with _waiting_on(self._stop_r) as waiting:
+            waiting.select(seconds)
+
+
+def _waiting_on(*fds: int) -> selectors.BaseSelector:
+    """A selector on ``fds``, readable: epoll or poll, not ``select``, which refuses a
+    descriptor past 1024 (a process with a thousand files open gives the listener one)."""
+    waiting = selectors.DefaultSelector()
+    for fd in fds:
+        waiting.register(fd, selectors.EVENT_READ)
+    return waiting
