@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import durably
+from tests.agentkit.live import until
 from tests.crashkit.harness import (
     Workflow,
     journal_rows,
@@ -108,10 +109,7 @@ async def _run_parked(url: str, workflow: Any, expected: list[Any]) -> list[str]
     LOG.clear()
     async with durably.Engine(url) as engine:
         handle = await engine.start(workflow, workflow_id="wf")
-        for _ in range(250):
-            if (await handle.info()).status == "waiting":
-                break
-            await asyncio.sleep(0.02)
+        await until(handle, "waiting")
         live = list(LOG)
         history = await engine.history("wf")
     assert any(e.follows is not None for e in history), history  # branches interleaved
@@ -168,10 +166,7 @@ async def test_a_branch_whose_code_changed_still_diverges(sqlite_url: str) -> No
     CHANGED = False
     async with durably.Engine(sqlite_url) as engine:
         handle = await engine.start(changes_a_branch, workflow_id="wf")
-        for _ in range(250):
-            if (await handle.info()).status == "waiting":
-                break
-            await asyncio.sleep(0.02)
+        await until(handle, "waiting")
     CHANGED = True
     try:
         async with durably.Engine(sqlite_url) as engine:
@@ -208,12 +203,12 @@ async def test_a_journal_begun_before_follows_were_kept_replays_in_seq_order(
     LOG.clear()
     async with durably.Engine(url) as engine:
         handle = await engine.start(across_an_upgrade, workflow_id="wf")
-        await _until_waiting(handle)
+        await until(handle, "waiting")
     with sqlite3.connect(db) as conn:  # as an older durably wrote it
         conn.execute("UPDATE journal SET follows = NULL")
     async with durably.Engine(url) as engine:
         await engine.send_signal("wf", "go", None)
-        await _until_waiting(engine.handle("wf"), after=4)
+        await until(engine.handle("wf"), "waiting")
         follows = [e.follows for e in await engine.history("wf")]
     assert follows[0] is None and any(f is not None for f in follows[3:]), follows
     async with durably.Engine(url) as engine:
@@ -223,15 +218,6 @@ async def test_a_journal_begun_before_follows_were_kept_replays_in_seq_order(
     assert result == ["fetch:a", "fetch:b", "fetch:c", "fetch:d"]
     assert sorted(LOG) == ["fetch a", "fetch b", "fetch c", "fetch d"]  # each once
     assert info.warnings is None
-
-
-async def _until_waiting(handle: Any, after: int = 0) -> None:
-    for _ in range(250):
-        info = await handle.info()
-        if info.status == "waiting" and len(LOG) >= after:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{info.workflow_id} is {info.status}, not waiting")
 
 
 # --- the matching itself, table by table (replay.Replayer: no I/O) --------------------------

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import durably
+from tests.agentkit.live import until
 from tests.crashkit.harness import Workflow, query, read_effects, run_until_done
 
 LOG: list[str] = []
@@ -39,10 +40,7 @@ async def test_patched_in_branches_answers_the_same_on_a_replay(sqlite_url: str)
     LOG.clear()
     async with durably.Engine(sqlite_url) as engine:
         handle = await engine.start(patched_in_branches, workflow_id="wf")
-        for _ in range(250):
-            if (await handle.info()).status == "waiting":
-                break
-            await asyncio.sleep(0.02)
+        await until(handle, "waiting")
     assert LOG == ["fetch b", "new-charge b", "fetch a", "new-charge a"]
     async with durably.Engine(sqlite_url) as engine:
         await engine.send_signal("wf", "go", None)

@@ -209,8 +209,11 @@ class Replayer:
         the divergence, as in a workflow of one task.
         """
         entries = self._entries
-        named = [i for i, seq in enumerate(group) if entries[seq].kind == kind]
-        named = [i for i in named if entries[group[i]].name == name]
+        named = [
+            i
+            for i, seq in enumerate(group)
+            if (entries[seq].kind, entries[seq].name) == (kind, name)
+        ]
         if named:  # the arguments tell only between several, or against a sibling's or a hole
             decisive = len(named) > 1 or new_task or hole is not None
             asked = digest() if decisive and digest is not None else None

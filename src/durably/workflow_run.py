@@ -589,11 +589,15 @@ class Run(parking.Parking):
     ) -> int:
         """``take_seq`` in a replay that matches calls: the seq of the recorded call this
         is, told by whether it is the first call of a task another began (a gather's)."""
-        caller, task = self._caller.get(), id(asyncio.current_task())
-        self._caller.set(task)
+        new_task = self._first_of_task()
+        self._caller.set(id(asyncio.current_task()))
         digest = None if arguments is None else functools.partial(_digest, *arguments)
-        new_task = caller != 0 and caller != task
         return self._replayer.next_seq(after, kind, name, digest, new_task=new_task)
+
+    def _first_of_task(self) -> bool:
+        """Whether the calling task has made no call yet, in a task another began."""
+        caller = self._caller.get()
+        return caller != 0 and caller != id(asyncio.current_task())
 
     # --- patches and replayed arguments ------------------------------------------------
 
@@ -605,7 +609,7 @@ class Run(parking.Parking):
         marker when the workflow reaches the point now.
         """
         known = self._patches.get(change_id)
-        if known is not None and not self._replayer.matching:
+        if known is not None and not self._matching:
             return known
         plan = replay.plan_patch(self._upcoming_patch(change_id), change_id)
         if known is not None and plan is not replay.Patch.MARKED:
@@ -630,7 +634,7 @@ class Run(parking.Parking):
     def deprecate_patch(self, change_id: str) -> None:
         """``durably.deprecate_patch(change_id)``: step over the change's marker if the
         journal has one here; journal nothing either way."""
-        if change_id in self._patches and not self._replayer.matching:
+        if change_id in self._patches and not self._matching:
             return
         plan = replay.plan_patch(self._upcoming_patch(change_id), change_id)
         if plan is replay.Patch.MARKED:
@@ -640,10 +644,8 @@ class Run(parking.Parking):
     def _upcoming_patch(self, change_id: str) -> journal.Entry | None:
         """The entry the calling task's next call would replay, a marker of this change
         first (``patched`` decides by it before it takes a seq)."""
-        caller, task = self._caller.get(), id(asyncio.current_task())
-        new_task = caller != 0 and caller != task
         return self._replayer.upcoming(
-            self._after.get(), journal.Kind.PATCH, change_id, new_task=new_task
+            self._after.get(), journal.Kind.PATCH, change_id, new_task=self._first_of_task()
         )
 
     async def check_arguments(self, seq: int, entry: journal.Entry, digest: str | None) -> None:

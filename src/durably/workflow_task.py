@@ -74,7 +74,7 @@ async def _drive(
             await _compensate_returned(run, definition, result)
             return
         run.check_finished()
-        output = codec.encode(result, where=f"workflow {definition.name!r} ({wid!r}) result")
+        output = _output(definition, wid, result)
         faults.reached("before_finish", definition.name)
         try:
             await run.finish(journal.Status.COMPLETED, output, None)
@@ -113,9 +113,7 @@ async def _compensate_returned(
     sees steps after the cancellation.
     """
     run.compensate_here()
-    output = codec.encode(
-        result, where=f"workflow {definition.name!r} ({run.workflow_id!r}) result"
-    )
+    output = _output(definition, run.workflow_id, result)
     cause: errors.Cancelled | None = None
     if not run.cancellation.delivered:
         run.cancellation.requested = True
@@ -136,6 +134,11 @@ async def _compensate_returned(
     run.check_finished()  # nothing journaled after the compensations
     faults.reached("before_finish", definition.name)
     await run.finish(journal.Status.CANCELLED, output, error_payload(cause))
+
+
+def _output(definition: workflows.WorkflowDefinition, wid: str, result: object) -> str:
+    """The workflow function's result as the JSON text of its row's ``output``."""
+    return codec.encode(result, where=f"workflow {definition.name!r} ({wid!r}) result")
 
 
 def _poison(info: journal.WorkflowInfo, history: list[journal.Entry], limit: int) -> str:
@@ -202,17 +205,13 @@ async def _compensate(run: workflow_run.Run, cause: BaseException) -> None:
     run.cancellation.delivered = True  # compensations run even when cancellation was asked
     # by the call each was registered after (stable: in one task, registration order),
     # not by registration: branches of a gather register in another order on a replay
-    for undo in reversed(sorted(run.compensations, key=_registered_after)):
+    for undo in reversed(sorted(run.compensations, key=lambda undo: undo.after)):
         try:
             await steps.run_step(undo.fn, *undo.args, name=undo.name, **undo.kwargs)
         except Exception as exc:
             note = f"compensation {undo.name} failed: {type(exc).__name__}: {exc}"
             cause.add_note(f"[durably] {note}")
             log.error("workflow %s: %s", run.workflow_id, note)
-
-
-def _registered_after(undo: workflow_run.Compensation) -> int:
-    return undo.after
 
 
 def error_payload(exc: BaseException) -> str:

@@ -132,8 +132,7 @@ class Listener:
             log.exception("wake-up callback failed")
 
     def _pause(self, seconds: float) -> None:
-        with _waiting_on(self._stop_r) as waiting:
-            waiting.select(seconds)
+        self._stopped.wait(seconds)  # set by stop() before it writes the pipe
 
 
 def _waiting_on(*fds: int) -> selectors.BaseSelector:
