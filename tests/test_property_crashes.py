@@ -213,8 +213,8 @@ def test_random_branches_of_a_gather_survive_random_kills(
 ) -> None:
     """Branches of several steps each, whose steps end in a different order in every run
     (their delays race), killed at random boundaries: every branch gets its own results,
-    every step ran under one idempotency key with the same arguments (the journaled
-    ``now()`` its branch read included), and none ran again unless a kill cut it."""
+    every step ran with the same arguments (the journaled ``now()`` its branch read
+    included), and none ran again unless a kill cut it."""
     where = tmp_path_factory.mktemp("branches")
     wf = Workflow(
         db=where / "durably.db",
@@ -254,11 +254,13 @@ def test_random_branches_of_a_gather_survive_random_kills(
     assert sorted(runs) == [(b, i) for b, items in enumerate(spec) for i in range(len(items))]
     keys = set()
     for (branch, index), done in runs.items():
-        assert len({e["key"] for e in done}) == 1, done  # one key across recoveries
+        # a run cut by a kill may be followed by one under another seq, so another key: a
+        # step of a task run at once that was on its way has no entry to keep its seq by
+        # (README, promise 3); never more runs than kills allow
         assert all(e["args"] == done[0]["args"] for e in done), done  # the same inputs
         assert len(done) <= 1 + kills_done, (done, kills_done)
-        keys.add(done[0]["key"])
-        receipt = next(r for r in step_rows if r["seq"] == done[0]["seq"])
+        keys.add(done[-1]["key"])
+        receipt = next(r for r in step_rows if r["seq"] == done[-1]["seq"])
         assert codec.decode(receipt["payload"], where="test") == flows.mix(
             done[0]["args"][2], spec[branch][index]["p"]
         )
