@@ -66,6 +66,60 @@ def test_a_killed_gather_recovers_each_branch_with_its_own_entries(tmp_path: Pat
     assert query(wf.db, "SELECT warnings FROM workflows") == [(None,)]
 
 
+def test_steps_of_two_branches_cut_by_a_kill_run_again_under_their_own_keys(
+    tmp_path: Path,
+) -> None:
+    """Both branches' sends were on their way at the SIGKILL, so neither has an entry to
+    keep its seq by, and the recovery calls them in the other order. Each must run
+    again under the idempotency key it had: a key that moved to the other send would
+    let the service take a's second send for a new one (and b's for a's)."""
+    wf = Workflow(
+        db=tmp_path / "durably.db",
+        workflow="both_on_their_way",
+        workflow_id="wf-both",
+        args=[str(tmp_path / "killed")],
+        effects=tmp_path / "effects.jsonl",
+    )
+    exits = run_until_done(wf)
+
+    assert [e.returncode for e in exits] == [-9, 0]
+    assert exits[-1].output() == {"ok": True, "result": ["sent:a", "sent:b"]}
+    sends = [(e["args"][1], e["key"], e["pid"]) for e in read_effects(wf.effects)]
+    assert len(sends) == 4, sends
+    first, second = sends[:2], sends[2:]
+    assert [name for name, _, _ in first] == ["a", "b"]  # the first run called a first
+    assert [name for name, _, _ in second] == ["b", "a"]  # the recovery b first
+    keys = {name: {key for n, key, _ in sends if n == name} for name in "ab"}
+    assert all(len(k) == 1 for k in keys.values()), keys  # each kept its key
+    assert keys["a"] != keys["b"]
+    assert all(key.startswith("wf-both:") for _, key, _ in sends)
+
+
+def test_identical_calls_of_two_branches_keep_their_own_keys(tmp_path: Path) -> None:
+    """Two branches call the same step with the same arguments: two effects, two keys.
+    One was journaled before the kill, the other was on its way: the recovery runs only
+    that one, and under its own key, not the journaled one's (a service would answer it
+    as a repeat of the first, and its effect would never happen)."""
+    wf = Workflow(
+        db=tmp_path / "durably.db",
+        workflow="twins_one_done",
+        workflow_id="wf-twins",
+        args=[str(tmp_path / "killed")],
+        effects=tmp_path / "effects.jsonl",
+    )
+    exits = run_until_done(wf)
+
+    assert [e.returncode for e in exits] == [-9, 0]
+    assert exits[-1].output() == {"ok": True, "result": ["notified:x", "notified:x"]}
+    runs = [(e["key"], e["pid"]) for e in read_effects(wf.effects)]
+    assert len(runs) == 3, runs
+    (done, _), (cut, killed), (again, pid) = runs
+    assert done != cut  # two calls, two keys
+    assert again == cut and pid != killed  # the one cut ran again, under its own key
+    digests = query(wf.db, "SELECT args_digest FROM journal WHERE workflow_id = 'wf-twins'")
+    assert sorted(d.partition("#")[2] for (d,) in digests) == ["", "2"]  # the second twin
+
+
 # --- in one process: parked after the gather, replayed when the signal comes -------------
 
 
@@ -233,7 +287,7 @@ def _take(
 ) -> int:
     """The seq a call takes: ``new``, the first call of a task begun after ``follows``."""
     name = "work" if kind == "step" else ""
-    seq: int = replayer.next_seq(follows, kind, name, lambda: digest, new_task=new)
+    seq: int = replayer.next_seq(follows, kind, name, digest, new_task=new)
     return seq
 
 

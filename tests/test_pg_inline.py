@@ -80,7 +80,12 @@ async def test_without_inline_commits_no_connection_of_its_own_is_opened(
         assert threading.current_thread().name not in seen
 
 
-async def test_the_loops_thread_never_connects_a_lost_connection_again(postgres_url: str) -> None:
+async def test_the_loops_thread_never_connects_a_lost_connection_again(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as above: a commit slowed by a loaded machine would pause inline commits, and the
+    # last steps would go to a store thread for a reason this test is not about
+    monkeypatch.setattr(postgres, "INLINE_SLOW", 60.0)
     async with durably.Engine(postgres_url) as engine:
         lost = int((await inline_conn(engine)).info.backend_pid)  # opened, however loaded
         with psycopg.connect(postgres_url, autocommit=True) as admin:

@@ -220,15 +220,15 @@ def test_digests_and_warnings_travel_in_archives_and_older_archives_still_import
 def test_the_digest_of_arguments_is_pinned() -> None:
     """The digest is part of the journal: recorded journals are compared against it, so its
     formula never changes silently (a change would flag every replayed step)."""
-    from durably import step_call
+    from durably import step_keys
 
-    assert step_call.args_digest(("order-17", 1250), {}) == "aed22c61b30b3f22"
-    with_keywords = step_call.args_digest(("order-17",), {"cents": 1250, "a": [1.5, None]})
+    assert step_keys.args_digest(("order-17", 1250), {}) == "aed22c61b30b3f22"
+    with_keywords = step_keys.args_digest(("order-17",), {"cents": 1250, "a": [1.5, None]})
     assert with_keywords == "283e9293c5d41404"
-    assert step_call.args_digest(("order-17",), {"a": [1.5, None], "cents": 1250}) == (
+    assert step_keys.args_digest(("order-17",), {"a": [1.5, None], "cents": 1250}) == (
         with_keywords
     )  # keywords compare by name, whatever their order
-    assert step_call.args_digest((object(),), {}) is None  # not encodable: not checked
+    assert step_keys.args_digest((object(),), {}) is None  # not encodable: not checked
 
 
 def test_replay_in_ci_warns_of_changed_arguments_and_fails_on_them_when_strict(

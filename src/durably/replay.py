@@ -21,7 +21,7 @@ import bisect
 import dataclasses
 import enum
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from durably import errors, journal, steps
 
@@ -43,6 +43,7 @@ class Replayer:
         "_last_seq",
         "_sites",
         "_top",
+        "_twins",
         "_unmatched",
         "asked_code",
         "recorded_code",
@@ -70,6 +71,7 @@ class Replayer:
         self._unmatched: set[int] = set()
         self._free: list[int] = []
         self._top = 0
+        self._twins: dict[tuple[int, str, str | None], set[int]] | None = None
         first = self._entries.get(1)
         if first is not None and first.follows is None:
             return  # begun before 0013
@@ -91,7 +93,7 @@ class Replayer:
         follows: int = 0,
         kind: str = "",
         name: str = "",
-        digest: Callable[[], str | None] | None = None,
+        digest: str | None = None,
         *,
         new_task: bool = False,
     ) -> int:
@@ -99,15 +101,34 @@ class Replayer:
         or, in a journal of several tasks, the recorded call this one is (``_match``).
 
         ``follows`` is the seq of the call the calling task made before this one (0: none);
-        ``kind``, ``name`` and ``digest`` (a step's arguments, computed only when needed)
-        tell apart calls that followed the same one (the tasks an ``asyncio.gather``
-        began); ``new_task``: this is the first call of a task begun after ``follows``.
+        ``kind``, ``name`` and ``digest`` (a step's arguments, None: unknown) tell apart
+        calls that followed the same one (the tasks an ``asyncio.gather`` began);
+        ``new_task``: this is the first call of a task begun after ``follows``.
         """
         if self._groups is None:
             self._last_seq += 1
         else:
             self._last_seq = self._match(follows, kind, name, digest, new_task)
         return self._last_seq
+
+    @property
+    def begun_before_follows(self) -> bool:
+        """Whether the journal was begun before migration 0013 (its seq 1 follows nothing):
+        its steps keep the keys they had then, by seq (``step_keys``)."""
+        first = self._entries.get(1)
+        return first is not None and first.follows is None
+
+    def twins(self, follows: int, name: str, digest: str | None) -> set[int]:
+        """Which of identical step calls (``journal.twin_of``) the journal recorded after
+        the call at ``follows``: a new one of them is another (``step_keys``)."""
+        if self._twins is None:
+            self._twins = {}
+            for seq, e in self._entries.items():
+                if e.kind == journal.Kind.STEP:
+                    base, twin = journal.twin_of(e.args_digest)
+                    after = seq - 1 if e.follows is None else e.follows
+                    self._twins.setdefault((after, e.name, base), set()).add(twin)
+        return self._twins.get((follows, name, digest), set())
 
     @property
     def matching(self) -> bool:
@@ -154,7 +175,7 @@ class Replayer:
         follows: int,
         kind: str,
         name: str,
-        digest: Callable[[], str | None] | None,
+        digest: str | None,
         new_task: bool,
     ) -> int:
         """The seq of the call the calling task makes now, in a journal of several tasks.
@@ -195,7 +216,7 @@ class Replayer:
         group: list[int],
         kind: str,
         name: str,
-        digest: Callable[[], str | None] | None,
+        digest: str | None,
         new_task: bool,
         hole: int | None,
     ) -> int | None:
@@ -216,9 +237,9 @@ class Replayer:
         ]
         if named:  # the arguments tell only between several, or against a sibling's or a hole
             decisive = len(named) > 1 or new_task or hole is not None
-            asked = digest() if decisive and digest is not None else None
+            asked = digest if decisive else None
             for i in named:
-                recorded = entries[group[i]].args_digest
+                recorded = journal.twin_of(entries[group[i]].args_digest)[0]
                 if asked is None or recorded is None or recorded == asked:
                     return i
         for i, seq in enumerate(group):

@@ -17,7 +17,6 @@ import asyncio
 import contextvars
 import dataclasses
 import functools
-import hashlib
 import inspect
 import json
 from collections.abc import Awaitable, Sequence
@@ -44,7 +43,6 @@ if TYPE_CHECKING:
     from durably.workflow_run import Run
 
 _STEP = journal.Kind.STEP
-_blake2b = hashlib.blake2b
 _S = journal.EntryStatus
 _A = replay.Action
 _RUN = replay.Action.RUN
@@ -54,21 +52,33 @@ REVIEW = workflow_run.REVIEW
 
 @races.durable_call
 async def run_step(
-    run: Run, seq: int, step: steps.StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
+    run: Run,
+    seq: int,
+    step: steps.StepDefinition,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    digest: str | None,
+    key: str,
 ) -> Any:
-    """The awaitable behind a step call whose seq was taken at the call."""
+    """The awaitable behind a step call whose seq and key were taken at the call;
+    ``digest``: its arguments', as its entries carry it (``step_keys``)."""
     with run.active():
-        return await _run(run, seq, step, args, kwargs)
+        return await _run(run, seq, step, args, kwargs, digest, key)
 
 
 async def _run(
-    run: Run, seq: int, step: steps.StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
+    run: Run,
+    seq: int,
+    step: steps.StepDefinition,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    digest: str | None,
+    key: str,
 ) -> Any:
     entry = run.lookup(seq, _STEP, step.name)
     plan = replay.plan_step(entry, reconciles=step.reconcile is not None)
     action, attempt = plan.action, plan.attempt
     where = f"step {step.name!r} (workflow {run.workflow_id!r}, seq {seq})"
-    digest = args_digest(args, kwargs)
     if entry is not None and digest != entry.args_digest:  # a replay with other arguments?
         await run.check_arguments(seq, entry, digest)
     if action is not _RUN:
@@ -81,14 +91,12 @@ async def _run(
             assert plan.wake_at is not None
             await _backoff(run, seq, plan.wake_at)
         else:  # an intent without a receipt: the outcome is unknown
-            key = f"{run.workflow_id}:{seq}"
             found = await _unknown_outcome(run, seq, step, entry, args, kwargs, key, where)
             if found is not None:
                 return found[0]
             run.cancel_point(seq)  # it did not happen: a cancellation asked may end it here
     if run.must_flush():  # what the step could observe is committed before it runs
         await run.flush_observed()
-    key = f"{run.workflow_id}:{seq}"
     while True:
         if not run.ready_now():  # not while a park is on its way: the run may be letting go
             await run.ready()
@@ -232,23 +240,6 @@ def _entry(
     return journal.Entry(
         seq, _STEP, step.name, status, attempt, payload, started, finished, wake_at, digest
     )
-
-
-def args_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """A short digest of a step call's encoded arguments (keywords in name order).
-
-    Journaled with the step and compared when it is replayed. None for
-    arguments that cannot be encoded (a client object, say): those are not checked.
-    """
-    value: list[Any] = list(args)
-    if kwargs:  # positional only (the usual call) encodes a plain list: the fast path
-        value = [value, dict(sorted(kwargs.items()))]
-    try:
-        text = codec.encode(value, where="step arguments")
-    except Exception:
-        return None
-    # encode refuses lone surrogates, so the text is valid UTF-8
-    return _blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def _intent(args: tuple[Any, ...], kwargs: dict[str, Any], key: str, where: str) -> str:

@@ -22,7 +22,17 @@ import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from durably import cancellation, codec, errors, faults, journal, parking, replay, runstate
+from durably import (
+    cancellation,
+    codec,
+    errors,
+    faults,
+    journal,
+    parking,
+    replay,
+    runstate,
+    step_keys,
+)
 from durably.run_types import (
     REVIEW,
     Abandoned,
@@ -137,6 +147,7 @@ class Run(parking.Parking):
         # value or its creator's, alive when it was created.
         self._matching = self._replayer.matching
         self._caller = contextvars.ContextVar[int]("durably_caller", default=0)
+        self._keys = step_keys.StepKeys(info.workflow_id, self._replayer)
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
         # Writes on their way that carry values a step could observe (now, random, uuid4),
@@ -486,10 +497,14 @@ class Run(parking.Parking):
     def call_step(
         self, step: StepDefinition, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Coroutine[Any, Any, Any]:
-        """Take the step's seq now, in program order, and return the awaitable that runs it."""
+        """Take the step's seq and key now, in program order, and return the awaitable
+        that runs it."""
+        after = self._after.get()
+        digest = step_keys.args_digest(args, kwargs)
         # the user's call is two frames up: StepFunction.__call__, then its caller
-        seq = self.take_seq(callers=2, kind=_STEP, name=step.name, arguments=(args, kwargs))
-        return _run_step()(self, seq, step, args, kwargs)
+        seq = self.take_seq(callers=2, kind=_STEP, name=step.name, digest=digest)
+        key, recorded = self._keys.key(seq, after, step.name, digest)
+        return _run_step()(self, seq, step, args, kwargs, recorded, key)
 
     def check_stopping(self) -> None:
         """Raise Suspended when no new step may start: the engine or the workflow is ending."""
@@ -542,8 +557,10 @@ class Run(parking.Parking):
 
     def bind_task(self) -> None:
         """The calling task runs the workflow function: the tasks it starts are new tasks
-        to a replay (``Replayer``), its own later calls not."""
+        to a replay (``Replayer``), its own later calls not, and their steps are keyed
+        by what they are (``step_keys``)."""
         self._caller.set(id(asyncio.current_task()))
+        self._keys.bind()
 
     def take_seq(
         self,
@@ -551,13 +568,13 @@ class Run(parking.Parking):
         callers: int = 0,
         kind: str = "",
         name: str = "",
-        arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+        digest: str | None = None,
     ) -> int:
         """The next seq, for a durable call made now; refuses once the run cannot go on.
 
         ``callers``: how many of durably's frames the caller knows lie between it and
         the user's call, skipped unread when a replayed call's line is noted. ``kind``,
-        ``name`` and a step's ``arguments`` tell a replay of tasks run at once which
+        ``name`` and a step's arguments' ``digest`` tell a replay of tasks run at once which
         recorded call this is, where several followed the same call (``Replayer``).
         """
         if self._replayer.diverged is not None:
@@ -566,8 +583,9 @@ class Run(parking.Parking):
         if self.closing and not self._is_compensating():
             raise _ended()
         after = self._after.get()
+        self._keys.count()
         if self._matching:
-            seq = self._match(after, kind, name, arguments)
+            seq = self._match(after, kind, name, digest)
         else:  # a workflow's first run, or a journal of one task: in program order
             seq = self._replayer.next_seq()
         self._after.set(seq)
@@ -585,13 +603,12 @@ class Run(parking.Parking):
         after: int,
         kind: str,
         name: str,
-        arguments: tuple[tuple[Any, ...], dict[str, Any]] | None,
+        digest: str | None,
     ) -> int:
         """``take_seq`` in a replay that matches calls: the seq of the recorded call this
         is, told by whether it is the first call of a task another began (a gather's)."""
         new_task = self._first_of_task()
         self._caller.set(id(asyncio.current_task()))
-        digest = None if arguments is None else functools.partial(_digest, *arguments)
         return self._replayer.next_seq(after, kind, name, digest, new_task=new_task)
 
     def _first_of_task(self) -> bool:
@@ -785,13 +802,6 @@ def _ended() -> Suspended:
     branch going on after a sibling failed the gather would otherwise leave the workflow
     running with nothing to drive it)."""
     return Suspended("the workflow function has ended")
-
-
-def _digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """``step_call.args_digest`` (that module imports this one)."""
-    from durably import step_call
-
-    return step_call.args_digest(args, kwargs)
 
 
 @functools.cache

@@ -311,6 +311,71 @@ async def gathered(kill_marker: str) -> list[list[str]]:
     )
 
 
+@durably.step
+async def send(name: str, kill_marker: str) -> str:
+    """Counts itself; in the first run (no ``kill_marker`` yet) it then waits until its
+    sibling's send has counted itself too, and kills its executor: both were on their way
+    to the outside world, and neither has a receipt."""
+    record("send", name)
+    while not os.path.exists(kill_marker):
+        if len(read_lines(os.environ[EFFECTS_ENV])) >= 2:
+            open(kill_marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        await asyncio.sleep(0.01)
+    return f"sent:{name}"
+
+
+def read_lines(path: str) -> list[str]:
+    """The lines of a file that may not exist yet."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+async def _send_after(name: str, late: bool, kill_marker: str) -> str:
+    await asyncio.sleep(0.2 if late else 0.0)  # not durable: timing, as an API's would be
+    return await send(name, kill_marker)
+
+
+@durably.workflow
+async def both_on_their_way(kill_marker: str) -> list[str]:
+    """Two branches whose sends were both on their way at a SIGKILL. The recovery calls
+    them in the other order (``a`` was first, ``b`` is), as a slower network might."""
+    recovering = os.path.exists(kill_marker)
+    return list(
+        await asyncio.gather(
+            _send_after("a", recovering, kill_marker), _send_after("b", not recovering, kill_marker)
+        )
+    )
+
+
+@durably.step
+async def notify(name: str, kill_marker: str) -> str:
+    """Counts itself. In the first run (no ``kill_marker`` yet) the first call returns
+    (its receipt is journaled); the second waits for that, then kills its executor."""
+    count = len(read_lines(os.environ[EFFECTS_ENV]))
+    record("notify", name)
+    if not os.path.exists(kill_marker) and count > 0:
+        await asyncio.sleep(0.5)
+        open(kill_marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return f"notified:{name}"
+
+
+@durably.workflow
+async def twins_one_done(kill_marker: str) -> list[str]:
+    """Two identical calls (the same step, the same arguments) from two branches: told
+    apart only by which is which, one journaled before the kill, one not."""
+
+    async def branch() -> str:
+        await asyncio.sleep(0)  # the call is the branch's own (a bare call is the workflow's)
+        return await notify("x", kill_marker)
+
+    return list(await asyncio.gather(branch(), branch()))
+
+
 # --- the branches of the property test of tasks run at once ---------------------------------
 
 
