@@ -124,12 +124,14 @@ def test_identical_calls_of_two_branches_keep_their_own_keys(tmp_path: Path) -> 
 
 
 LOG: list[str] = []
+KEYS: dict[str, str] = {}  # the idempotency key each call ran under, by name
 
 
 @durably.step
 async def call(op: str, name: str, delay: float) -> str:
     await asyncio.sleep(delay)
     LOG.append(f"{op} {name}")
+    KEYS[name] = durably.idempotency_key()
     return f"{op}:{name}"
 
 
@@ -260,6 +262,7 @@ async def test_a_journal_begun_before_follows_were_kept_replays_in_seq_order(
         await until(handle, "waiting")
     with sqlite3.connect(db) as conn:  # as an older durably wrote it
         conn.execute("UPDATE journal SET follows = NULL")
+    KEYS.clear()
     async with durably.Engine(url) as engine:
         await engine.send_signal("wf", "go", None)
         await until(engine.handle("wf"), "waiting")
@@ -272,6 +275,38 @@ async def test_a_journal_begun_before_follows_were_kept_replays_in_seq_order(
     assert result == ["fetch:a", "fetch:b", "fetch:c", "fetch:d"]
     assert sorted(LOG) == ["fetch a", "fetch b", "fetch c", "fetch d"]  # each once
     assert info.warnings is None
+    # its steps keep keys by seq, as the code that began it gave them (a step on its way
+    # at the upgrade runs again under the key it had)
+    assert sorted(KEYS.values()) == ["wf:4", "wf:5"], KEYS
+
+
+async def test_branch_steps_are_keyed_by_what_they_are_and_the_workflows_own_by_count(
+    sqlite_url: str,
+) -> None:
+    """In a journal begun now, a branch's step is keyed by its task's previous call, the
+    step and its arguments; the workflow function's own calls by their count: its first
+    is the signal wait at seq 3 (the branches' calls took 1 and 2), ``c`` its second."""
+    KEYS.clear()
+    async with durably.Engine(sqlite_url) as engine:
+        await engine.start(keyed_by_task, workflow_id="wf")
+        await until(engine.handle("wf"), "waiting")
+        await engine.send_signal("wf", "go", None)
+        assert await engine.handle("wf").result(timeout=10) == ["fetch:a", "fetch:b", "own:c"]
+    assert KEYS["c"] == "wf:2"
+    assert KEYS["a"].startswith("wf:0.") and KEYS["b"].startswith("wf:0.")
+    assert len({KEYS["a"], KEYS["b"]}) == 2 and all(
+        len(k) == len("wf:0.") + 12 for k in KEYS.values() if "." in k
+    )
+
+
+@durably.workflow
+async def keyed_by_task() -> list[Any]:
+    async def one(name: str) -> str:
+        return await call("fetch", name, 0.0)
+
+    before = await asyncio.gather(one("a"), one("b"))
+    await durably.wait_for_signal("go")
+    return [*before, await call("own", "c", 0.0)]
 
 
 # --- the matching itself, table by table (replay.Replayer: no I/O) --------------------------
