@@ -82,6 +82,35 @@ async def test_tool_errors_and_bad_calls_reach_the_model(sqlite_url: str) -> Non
     assert json.loads(contents[5]) == {"order_id": "A2"}
 
 
+REFUSALS: list[str] = []  # every run of refund_refused's body
+
+
+@agents.tool(retry=durably.Retry(max_attempts=3, initial=0.0))
+async def refund_refused(order_id: str) -> str:
+    """Refund an order (a side effect; this one is refused by the payments service)."""
+    REFUSALS.append(order_id)
+    raise agents.ToolError(f"order {order_id} is not refundable")
+
+
+async def test_a_tool_error_is_the_tools_answer_and_never_retried(sqlite_url: str) -> None:
+    """ToolError is what the model reads back, not a failure to try again: a tool with
+    ``retry=`` that raises it ran its body (and its side effect) once, not three times."""
+    REFUSALS.clear()
+    turn = tool_calls(call("refund_refused", {"order_id": "A1"}, id="r1"))
+    async with live(sqlite_url, [turn, text("sorry")], [refund_refused]) as s:
+        await s.run()
+        contents = [m["content"] for m in s.tool_messages()]
+        with pytest.raises(agents.ToolError, match="not refundable"):
+            await (await s.engine.start(refund_directly, workflow_id="direct")).result(10)
+    assert json.loads(contents[0]) == {"error": "order A1 is not refundable"}
+    assert REFUSALS == ["A1", "B2"]  # once each: from the model's call and a direct one
+
+
+@durably.workflow
+async def refund_directly() -> str:
+    return await refund_refused("B2")
+
+
 async def test_an_unexpected_tool_exception_fails_the_workflow(sqlite_url: str) -> None:
     turn = tool_calls(call("find", {"order_id": "boom"}))
     async with live(sqlite_url, [turn, text("never")], [find]) as s:

@@ -97,7 +97,7 @@ class Tool(Generic[P, R]):
     def _step(self, step_name: str, fn: Callable[..., Any] | None = None) -> Any:
         opts = self.options
         make = steps.step(
-            name=step_name, retry=opts.retry, timeout=opts.timeout, **opts.step_options
+            name=step_name, retry=_answers(opts.retry), timeout=opts.timeout, **opts.step_options
         )
         return make(fn or self.fn)
 
@@ -159,6 +159,15 @@ class Tool(Generic[P, R]):
         if decision.override_args is not None:
             args, kwargs = (), self.signature.validate(decision.override_args)[0]
         return await self.step(*args, **kwargs)
+
+
+def _answers(retry: steps.Retry | None) -> steps.Retry | None:
+    """A tool's retry policy, never retrying ToolError: that is the tool's answer to
+    the model (or to the workflow that called it), not a failure to try again, and a
+    retry would run the tool's side effects again."""
+    if retry is None or issubclass(errors.ToolError, retry.dont_retry_on):
+        return retry
+    return dataclasses.replace(retry, dont_retry_on=(*retry.dont_retry_on, errors.ToolError))
 
 
 #: What a tool's result is journaled as when the model called it: JSON data.
