@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +214,55 @@ async def test_run_streamed_streams_live_and_a_replay_yields_each_turn_once(
         "llm:openai_agents",
     ]
     assert [e["order_id"] for e in tools.effects(tmp_path / "effects.jsonl")] == ["A1"]
+
+
+LOOKUP_THEN_ANSWER = [
+    tool_calls(call("lookup_order", {"order_id": "A1"}, id="call_1")),
+    text("A1 has shipped."),
+]
+
+
+def _session_items(path: Path) -> list[dict[str, Any]]:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT message_data FROM agent_messages ORDER BY id").fetchall()
+    return [json.loads(data) for (data,) in rows]
+
+
+def _shape(item: dict[str, Any]) -> str:
+    return str(item.get("role") or item.get("type"))
+
+
+def test_a_session_holds_each_item_once_after_a_kill(tmp_path: Path) -> None:
+    """The SDK adds a run's items to its session as it goes: a recovery that ran the
+    additions again would hold the question twice, and ask the model with it twice."""
+    db, effects, log = tmp_path / "oai.db", tmp_path / "effects.jsonl", tmp_path / "model.jsonl"
+    conversation = tmp_path / "conversation.db"
+    extra = {oai_more_flows.SESSION_DB_ENV: str(conversation)}
+    with FakeModelServer(by_turn(LOOKUP_THEN_ANSWER), log_path=log) as server:
+        crash = {"DURABLY_CRASH_AT": "after_receipt:tool:lookup_order:call_1", **extra}
+        env = harness.child_env(server.url, effects, crash)
+        assert _runner(db, "session_orders", "s-1", env) is None  # SIGKILLed
+        stored = len(_session_items(conversation))
+        done = _runner(db, "session_orders", "s-1", harness.child_env(server.url, effects, extra))
+        bodies = [r["body"] for r in read_log(log)]
+    assert done is not None and done["result"]["output"] == "A1 has shipped.", done
+    items = _session_items(conversation)
+    assert [_shape(i) for i in items] == [
+        "user",
+        "function_call",
+        "function_call_output",
+        "assistant",
+    ], (stored, items)
+    assert len(bodies) == 2  # the first turn was replayed, not asked again
+    asked = [m.get("role") for m in bodies[-1]["messages"]]
+    assert asked.count("user") == 1, bodies[-1]["messages"]
+
+
+async def test_a_session_kept_on_openais_side_is_refused_before_the_run(sqlite_url: str) -> None:
+    with FakeModelServer(by_turn(LOOKUP_THEN_ANSWER)) as server:
+        oai_flows.client.base_url = server.url
+        async with durably.Engine(sqlite_url) as engine:
+            handle = await engine.start(oai_more_flows.conversations_session, "x", workflow_id="wf")
+            with pytest.raises(durably.DefinitionError, match="OpenAIConversationsSession"):
+                await handle.result(timeout=20)
+        assert server.requests == []

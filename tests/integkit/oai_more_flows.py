@@ -12,8 +12,9 @@ import os
 import sys
 from typing import Any
 
-from agents import Agent, Handoff, RunConfig, RunContextWrapper
+from agents import Agent, Handoff, RunConfig, RunContextWrapper, SQLiteSession
 from agents.mcp import MCPServerStdio
+from agents.memory import OpenAIConversationsSession
 
 import durably
 from durably.integrations.openai_agents import DurableRunner
@@ -31,6 +32,7 @@ from tests.integkit.oai_flows import (
 __all__ = ["client"]  # closed by tests.integkit.runner
 
 MCP_LOG_ENV = "AGENTKIT_MCP_LOG"
+SESSION_DB_ENV = "AGENTKIT_SESSION_DB"  # the SQLiteSession's file
 STREAMED: list[dict[str, Any]] = []  # what the streamed flow saw, for in-process tests
 
 
@@ -135,3 +137,19 @@ async def _streamed(result: Any) -> dict[str, Any]:
             STREAMED.append({"completed": (data.response.metadata or {}).get("durably", "live")})
     await durably.wait_for_signal("go")
     return _report(result)
+
+
+@durably.workflow(name="oai-session")
+async def session_orders(question: str) -> dict[str, Any]:
+    """A run whose conversation the SDK keeps in a session: its SQLiteSession, a file."""
+    session = SQLiteSession("conversation-1", os.environ[SESSION_DB_ENV])
+    agent = Agent(name="support", model=_chat_model(), tools=[lookup_order])
+    return _report(await DurableRunner.run(agent, question, session=session))
+
+
+@durably.workflow(name="oai-conversations-session")
+async def conversations_session(question: str) -> dict[str, Any]:
+    """A session kept on OpenAI's side: refused, not wrapped."""
+    session = OpenAIConversationsSession(openai_client=client)
+    agent = Agent(name="support", model=_chat_model(), tools=[lookup_order])
+    return _report(await DurableRunner.run(agent, question, session=session))

@@ -23,6 +23,8 @@ Built on the SDK's public extension points, not on its internals:
 - MCP servers (``mcp_servers``): each server's tool listing is the step
   ``mcp:<server name>:list_tools`` and its tools' calls are wrapped like
   function tools (see :mod:`durably.integrations._agents_sdk_mcp`).
+- ``session=``: each of the session's reads and writes is a step (see
+  :mod:`durably.integrations._agents_sdk_session`).
 - ``DurableRunner.run_streamed``: each streamed model call is still one step,
   its events delivered live (see :mod:`durably.integrations._agents_sdk_stream`).
 
@@ -64,7 +66,12 @@ from agents.usage import Usage
 
 from durably import context, errors, steps
 from durably.agents import approvals, budget, completions, usage
-from durably.integrations import _agents_sdk_mcp, _agents_sdk_stream, _common
+from durably.integrations import (
+    _agents_sdk_mcp,
+    _agents_sdk_session,
+    _agents_sdk_stream,
+    _common,
+)
 
 __all__ = ["DurableModel", "DurableModelProvider", "DurableRunner"]
 
@@ -474,6 +481,7 @@ class DurableRunner:
         agent, config = _prepare(
             starting_agent, run_config, retry, price_table, approval_timeout, handoff_agents
         )
+        options = _durable_options(options)
         with _common.budgeted(budget.Limits(max_cost, max_tokens)):
             return await Runner.run(agent, input, run_config=config, **options)
 
@@ -505,9 +513,18 @@ class DurableRunner:
         agent, config = _prepare(
             starting_agent, run_config, retry, price_table, approval_timeout, handoff_agents
         )
+        options = _durable_options(options)
         # the run's task is created inside run_streamed and keeps the budget set here
         with _common.budgeted(budget.Limits(max_cost, max_tokens)):
             return Runner.run_streamed(agent, input, run_config=config, **options)
+
+
+def _durable_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``Runner.run``'s options, a ``session`` made durable (every read and write a
+    step: a replay reads the history the first run read, and adds nothing again)."""
+    if options.get("session") is None:
+        return options
+    return {**options, "session": _agents_sdk_session.durable(options["session"])}
 
 
 def _prepare(
