@@ -266,3 +266,40 @@ async def test_a_session_kept_on_openais_side_is_refused_before_the_run(sqlite_u
             with pytest.raises(durably.DefinitionError, match="OpenAIConversationsSession"):
                 await handle.result(timeout=20)
         assert server.requests == []
+
+
+def test_guardrails_run_once_across_a_kill(tmp_path: Path) -> None:
+    """A guardrail is code of its own (often a model call): it runs as a step, so a
+    recovery reads what it decided instead of asking again."""
+    db, effects, log = tmp_path / "oai.db", tmp_path / "effects.jsonl", tmp_path / "model.jsonl"
+    with FakeModelServer(by_turn(LOOKUP_THEN_ANSWER), log_path=log) as server:
+        crash = {"DURABLY_CRASH_AT": "after_receipt:tool:lookup_order:call_1"}
+        env = harness.child_env(server.url, effects, crash)
+        assert _runner(db, "guarded_orders", "g-1", env) is None  # SIGKILLed
+        done = _runner(db, "guarded_orders", "g-1", harness.child_env(server.url, effects))
+    assert done is not None and done["result"]["output"] == "A1 has shipped.", done
+    assert done["result"]["screened"] == [{"checked": "orders?"}]
+    ran = [e["kind"] for e in tools.effects(effects)]
+    assert ran.count("screen_question") == 1, ran
+    assert ran.count("screen_answer") == 1 and ran.count("lookup") == 1, ran
+
+
+async def test_a_tripped_guardrail_fails_the_run_once_decided(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    effects = tmp_path / "effects.jsonl"
+    monkeypatch.setenv(harness.EFFECTS_ENV, str(effects))
+    with FakeModelServer(by_turn(LOOKUP_THEN_ANSWER)) as server:
+        oai_flows.client.base_url = server.url
+        async with durably.Engine(sqlite_url) as engine:
+            handle = await engine.start(
+                oai_more_flows.guarded_orders, "refund A1", workflow_id="wf"
+            )
+            with pytest.raises(durably.StepError, match="InputGuardrailTripwireTriggered"):
+                await handle.result(timeout=20)
+            assert await handle.status() == "failed"
+            history = await engine.history("wf")
+    assert [e.name for e in history if e.name.startswith("guardrail:")] == [
+        "guardrail:input:screen_question"
+    ]
+    assert [e["kind"] for e in tools.effects(effects)] == ["screen_question"]

@@ -12,7 +12,16 @@ import os
 import sys
 from typing import Any
 
-from agents import Agent, Handoff, RunConfig, RunContextWrapper, SQLiteSession
+from agents import (
+    Agent,
+    GuardrailFunctionOutput,
+    Handoff,
+    RunConfig,
+    RunContextWrapper,
+    SQLiteSession,
+    input_guardrail,
+    output_guardrail,
+)
 from agents.mcp import MCPServerStdio
 from agents.memory import OpenAIConversationsSession
 
@@ -153,3 +162,32 @@ async def conversations_session(question: str) -> dict[str, Any]:
     session = OpenAIConversationsSession(openai_client=client)
     agent = Agent(name="support", model=_chat_model(), tools=[lookup_order])
     return _report(await DurableRunner.run(agent, question, session=session))
+
+
+@input_guardrail
+async def screen_question(ctx: RunContextWrapper[Any], agent: Agent[Any], given: Any) -> Any:
+    """An input guardrail with an effect of its own (as one that asks a model has)."""
+    effect("screen_question", given=str(given))
+    return GuardrailFunctionOutput({"checked": str(given)}, tripwire_triggered="refund" in given)
+
+
+@output_guardrail
+async def screen_answer(ctx: RunContextWrapper[Any], agent: Agent[Any], output: Any) -> Any:
+    effect("screen_answer", output=str(output))
+    return GuardrailFunctionOutput({"length": len(str(output))}, tripwire_triggered=False)
+
+
+@durably.workflow(name="oai-guarded")
+async def guarded_orders(question: str) -> dict[str, Any]:
+    """A run whose agent screens its input (alongside the first turn) and its answer."""
+    agent = Agent(
+        name="support",
+        model=_chat_model(),
+        tools=[lookup_order],
+        input_guardrails=[screen_question],
+        output_guardrails=[screen_answer],
+    )
+    result = await DurableRunner.run(agent, question)
+    report = _report(result)
+    report["screened"] = [r.output.output_info for r in result.input_guardrail_results]
+    return report

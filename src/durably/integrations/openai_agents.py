@@ -23,6 +23,8 @@ Built on the SDK's public extension points, not on its internals:
 - MCP servers (``mcp_servers``): each server's tool listing is the step
   ``mcp:<server name>:list_tools`` and its tools' calls are wrapped like
   function tools (see :mod:`durably.integrations._agents_sdk_mcp`).
+- Guardrails (the agents' and the run config's, input and output): each run is
+  a step (see :mod:`durably.integrations._agents_sdk_guardrails`).
 - ``session=``: each of the session's reads and writes is a step (see
   :mod:`durably.integrations._agents_sdk_session`).
 - ``DurableRunner.run_streamed``: each streamed model call is still one step,
@@ -67,6 +69,7 @@ from agents.usage import Usage
 from durably import context, errors, steps
 from durably.agents import approvals, budget, completions, usage
 from durably.integrations import (
+    _agents_sdk_guardrails,
     _agents_sdk_mcp,
     _agents_sdk_session,
     _agents_sdk_stream,
@@ -350,7 +353,13 @@ class _Wrapper:
             for t in agent.tools
         ]
         servers = [_agents_sdk_mcp.durable_server(server) for server in agent.mcp_servers]
-        clone = agent.clone(model=model, tools=tools, mcp_servers=servers)
+        clone = agent.clone(
+            model=model,
+            tools=tools,
+            mcp_servers=servers,
+            input_guardrails=[_agents_sdk_guardrails.durable(g) for g in agent.input_guardrails],
+            output_guardrails=[_agents_sdk_guardrails.durable(g) for g in agent.output_guardrails],
+        )
         if servers:
             # the SDK builds an MCP server's FunctionTools on every turn: wrap them as they come
             clone.get_mcp_tools = self._mcp_tools(clone)  # type: ignore[method-assign,assignment]
@@ -550,7 +559,14 @@ def _prepare(
         config.tool_execution or ToolExecutionConfig(), max_function_tool_concurrency=1
     )
     durable_config = dataclasses.replace(
-        config, model_provider=provider, model=model, tool_execution=tool_execution
+        config,
+        model_provider=provider,
+        model=model,
+        tool_execution=tool_execution,
+        input_guardrails=[_agents_sdk_guardrails.durable(g) for g in config.input_guardrails or ()],
+        output_guardrails=[
+            _agents_sdk_guardrails.durable(g) for g in config.output_guardrails or ()
+        ],
     )
     wrapper = _Wrapper(provider, approval_timeout, handoff_agents)
     agent = wrapper.agent(starting_agent)
