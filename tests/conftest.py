@@ -102,7 +102,7 @@ def dashboard(store_url: str) -> Iterator[tuple[str, Any]]:
     from tests.serverkit import harness
 
     with TestClient(app.create_app(store_url, auth.parse_tokens(harness.TOKEN, "test"))) as c:
-        c.post("/login", data={"token": harness.SECRET, "next": "/"}, follow_redirects=False)
+        harness.login(c, next="/")
         yield store_url, c
 
 

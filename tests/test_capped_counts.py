@@ -126,7 +126,7 @@ def test_the_list_page_shows_a_count_at_the_cap_with_a_plus(
         found = re.findall(link, page)
         return {status or "all": n for status, n in found}
 
-    http.post("/login", data={"token": harness.SECRET, "next": "/"}, follow_redirects=False)
+    harness.login(http, next="/")
     counts = shown(http.get("/").text)
     assert counts["all"] == "16" and counts["completed"] == "7" and counts["failed"] == "3"
     monkeypatch.setattr(api, "COUNT_CAP", 5)

@@ -43,7 +43,7 @@ def ids_listed(page: str) -> list[str]:
 def test_the_list_page_filters_and_the_workflow_page_shows_the_fork(store_url: str) -> None:
     family(store_url)
     with TestClient(app.create_app(store_url, auth.parse_tokens(harness.TOKEN, "test"))) as c:
-        c.post("/login", data={"token": harness.SECRET})
+        harness.login(c)
         assert sorted(ids_listed(c.get("/").text)) == [
             "order-P1", "order-P1-child", "order-P1-fork", "other-Q1",
         ]  # fmt: skip

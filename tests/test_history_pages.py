@@ -399,7 +399,7 @@ def test_the_page_shows_the_newest_entries_the_count_and_the_way_to_the_rest(
 def test_a_short_journal_is_one_page_without_a_pager(agent: tuple[str, durably.Client]) -> None:
     url, _ = agent
     with TestClient(app.create_app(url, auth.parse_tokens(harness.TOKEN, "test"))) as c:
-        c.post("/login", data={"token": harness.SECRET, "next": "/"}, follow_redirects=False)
+        harness.login(c, next="/")
         page = c.get("/workflows/agent")
         assert page.status_code == 200 and 'class="pager"' not in page.text
         assert _shown(page.text) == list(range(1, 28))

@@ -62,7 +62,7 @@ def test_every_api_route_refuses_a_request_without_a_token_or_with_a_wrong_one(
 def test_a_session_cookie_needs_its_csrf_token_to_change_anything(sqlite_url: str) -> None:
     durably.Client(sqlite_url).start("srv-wait", workflow_id="w")
     with make(sqlite_url) as c:
-        r = c.post("/login", data={"token": harness.SECRET, "next": "/"}, follow_redirects=False)
+        r = harness.login(c, next="/")
         assert r.status_code == 303
         cookie = r.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
@@ -92,7 +92,7 @@ def test_a_tampered_or_foreign_session_cookie_is_refused(sqlite_url: str) -> Non
         c.cookies.set(auth.COOKIE, forged)
         assert c.get("/api/summary").status_code == 401
         c.cookies.clear()
-        r = c.post("/login", data={"token": harness.SECRET}, follow_redirects=False)
+        r = harness.login(c)
         good = r.cookies[auth.COOKIE]
         assert c.get("/api/summary").status_code == 200
         data, _, sig = good.rpartition(".")
@@ -105,7 +105,7 @@ def test_a_tampered_or_foreign_session_cookie_is_refused(sqlite_url: str) -> Non
 
 def test_login_with_a_wrong_token_is_refused_and_sets_no_cookie(sqlite_url: str) -> None:
     with make(sqlite_url) as c:
-        r = c.post("/login", data={"token": "wrong-token-0123456789"}, follow_redirects=False)
+        r = harness.login(c, token="wrong-token-0123456789")
         assert r.status_code == 401 and "set-cookie" not in r.headers
         assert "not valid" in r.text
 
@@ -113,11 +113,9 @@ def test_login_with_a_wrong_token_is_refused_and_sets_no_cookie(sqlite_url: str)
 def test_an_unnamed_token_needs_a_name_at_login_and_decisions_carry_it(sqlite_url: str) -> None:
     durably.Client(sqlite_url).start("srv-wait", workflow_id="w")
     with make(sqlite_url, harness.SECRET) as c:
-        r = c.post("/login", data={"token": harness.SECRET}, follow_redirects=False)
+        r = harness.login(c)
         assert r.status_code == 401 and "name" in r.text
-        r = c.post(
-            "/login", data={"token": harness.SECRET, "name": "carol"}, follow_redirects=False
-        )
+        r = harness.login(c, name="carol")
         assert r.status_code == 303
         csrf = re.search(r'name="csrf_token" value="([^"]+)"', c.get("/workflows/w").text)
         assert csrf is not None
@@ -504,7 +502,7 @@ def test_dashboard_pages_render_and_escape_user_text(sqlite_url: str) -> None:
     client.start("<b>evil</b>", "<script>alert(1)</script>", workflow_id="x")
     with make(sqlite_url) as c:
         assert c.get("/", follow_redirects=False).status_code == 303
-        c.post("/login", data={"token": harness.SECRET})
+        harness.login(c)
         for page in (
             "/",
             "/approvals",
@@ -530,9 +528,7 @@ def test_login_redirects_only_to_paths_on_this_server(sqlite_url: str) -> None:
             ("//evil.example/", "/"),
             ("https://evil.example/", "/"),
         ):
-            r = c.post(
-                "/login", data={"token": harness.SECRET, "next": target}, follow_redirects=False
-            )
+            r = harness.login(c, next=target)
             assert r.headers["location"] == expected
 
 
@@ -663,7 +659,7 @@ def test_pages_show_values_readably_and_mark_bookkeeping_rows(sqlite_url: str) -
     with harness.engine_thread(sqlite_url):
         harness.until(lambda: client.list_approvals("r"), "the refund approval")
     with make(sqlite_url) as c:
-        c.post("/login", data={"token": harness.SECRET})
+        harness.login(c)
         page = c.get("/workflows/r").text
         timeline = c.get("/api/workflows/r/history", headers=BEARER).json()["timeline"]
         listing = c.get("/").text

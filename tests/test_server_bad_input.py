@@ -41,9 +41,10 @@ def base(url: str) -> Iterator[str]:
 
 def _session(base: str) -> str:
     """A valid session cookie of the server at ``base`` (logged in with the test token)."""
-    r = httpx.post(base + "/login", data={"token": harness.SECRET}, follow_redirects=False)
+    with httpx.Client(timeout=10) as browser:
+        r = harness.login(browser, base)
     assert r.status_code == 303
-    return r.cookies[auth.COOKIE]
+    return str(r.cookies[auth.COOKIE])
 
 
 def test_a_json_body_nested_past_the_decoders_limit_is_a_422_that_starts_nothing(

@@ -89,7 +89,7 @@ def test_a_review_decision_over_the_limit_is_refused(sqlite_url: str) -> None:
         )
     limit = 2048
     with _small(sqlite_url, limit) as http:
-        http.post("/login", data={"token": harness.SECRET}, follow_redirects=False)
+        harness.login(http)
         pad = "z" * limit
         r = http.post(
             "/workflows/t/reviews/1/resolve",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import subprocess
 import sys
@@ -88,6 +89,21 @@ def park_for_review(url: str, workflow_id: str, order_id: str = "ORD-1") -> None
             del flows.HANG["hang"]
 
     asyncio.run(main())
+
+
+def login(http: Any, base: str = "", token: str = SECRET, **form: str) -> Any:
+    """Log in as a browser does: load the login page (which sets its pre-session cookie
+    and puts the matching token in the form), then post the form with ``token``.
+
+    ``http`` is an ``httpx.Client`` (or Starlette's TestClient) that keeps cookies;
+    returns the answer to the post, not followed (303 when logged in).
+    """
+    page = http.get(base + "/login")
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    fields = {"token": token, **form}
+    if found is not None:
+        fields["csrf_token"] = found[1]
+    return http.post(base + "/login", data=fields, follow_redirects=False)
 
 
 def free_port() -> int:

@@ -7,7 +7,11 @@ with, so every server process given the same tokens accepts it, and changing
 a token ends its sessions. A state-changing request made with the cookie must
 also carry the session's CSRF token (a form field or the ``X-CSRF-Token``
 header): SameSite already stops most cross-site requests, the CSRF token stops
-the rest. Every comparison of secrets goes through :func:`hmac.compare_digest`.
+the rest. The login form has no session yet: the login page sets a pre-session
+cookie (SameSite=Strict, for ``/login`` only) and puts the same value in the
+form, and a login post without the pair is refused (:func:`check_login_form`), so
+another site cannot log a browser in under its own token (login CSRF). Every
+comparison of secrets goes through :func:`hmac.compare_digest`.
 
 Tokens come from ``DURABLY_API_TOKEN`` or a token file, one per line, each
 ``NAME:TOKEN`` or a bare ``TOKEN``. A named token decides as that name; with a
@@ -24,6 +28,7 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +40,8 @@ COOKIE = "durably_session"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
 SESSION_SECONDS = 12 * 3600
+LOGIN_COOKIE = "durably_login"
+LOGIN_SECONDS = 3600  # how long a login page's form may wait to be posted
 MIN_TOKEN_LENGTH = 16
 
 
@@ -175,6 +182,25 @@ class Auth:
         return bool(presented) and hmac.compare_digest(
             identity.csrf.encode(), (presented or "").encode()
         )
+
+
+def login_nonce(cookie: str | None) -> str:
+    """The login form's pre-session value: the cookie's, when it is one we made (another
+    tab's login form stays valid), else a new random one."""
+    if cookie and _NONCE.fullmatch(cookie):
+        return cookie
+    return secrets.token_urlsafe(32)
+
+
+def check_login_form(cookie: str | None, presented: str | None) -> bool:
+    """True when a login post carries the pre-session cookie its login page set and the
+    same value in its form: a post from another site has no such cookie."""
+    if not cookie or not presented or not _NONCE.fullmatch(cookie):
+        return False
+    return hmac.compare_digest(cookie.encode(), presented.encode())
+
+
+_NONCE = re.compile(r"[A-Za-z0-9_-]{43}")  # what secrets.token_urlsafe(32) makes
 
 
 def _sign(key: bytes, data: str) -> str:

@@ -104,28 +104,46 @@ def _client(request: Request) -> client_module.Client:
 
 
 async def login_page(request: Request) -> Response:
+    nonce = auth.login_nonce(request.cookies.get(auth.LOGIN_COOKIE))
+    return _login_form(request, nonce, _safe_next(request.query_params.get("next")), "", 200)
+
+
+def _login_form(request: Request, nonce: str, target: str, message: str, status: int) -> Response:
+    """The login page, its form carrying ``nonce``, which its pre-session cookie holds too."""
     env: jinja2.Environment = request.app.state.templates
-    html = env.get_template("login.html").render(
-        next=_safe_next(request.query_params.get("next")), message=""
-    )
-    return HTMLResponse(html)
+    html = env.get_template("login.html").render(next=target, message=message, csrf=nonce)
+    response = HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+    if request.cookies.get(auth.LOGIN_COOKIE) != nonce:
+        response.set_cookie(
+            auth.LOGIN_COOKIE,
+            nonce,
+            max_age=auth.LOGIN_SECONDS,
+            path="/login",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+    return response
 
 
 async def login(request: Request) -> Response:
     form = await request.form()
+    target = _safe_next(str(form.get("next") or "/"))
+    cookie = request.cookies.get(auth.LOGIN_COOKIE)
+    if not auth.check_login_form(cookie, str(form.get(auth.CSRF_FIELD) or "")):
+        # another site's post (login CSRF), or a form older than its cookie: a fresh form
+        message = "This login form expired or was not sent from this server: log in again."
+        return _login_form(request, auth.login_nonce(None), target, message, 403)
     checker: auth.Auth = request.app.state.auth
     token = checker.check_token(str(form.get("token") or ""))
     name = str(form.get("name") or "").strip()
-    target = _safe_next(str(form.get("next") or "/"))
     message = ""
     if token is None:
         message = "That token is not valid."
     elif token.name is None and not name:
         message = "Give your name: decisions are recorded under it."
     if token is None or message:
-        env: jinja2.Environment = request.app.state.templates
-        html = env.get_template("login.html").render(next=target, message=message)
-        return HTMLResponse(html, status_code=401)
+        return _login_form(request, auth.login_nonce(cookie), target, message, 401)
     response = RedirectResponse(target, 303)
     session = checker.make_session(token, token.name or name[:80], time.time())
     response.set_cookie(
@@ -136,6 +154,7 @@ async def login(request: Request) -> Response:
         samesite="strict",
         secure=request.url.scheme == "https",
     )
+    response.delete_cookie(auth.LOGIN_COOKIE, path="/login")
     return response
 
 
