@@ -24,6 +24,7 @@ from durably import client as client_module
 from durably import errors
 from durably.agents import decisions
 from durably.server import api, auth, journal_pages, signal_pages, views
+from durably.server.routing import SegmentRoute, raw_path
 from durably.storage.base import WorkflowQuery
 
 PAGE_SIZE = 50
@@ -48,21 +49,23 @@ def templates() -> jinja2.Environment:
 
 
 def routes() -> list[Route]:
-    """The dashboard's pages and form actions."""
+    """The dashboard's pages and form actions (a workflow id's '/' comes as ``%2F``)."""
     return [
-        Route("/", list_page, methods=["GET"]),
-        Route("/login", login_page, methods=["GET"]),
-        Route("/login", login, methods=["POST"]),
-        Route("/logout", logout, methods=["POST"]),
-        Route("/workflows/{workflow_id}", workflow_page, methods=["GET"]),
-        Route("/approvals", approvals_page, methods=["GET"]),
-        Route("/reviews", reviews_page, methods=["GET"]),
-        Route("/workers", workers_page, methods=["GET"]),
-        Route("/workflows/{workflow_id}/approve", decide, methods=["POST"]),
-        Route("/workflows/{workflow_id}/reject", decide, methods=["POST"]),
-        Route("/workflows/{workflow_id}/cancel", cancel, methods=["POST"]),
-        Route("/workflows/{workflow_id}/resume", resume, methods=["POST"]),
-        Route("/workflows/{workflow_id}/reviews/{seq:int}/resolve", resolve, methods=["POST"]),
+        SegmentRoute("/", list_page, methods=["GET"]),
+        SegmentRoute("/login", login_page, methods=["GET"]),
+        SegmentRoute("/login", login, methods=["POST"]),
+        SegmentRoute("/logout", logout, methods=["POST"]),
+        SegmentRoute("/workflows/{workflow_id}", workflow_page, methods=["GET"]),
+        SegmentRoute("/approvals", approvals_page, methods=["GET"]),
+        SegmentRoute("/reviews", reviews_page, methods=["GET"]),
+        SegmentRoute("/workers", workers_page, methods=["GET"]),
+        SegmentRoute("/workflows/{workflow_id}/approve", decide, methods=["POST"]),
+        SegmentRoute("/workflows/{workflow_id}/reject", decide, methods=["POST"]),
+        SegmentRoute("/workflows/{workflow_id}/cancel", cancel, methods=["POST"]),
+        SegmentRoute("/workflows/{workflow_id}/resume", resume, methods=["POST"]),
+        SegmentRoute(
+            "/workflows/{workflow_id}/reviews/{seq:int}/resolve", resolve, methods=["POST"]
+        ),
     ]
 
 
@@ -78,7 +81,7 @@ def _render(
         partial=partial,
         me=identity,
         csrf=identity.csrf,
-        path=request.url.path,
+        path=raw_path(request),
         poll_for=data.pop("poll_for", ""),
         **data,
     )
@@ -90,8 +93,13 @@ def _who(request: Request) -> auth.Identity | None:
     return checker.session(request.cookies.get(auth.COOKIE), time.time())
 
 
+def _here(request: Request) -> str:
+    """The path and query the request was sent to, as sent (a link back to it)."""
+    return raw_path(request) + (f"?{request.url.query}" if request.url.query else "")
+
+
 def _to_login(request: Request) -> Response:
-    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    target = _here(request)
     return RedirectResponse("/login?" + urllib.parse.urlencode({"next": target}), 303)
 
 
@@ -248,7 +256,7 @@ async def workflow_page(request: Request) -> Response:
             back=f"/workflows/{urllib.parse.quote(wid, safe='')}",
             status=400,
         )
-    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    here = _here(request)
     return _render(request, "workflow.html", identity, poll_for=wid, here=here, **data)
 
 
@@ -432,7 +440,8 @@ async def _action(request: Request) -> tuple[auth.Identity, dict[str, str]] | Re
 
 
 def _done(request: Request, fields: dict[str, str], wid: str) -> Response:
-    return RedirectResponse(_safe_next(fields.get("back") or f"/workflows/{wid}"), 303)
+    at = f"/workflows/{urllib.parse.quote(wid, safe='')}"
+    return RedirectResponse(_safe_next(fields.get("back") or at), 303)
 
 
 def _failed(exc: Exception) -> Response:

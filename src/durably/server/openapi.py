@@ -59,7 +59,13 @@ def document(version: str) -> dict[str, Any]:
 
 def _operation(spec: api.Spec, operation_id: str) -> dict[str, Any]:
     parameters: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": _path_schema(name)}
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": _path_schema(name),
+            **({"description": _ID} if name == "workflow_id" else {}),
+        }
         for name in re.findall(r"{(\w+)}", spec.path)
     ]
     for p in spec.query:
@@ -111,6 +117,9 @@ def _operation(spec: api.Spec, operation_id: str) -> dict[str, Any]:
             "content": {"application/json": {"schema": spec.body}},
         }
     return operation
+
+
+_ID = "The workflow's id as one path segment, percent-encoded: a '/' in it as %2F."
 
 
 def _path_schema(name: str) -> dict[str, Any]:

@@ -14,13 +14,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
+from starlette.types import Scope
 
 from durably import client as client_module
 from durably import errors
@@ -132,10 +134,53 @@ def identify(request: Request, state: Any, changes_state: bool) -> auth.Identity
     return identity
 
 
+class SegmentRoute(Route):
+    """A route whose parameters are whole path segments as the client sent them: a
+    ``%2F`` in one is a '/' of its value, not a separator.
+
+    Starlette matches the decoded path, where ``/api/workflows/orders%2F17`` is
+    ``/api/workflows/orders/17``: no route (or another one, for an id like
+    ``a/history``). When the raw path holds an escaped '/', this matches a path
+    whose segments are decoded except for '/' and '%' (kept escaped), then decodes
+    the parameters.
+    """
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        raw = scope.get("raw_path")
+        if scope["type"] != "http" or not isinstance(raw, bytes) or b"%2f" not in raw.lower():
+            return super().matches(scope)
+        path = "/".join(_kept(segment) for segment in raw.split(b"/"))
+        match, child = super().matches({**scope, "path": path})
+        params = child.get("path_params")
+        if match != Match.NONE and isinstance(params, dict):
+            child["path_params"] = {
+                key: urllib.parse.unquote(value)
+                if key in self.param_convertors and isinstance(value, str)
+                else value
+                for key, value in params.items()
+            }
+        return match, child
+
+
+def _kept(segment: bytes) -> str:
+    """A raw path segment decoded, but for its '%' and '/' (escaped again)."""
+    text = urllib.parse.unquote_to_bytes(segment).decode("utf-8", "replace")
+    return text.replace("%", "%25").replace("/", "%2F")
+
+
+def raw_path(request: Request) -> str:
+    """The request's path as the client sent it (an id's '/' still ``%2F``): the
+    decoded ``request.url.path`` would lead elsewhere once sent back as a link."""
+    raw = request.scope.get("raw_path")
+    return raw.decode("latin-1") if isinstance(raw, bytes) and raw else request.url.path
+
+
 def starlette_routes() -> list[Route]:
     """The Starlette routes of every declared API route."""
     return [
-        Route(spec.path, _endpoint(spec, handler), methods=[spec.method], name=handler.__name__)
+        SegmentRoute(
+            spec.path, _endpoint(spec, handler), methods=[spec.method], name=handler.__name__
+        )
         for spec, handler in ROUTES
     ]
 
