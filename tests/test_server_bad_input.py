@@ -7,6 +7,7 @@ each test uses its own workflow ids.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import re
 import sys
 import urllib.parse
@@ -16,8 +17,9 @@ import httpx
 import pytest
 
 import durably
-from durably.server import auth
-from tests.serverkit import harness
+from durably.server import auth, views
+from durably.storage.base import NewWorkflow
+from tests.serverkit import flows, harness
 
 BEARER = {"Authorization": f"Bearer {harness.SECRET}"}
 #: JSON nested deeper than the standard library's decoder follows (its recursion limit),
@@ -136,3 +138,70 @@ def test_a_workflow_id_with_dot_segments_links_and_posts_to_itself_only(
         for target in targets:
             # what a browser requests for the link: dot segments removed
             assert urllib.parse.urljoin(base + page, target) == base + target, (page, target)
+
+
+def test_a_payload_nested_too_deep_to_decode_is_its_text_in_the_api_and_a_note_on_the_page(
+    base: str, url: str
+) -> None:
+    """Payloads nested past what the server decodes never make a 500: a step result and
+    an output as deep as the codec writes (970 lists, run by a real engine), a signal as
+    deep, and an input of 100,000 nested lists (JSON text another client wrote). The
+    API answers with each payload's stored text; the page says it is not shown."""
+    client = durably.Client(url)
+    client.start("srv-deep", 970, workflow_id="deep-result")
+    with harness.engine_thread(url):
+        harness.until(lambda: client.get_workflow("deep-result").finished, "srv-deep to end")
+    assert client.get_workflow("deep-result").status == "completed"
+    deepest = "[" * 100_000 + "]" * 100_000
+    client.submit(NewWorkflow("deep-input", "srv-wait", deepest, None, None))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a fresh thread's stack, as deep
+        pool.submit(client.send_signal, "deep-input", "note", flows.nested(970)).result()
+    stored = client.get_workflow("deep-result").output
+    assert stored is not None and stored.startswith("[" * 970)
+
+    at = base + "/api/workflows/"
+    r = httpx.get(at + "deep-result", headers=BEARER, timeout=10)
+    assert r.status_code == 200 and r.json()["output"] == stored, r.text[:300]
+    r = httpx.get(at + "deep-result/history", headers=BEARER, timeout=10)
+    assert r.status_code == 200, r.text[:300]
+    assert [e["payload"] for e in r.json()["entries"] if e["kind"] == "step"] == [stored]
+    r = httpx.get(at + "deep-input", headers=BEARER, timeout=10)
+    assert r.status_code == 200 and r.json()["input"] == deepest, r.text[:300]
+    for route in ("deep-input/signals", "deep-input/history"):
+        r = httpx.get(at + route, headers=BEARER, timeout=10)
+        assert r.status_code == 200, (route, r.text[:300])
+        assert [s["payload"] for s in r.json()["signals"]] == [stored], route
+    r = httpx.get(base + "/api/workflows", headers=BEARER, timeout=10)
+    assert r.status_code == 200 and deepest in [w["input"] for w in r.json()["workflows"]]
+
+    cookie = {auth.COOKIE: _session(base)}
+    for wid, shown in (("deep-result", 1), ("deep-input", 2)):  # its output; input and signal
+        r = httpx.get(base + "/workflows/" + wid, cookies=cookie, timeout=10)
+        assert r.status_code == 200, (wid, r.text[:300])
+        assert r.text.count(views.TOO_DEEP.split("{")[0]) >= shown, (wid, r.text)
+
+
+def test_a_result_typed_nested_too_deep_to_decode_is_a_422_that_resolves_nothing(
+    base: str, url: str
+) -> None:
+    """A review's result typed on the page as JSON nested past what the decoder follows
+    is refused (422, naming why), not taken as a text result, and the review stays open."""
+    harness.park_for_review(url, "deep-review", "ORD-DEEP")
+    client = durably.Client(url)
+    with harness.engine_thread(url):
+        harness.until(
+            lambda: client.get_workflow("deep-review").status == "needs_review", "the review"
+        )
+    cookie = {auth.COOKIE: _session(base)}
+    page = httpx.get(base + "/workflows/deep-review", cookies=cookie, timeout=10).text
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert csrf is not None, page
+    r = httpx.post(
+        base + "/workflows/deep-review/reviews/1/resolve",
+        data={"csrf_token": csrf[1], "decision": "result", "result": DEEP},
+        cookies=cookie,
+        timeout=10,
+    )
+    assert r.status_code == 422 and "nested too deep" in r.text, r.text[:300]
+    [review] = client.reviews("deep-review")
+    assert review.decision is None

@@ -195,6 +195,16 @@ class DecodeError(DurablyError, ValueError):
     """A stored payload is corrupt or names a type that is not allowed."""
 
 
+class PayloadTooDeep(DecodeError):
+    """A JSON payload nests arrays and objects deeper than ``durably serve`` decodes.
+
+    Python's decoder follows about a thousand levels, and only as many as the stack
+    has room for, so a value decoded near that may fail where it is encoded again or
+    rendered: the server shows such a payload as its text (the API) or says it is not
+    shown (the dashboard), and refuses one a person types.
+    """
+
+
 class IncompatibleValue(DecodeError):
     """A stored value fits neither the class stored with it nor the type declared today."""
 

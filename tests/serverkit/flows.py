@@ -81,3 +81,22 @@ async def parent_flow(order_id: str) -> Any:
         crash_flow, order_id, "/nonexistent-flag", workflow_id=f"{order_id}-child"
     )
     return await child.result()
+
+
+def nested(depth: int) -> Any:
+    """A list nested ``depth`` deep: ``[[[...]]]``."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@durably.step
+async def nest(depth: int) -> Any:
+    return nested(depth)
+
+
+@durably.workflow(name="srv-deep")
+async def deep_flow(depth: int) -> Any:
+    """A step result and an output nested ``depth`` deep (as deep as the codec writes)."""
+    return await nest(depth)

@@ -514,13 +514,13 @@ async def resolve(request: Request) -> Response:
     seq: int = request.path_params["seq"]
     body: dict[str, Any] = {}
     choice = fields.get("decision")
-    if choice == "retry":
-        body["retry"] = True
-    elif choice == "fail":
-        body["fail"] = fields.get("reason") or "failed by a person"
-    elif choice == "result":
-        body["result"] = views.payload(fields.get("result") or "null")
     try:
+        if choice == "retry":
+            body["retry"] = True
+        elif choice == "fail":
+            body["fail"] = fields.get("reason") or "failed by a person"
+        elif choice == "result":
+            body["result"] = views.typed(fields.get("result") or "null")
         decision = api.resolution(body)
         await run_in_threadpool(
             lambda: _client(request).resolve(wid, seq, by=identity.name, **decision)

@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from durably import journal, receipts
+from durably import errors, journal, receipts
 from durably.agents import approvals as approvals_module
 from durably.agents import usage as agent_usage
 
@@ -28,12 +28,58 @@ _INSTANT = frozenset({"now", "random", "uuid4", "event", "child", "cancel"})
 _QUIET = frozenset({"now", "random", "uuid4", "event", "patch"})
 
 
+#: The deepest nesting of arrays and objects a payload is decoded with. Deeper, the API
+#: gives its text and a page says it is not shown (errors.PayloadTooDeep): json follows
+#: only as many levels as the stack has room for, and a 500 is no answer.
+MAX_DEPTH = 500
+#: What a page shows instead of a payload nested deeper than MAX_DEPTH.
+TOO_DEEP = "(not shown: JSON nested more than {depth} levels deep, {size:,} characters)"
+
+
+def decode(text: str) -> Any:
+    """A JSON text as a value: ValueError when it is not JSON, errors.PayloadTooDeep when
+    it nests deeper than MAX_DEPTH (walked only when it has that many brackets)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:  # nested deeper than the decoder follows on this stack
+        raise errors.PayloadTooDeep(f"JSON nested more than {MAX_DEPTH} levels deep") from None
+    if text.count("[") + text.count("{") > MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+        raise errors.PayloadTooDeep(f"JSON nested more than {MAX_DEPTH} levels deep")
+    return value
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """True when ``value``'s lists and dicts nest more than ``limit`` deep (walked without
+    recursion: it is the recursion this guards against)."""
+    stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
 def payload(text: str | None) -> Any:
-    """A stored JSON payload as a value (its text when it is not plain JSON)."""
+    """A stored JSON payload as a value; its text when it is not plain JSON or is nested
+    deeper than MAX_DEPTH (an API client gets the stored text, the request no 500)."""
     if text is None:
         return None
     try:
+        return decode(text)
+    except ValueError:  # errors.PayloadTooDeep too
+        return text
+
+
+def typed(text: str) -> Any:
+    """What a person typed as JSON, as a value (the text itself when it is not JSON), as
+    the API takes a body: errors.PayloadTooDeep when nested deeper than the decoder
+    follows, refused rather than taken as text."""
+    try:
         return json.loads(text)
+    except RecursionError:
+        raise errors.PayloadTooDeep("the JSON typed is nested too deep to decode") from None
     except ValueError:
         return text
 
@@ -183,6 +229,11 @@ def preview_json(text: str | None, width: int = 400) -> str:
     """A stored JSON payload as readable, indented text, cut at ``width`` characters."""
     if text is None:
         return ""
-    value = payload(text)
+    try:
+        value = decode(text)
+    except errors.PayloadTooDeep:
+        return TOO_DEEP.format(depth=MAX_DEPTH, size=len(text))
+    except ValueError:
+        value = text
     shown = json.dumps(value, indent=2, ensure_ascii=False) if not isinstance(value, str) else value
     return shown if len(shown) <= width else shown[: width - 1] + "…"
