@@ -312,9 +312,13 @@ class Client:
         retry: bool = False,
         fail: str | None = None,
         by: str = "unknown",
+        attempt: int | None = None,
     ) -> journal.Review:
-        """Decide a parked step once: its ``result``, ``retry=True`` or ``fail="reason"``."""
-        return self._run(self._ops.resolve(workflow_id, seq, result, retry, fail, by))
+        """Decide a parked step once: its ``result``, ``retry=True`` or ``fail="reason"``.
+
+        ``attempt``: the review decided, as listed; see :meth:`durably.Engine.resolve`.
+        """
+        return self._run(self._ops.resolve(workflow_id, seq, result, retry, fail, by, attempt))
 
     # --- approvals of agent tool calls --------------------------------------------------
 

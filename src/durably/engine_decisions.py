@@ -98,11 +98,16 @@ class Decisions:
         retry: bool = False,
         fail: str | None = None,
         by: str = "unknown",
+        attempt: int | None = None,
     ) -> journal.Review:
         """Decide a parked step once: its ``result``, ``retry=True`` or ``fail="reason"``.
 
+        ``attempt`` names the review decided (``Review.attempt``, as listed): a decision
+        made for an earlier review at that seq raises AlreadyResolved and changes
+        nothing. Without it, the review open there now is decided.
         Who decided and when are journaled; the workflow then resumes.
         """
-        review = await self._run(self._ops.resolve(workflow_id, seq, result, retry, fail, by))
+        plan = self._ops.resolve(workflow_id, seq, result, retry, fail, by, attempt)
+        review = await self._run(plan)
         self._kick_recovery()
         return review

@@ -472,13 +472,22 @@ class Operations:
         return fork_id
 
     def resolve(
-        self, workflow_id: str, seq: int, result: Any, retry: bool, fail: str | None, by: str
+        self,
+        workflow_id: str,
+        seq: int,
+        result: Any,
+        retry: bool,
+        fail: str | None,
+        by: str,
+        attempt: int | None = None,
     ) -> Plan[journal.Review]:
         _workflow_id(workflow_id)
         validate.count(seq, "seq", low=0, high=validate.BIGINT[1])
+        if attempt is not None:
+            validate.count(attempt, "attempt", low=1, high=validate.BIGINT[1])
         validate.name(by, "by")
         decision, outcome = step_call.review_decision(result, retry, fail, by)
-        args = (workflow_id, seq, decision, outcome, by, self.clock())
+        args = (workflow_id, seq, decision, outcome, by, self.clock(), attempt)
         review: journal.Review = yield Call(self.store.resolve, args, True)
         return review
 

@@ -56,7 +56,7 @@ def review_list(database: str, workflow_id: str | None, as_json: bool) -> None:
         _say(f"  arguments  {receipts.preview(r.intent, 200)}")
         _say(f"  why        {r.reason}")
         _say(f"  decide     durably review resolve {r.workflow_id} {r.seq} \\")
-        _say("                 --result JSON | --retry | --fail REASON")
+        _say(f"                 --attempt {r.attempt} --result JSON | --retry | --fail REASON")
 
 
 @review.command("resolve")
@@ -65,6 +65,13 @@ def review_list(database: str, workflow_id: str | None, as_json: bool) -> None:
 @click.option("--result", "result_json", default=None, help="The step's result, as JSON.")
 @click.option("--retry", is_flag=True, help="Run the step again with the same key.")
 @click.option("--fail", "reason", default=None, help="Fail the step with this reason.")
+@click.option(
+    "--attempt",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The attempt of the review decided, as `review list` shows it; a decision for "
+    "an earlier review at that seq is refused. Default: the review open there.",
+)
 @click.option("--by", default=lambda: os.environ.get("USER", "cli"), help="Who decides.")
 @click.pass_obj
 def review_resolve(
@@ -74,6 +81,7 @@ def review_resolve(
     result_json: str | None,
     retry: bool,
     reason: str | None,
+    attempt: int | None,
     by: str,
 ) -> None:
     """Decide once: --result JSON (it happened), --retry (it did not) or --fail REASON."""
@@ -86,7 +94,7 @@ def review_resolve(
         except json.JSONDecodeError as exc:
             raise click.ClickException(f"--result is not JSON: {exc}") from exc
     with _client(database, create=False) as client:
-        decided = client.resolve(workflow_id, seq, by=by, **choice)
+        decided = client.resolve(workflow_id, seq, by=by, attempt=attempt, **choice)
     _say(
         f"{workflow_id} seq {seq} ({decided.step}): {decided.decision} by {decided.decided_by}; "
         "the workflow resumes"

@@ -268,6 +268,12 @@ async def _decide(request: Request, ctx: Context, action: str) -> Any:
                 "result": {"description": "The step's result: it happened"},
                 "retry": {"type": "boolean", "description": "It did not happen: run it again"},
                 "fail": {"type": "string", "description": "Fail the step with this reason"},
+                "attempt": {
+                    "type": "integer",
+                    "description": "The attempt of the review you were shown; a decision "
+                    "made for an earlier review at that seq is refused (409). Without it, "
+                    "the review open there now",
+                },
                 **_BY,
             },
         },
@@ -283,8 +289,13 @@ async def resolve(request: Request, ctx: Context) -> Any:
     body = await body_of(request)
     by = ctx.by(body)
     choice = resolution(body)
+    attempt = body.get("attempt")
+    if attempt is not None and (
+        not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1
+    ):
+        raise BadInput("the field 'attempt' must be a positive integer")
     await call(ctx.client.get_workflow, wid)
-    decided = await call(ctx.client.resolve, wid, seq, by=by, **choice)
+    decided = await call(ctx.client.resolve, wid, seq, by=by, attempt=attempt, **choice)
     return views.review(decided)
 
 

@@ -514,6 +514,7 @@ async def resolve(request: Request) -> Response:
     seq: int = request.path_params["seq"]
     body: dict[str, Any] = {}
     choice = fields.get("decision")
+    shown = fields.get("attempt") or None  # the review the form showed; refused if stale
     try:
         if choice == "retry":
             body["retry"] = True
@@ -522,8 +523,11 @@ async def resolve(request: Request) -> Response:
         elif choice == "result":
             body["result"] = views.typed(fields.get("result") or "null")
         decision = api.resolution(body)
+        attempt = None if shown is None else int(shown)
         await run_in_threadpool(
-            lambda: _client(request).resolve(wid, seq, by=identity.name, **decision)
+            lambda: _client(request).resolve(
+                wid, seq, by=identity.name, attempt=attempt, **decision
+            )
         )
     except (errors.DurablyError, ValueError) as exc:
         return _failed(exc)

@@ -761,10 +761,15 @@ class Store(abc.ABC):
         outcome: str | None,
         decided_by: str,
         now: float,
+        attempt: int | None = None,
     ) -> journal.Review:
         """Decide a review once: ``result`` (outcome: the result's JSON) becomes the receipt,
         ``retry`` runs the step again with its key, ``fail`` (outcome: the error's JSON)
         fails it. The workflow becomes pending. Raises if nothing awaits a decision there.
+
+        ``attempt``: the review the decision was made for; when the review open at
+        ``seq`` is of another attempt (the retried step ended unknown again), raises
+        AlreadyResolved (or NothingToResolve) and decides nothing. None: the open one.
         """
 
     @abc.abstractmethod

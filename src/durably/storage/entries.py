@@ -197,6 +197,7 @@ class EntryVerbs(claims.ClaimVerbs):
                 "decide_review",
                 workflow_id=workflow_id,
                 seq=e.seq,
+                attempt=None,  # whichever is open there
                 decision="cancelled",
                 outcome=None,
                 decided_by="cancel",

@@ -1050,15 +1050,18 @@ WHERE decision IS NULL AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = 
 ORDER BY opened_at
 
 -- name: decide_review
--- Record the decision on a review still open.
+-- Record the decision on a review still open at seq (the one of that attempt, when given).
 UPDATE reviews SET decision = :decision, outcome = :outcome, decided_by = :decided_by,
                    decided_at = :now
 WHERE workflow_id = :workflow_id AND seq = :seq AND decision IS NULL
+  AND (CAST(:attempt AS BIGINT) IS NULL OR attempt = :attempt)
 
 -- name: review_at
--- The latest decision on the review of a step: who decided what, and when.
+-- The latest decision on the review of a step (of one attempt, when given): who decided
+-- what, and when.
 SELECT decision, decided_by, decided_at FROM reviews
 WHERE workflow_id = :workflow_id AND seq = :seq AND decision IS NOT NULL
+  AND (CAST(:attempt AS BIGINT) IS NULL OR attempt = :attempt)
 ORDER BY attempt DESC
 LIMIT 1
 

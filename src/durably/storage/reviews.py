@@ -120,6 +120,7 @@ class ReviewVerbs(signals.SignalVerbs):
         outcome: str | None,
         decided_by: str,
         now: float,
+        attempt: int | None = None,
     ) -> journal.Review:
         # Decided under the workflow's row lock (SQLite: the write lock of BEGIN IMMEDIATE):
         # a rival resolver waits here, then finds the review decided.
@@ -128,6 +129,10 @@ class ReviewVerbs(signals.SignalVerbs):
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
         open_ = [r for r in self.reviews(workflow_id) if r.seq == seq]
         status = journal.Status(info.status)
+        if open_ and attempt is not None and open_[0].attempt != attempt:
+            # Made for an earlier review at this seq (its retry ended unknown again and
+            # opened this one): a duplicate of that decision must not decide this one.
+            raise self._nothing_to_resolve(workflow_id, seq, info.status, attempt, open_[0])
         if open_ and status != journal.Status.NEEDS_REVIEW and not status.finished:
             # Opened by a run that has not parked for it yet (it parks once nothing else
             # of it can go on): that run still holds the workflow, so nothing decides.
@@ -136,20 +141,21 @@ class ReviewVerbs(signals.SignalVerbs):
                 "decided once the workflow parks for it, which its run has not done yet"
             )
         if not open_ or status != journal.Status.NEEDS_REVIEW:
-            raise self._nothing_to_resolve(workflow_id, seq, info.status)
+            raise self._nothing_to_resolve(workflow_id, seq, info.status, attempt)
         review = open_[0]
         entry = replay.resolved_entry(review, decision, outcome, now)
         decided = self._q(
             "decide_review",
             workflow_id=workflow_id,
             seq=seq,
+            attempt=review.attempt,
             decision=decision,
             outcome=outcome,
             decided_by=decided_by,
             now=now,
         )
         if decided.rowcount != 1:  # only if a dialect let a rival in past the row lock
-            raise self._nothing_to_resolve(workflow_id, seq, info.status)
+            raise self._nothing_to_resolve(workflow_id, seq, info.status, attempt)
         # Unfenced (a person decides, no run holds the workflow): resets no crash count.
         self._upsert(workflow_id, [entry], now, None)
         self._q("review_decided", workflow_id=workflow_id, now=now)
@@ -158,18 +164,34 @@ class ReviewVerbs(signals.SignalVerbs):
             review, decision=decision, outcome=outcome, decided_by=decided_by, decided_at=now
         )
 
-    def _nothing_to_resolve(self, workflow_id: str, seq: int, status: str) -> errors.DurablyError:
-        """Why there is nothing to decide at ``seq``: who decided it, if anyone did."""
-        row = self._q("review_at", workflow_id=workflow_id, seq=seq).fetchone()
+    def _nothing_to_resolve(
+        self,
+        workflow_id: str,
+        seq: int,
+        status: str,
+        attempt: int | None,
+        open_: journal.Review | None = None,
+    ) -> errors.DurablyError:
+        """Why there is nothing to decide at ``seq`` (for ``attempt``, when given): who
+        decided it, if anyone did, and which review is open there now, if one is."""
+        which = f"seq {seq}" if attempt is None else f"seq {seq} attempt {attempt}"
+        now_open = (
+            ""
+            if open_ is None
+            else f"; the review open there now is attempt {open_.attempt} (a later run of "
+            f"the step, its outcome unknown again), decided only by a decision naming it"
+        )
+        row = self._q("review_at", workflow_id=workflow_id, seq=seq, attempt=attempt).fetchone()
         if row is not None:
             decision, by, at = row
             when = datetime.datetime.fromtimestamp(float(at), datetime.UTC).isoformat(
                 timespec="seconds"
             )
             return errors.AlreadyResolved(
-                f"workflow {workflow_id!r} has no step awaiting a decision at seq {seq}: it "
-                f"was decided already ({decision} by {by!r} at {when})"
+                f"workflow {workflow_id!r} has no step awaiting a decision at {which}: it "
+                f"was decided already ({decision} by {by!r} at {when}){now_open}"
             )
         return errors.NothingToResolve(
-            f"workflow {workflow_id!r} ({status}) has no step awaiting a decision at seq {seq}"
+            f"workflow {workflow_id!r} ({status}) has no step awaiting a decision at "
+            f"{which}{now_open}"
         )
