@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -45,10 +46,23 @@ async def transfer(order: str) -> dict[str, str]:
     return {"transfer_id": f"tr-{order}"}
 
 
+@durably.step(reconcile=find, retry=durably.Retry(max_attempts=5, initial=0.01))
+async def refund_retried(order: str) -> dict[str, str]:
+    LOG.append(("refund_retried", durably.idempotency_key()))
+    if "hang" in GATE:
+        await GATE["hang"].wait()
+    return {"refund_id": f"re-{order}"}
+
+
 @durably.workflow
 async def pay(order: str, kind: str) -> Any:
     if kind == "reconcile":
         return await refund(order)
+    if kind == "reconcile-retried":
+        try:
+            return await refund_retried(order)
+        except durably.EncodeError as exc:
+            return f"not stored: {exc}"
     try:
         return await transfer(order)
     except durably.ResolvedAsFailed as exc:
@@ -86,6 +100,36 @@ async def test_reconcile_found_records_the_original_receipt(sqlite_url: str) -> 
     async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
         assert await e.handle("r1").result(timeout=5) == {"refund_id": "re-original"}
     assert LOG == [("refund", "r1:1"), ("reconcile", "r1:1")]
+
+
+class Unstorable:
+    """A result no payload can hold (not JSON, not a dataclass or model)."""
+
+
+async def test_a_reconciled_result_that_cannot_be_stored_fails_the_attempt_on_record(
+    store_url: str,
+) -> None:
+    """reconcile found the call happened, but its result cannot be encoded: the
+    attempt is recorded as failed, naming the step, workflow and seq, as a result the
+    step itself returned would be; never run again (it happened), its retry policy
+    notwithstanding, and never asked again on a replay."""
+    await interrupt(store_url, "reconcile-retried", "r5")
+    VERDICT["answer"] = durably.Found(Unstorable())
+    where = "step 'refund_retried' (workflow 'r5', seq 1) reconciled result"
+    async with durably.Engine(store_url, poll_interval=0.1) as e:
+        said = await e.handle("r5").result(timeout=5)
+        (entry,) = await e.history("r5")
+    assert (entry.status, entry.attempt) == ("failed", 1), entry  # not an open intent
+    assert said.startswith("not stored: ") and where in said, said
+    assert "Unstorable" in said and "happened, so it is not run again" in said, said
+    recorded = json.loads(entry.payload or "{}")
+    assert recorded["type"] == "durably.errors.EncodeError", recorded
+    assert where in recorded["message"], recorded
+    assert LOG == [("refund_retried", "r5:1"), ("reconcile", "r5:1")]
+    async with durably.Engine(store_url, poll_interval=0.1) as e:  # a replay of seq 1
+        fork = await e.fork("r5", from_seq=1)
+        assert (await fork.result(timeout=5)).startswith("not stored: cannot encode step")
+    assert LOG == [("refund_retried", "r5:1"), ("reconcile", "r5:1")]  # nothing asked again
 
 
 async def test_reconcile_not_found_runs_again_with_the_same_key(sqlite_url: str) -> None:

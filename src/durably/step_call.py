@@ -273,8 +273,12 @@ async def _unknown_outcome(
         action, reason = replay.judge_reconcile(verdict, raised)
         if action is _A.RETURN:
             assert isinstance(verdict, steps.Found)
-            payload = codec.encode(verdict.result, where=f"{where} reconciled result")
             now = run.clock()
+            try:
+                payload = codec.encode(verdict.result, where=f"{where} reconciled result")
+            except Exception as exc:  # EncodeError, or what a model's serializer raised
+                await _unstorable_reconciled(run, intent, exc, where, now)
+                raise AssertionError("unreachable: it raises") from exc  # pragma: no cover
             receipt = dataclasses.replace(
                 intent, status=_S.COMPLETED, payload=payload, finished_at=now
             )
@@ -286,6 +290,30 @@ async def _unknown_outcome(
         reason = replay.AT_MOST_ONCE_REASON
     await _await_review(run, seq, step, intent, key, reason)
     raise AssertionError("unreachable: a review wait ends by parking")  # pragma: no cover
+
+
+async def _unstorable_reconciled(
+    run: Run, intent: journal.Entry, exc: Exception, where: str, now: float
+) -> None:
+    """Record the interrupted attempt as failed, then raise: reconcile found that the
+    call happened, but its result cannot be stored.
+
+    As a result the step returned that cannot be stored fails its attempt, but for
+    good, whatever the step's retry policy: the call happened, so running it again
+    would repeat it. The failure replaces the intent, so a replay raises it again
+    instead of asking reconcile again.
+    """
+    why = str(exc)  # an EncodeError names the step, workflow and seq already
+    if not isinstance(exc, errors.EncodeError):
+        why = f"cannot encode {where} reconciled result: {type(exc).__name__}: {exc}"
+    error = errors.EncodeError(
+        f"{why}; reconcile found that the call happened, so it is not run again"
+    )
+    failed = dataclasses.replace(
+        intent, status=_S.FAILED, payload=error_json(error), finished_at=now, wake_at=None
+    )
+    await _commit_failure(run, failed, error, where)
+    raise error from exc
 
 
 async def _await_review(
