@@ -3,6 +3,7 @@ they came from (``forked_from``), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -137,3 +138,109 @@ async def test_forked_from_travels_in_archives_and_older_archives_still_import(
             info = client.get_workflow("pub-f")
             assert (info.forked_from, info.forked_from_seq) == expected
             assert client.get_event("pub-f", "k") == 1
+
+
+# --- a prefix that ends in a step whose outcome is open -----------------------------------
+
+HANG: dict[str, Any] = {}
+
+
+@durably.step(at_most_once=True)
+async def ship(order: str) -> str:
+    RAN.append(f"ship {durably.idempotency_key()}")
+    if "hang" in HANG:
+        await HANG["hang"].wait()
+    return f"shipped {order}"
+
+
+@durably.workflow(name="fork.shipper")
+async def shipper(order: str) -> str:
+    await s(order)  # seq 1
+    return await ship(order)  # seq 2: an intent, then the call
+
+
+@durably.step(retry=durably.Retry(max_attempts=3, initial=3600.0))
+async def flaky() -> None:
+    RAN.append("flaky")
+    raise RuntimeError("down")
+
+
+@durably.workflow(name="fork.flaky")
+async def flaky_flow() -> None:
+    await s("x")  # seq 1
+    await flaky()  # seq 2: attempt 1 fails, attempt 2 is due in an hour
+
+
+async def _ship_cut_inside_the_call(url: str) -> None:
+    """Start fork.shipper and stop its engine hard while ``ship`` runs: seq 2 is an
+    intent without its receipt, the call's outcome unknown."""
+    HANG["hang"] = asyncio.Event()
+    e = engine(url)
+    await e.open()
+    try:
+        await e.start(shipper, "O-1", workflow_id="ship")
+        while not any(r.startswith("ship") for r in RAN):
+            await asyncio.sleep(0.01)
+    finally:
+        await e.close(drain_timeout=0.05)
+        del HANG["hang"]
+
+
+async def test_a_fork_refuses_to_copy_a_step_whose_outcome_is_unknown(store_url: str) -> None:
+    """The intent's key is ``ship:2``; in the fork the step's key would be the fork's:
+    reconcile would look up a key never sent, an at-most-once step would park for a call
+    the fork never made. The fork is refused at and past that seq, naming it; from before
+    it, it runs the step anew under its own key; once decided, the decision is copied."""
+    await _ship_cut_inside_the_call(store_url)
+    with durably.Client(store_url) as client:
+        assert [(x.seq, x.status) for x in client.history("ship")] == [
+            (1, "completed"),
+            (2, "started"),
+        ]
+        for from_seq in (2, 9):
+            with pytest.raises(durably.DurablyError) as refused:
+                client.fork("ship", from_seq, f"ship-{from_seq}")
+            assert type(refused.value).__name__ == "NotForkable", refused.value
+            said = str(refused.value)
+            assert "step 'ship' at seq 2" in said and "outcome is unknown" in said, said
+            assert "from_seq=1" in said, said
+            with pytest.raises(durably.WorkflowNotFound):  # nothing was created
+                client.get_workflow(f"ship-{from_seq}")
+    async with engine(store_url) as e:
+        await until_status(e, "ship", "needs_review")
+        with pytest.raises(durably.errors.NotForkable):  # parked for review: still unknown
+            await e.fork("ship", from_seq=2, workflow_id_new="ship-2")
+        anew = await e.fork("ship", from_seq=1, workflow_id_new="ship-1")
+        assert await anew.result(timeout=10) == "shipped O-1"
+        await e.resolve("ship", 2, result="shipped by hand", by="ops")
+        assert await e.handle("ship").result(timeout=10) == "shipped by hand"
+        decided = await e.fork("ship", from_seq=2, workflow_id_new="ship-2")
+        assert await decided.result(timeout=10) == "shipped by hand"
+    assert RAN == ["O-1", "ship ship:2", "ship ship-1:2"]  # never under ship-2's key
+
+
+async def test_a_fork_refuses_to_copy_a_step_between_its_retries(store_url: str) -> None:
+    """A failed attempt whose retry is to come: in the fork the next attempt would run
+    under the fork's key, not the one the failed attempts sent."""
+    async with engine(store_url) as e:
+        await e.start(flaky_flow, workflow_id="fl")
+        await until_status(e, "fl", "sleeping")
+        with pytest.raises(durably.DurablyError, match=r"step 'flaky' at seq 2 .*retry") as no:
+            await e.fork("fl", from_seq=2, workflow_id_new="fl-2")
+        assert type(no.value).__name__ == "NotForkable", no.value
+        fork = await e.fork("fl", from_seq=1, workflow_id_new="fl-1")
+        await until_status(e, "fl-1", "sleeping")
+        history = await e.history("fl-1")
+    assert [(x.seq, x.status, x.attempt) for x in history] == [
+        (1, "completed", 1),
+        (2, "retrying", 1),
+    ]
+    assert fork.workflow_id == "fl-1" and RAN == ["x", "flaky", "flaky"]
+
+
+async def until_status(e: durably.Engine, wid: str, status: str, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while (now := await e.handle(wid).status()) != status:
+        assert loop.time() < deadline, f"{wid} still {now}, not {status}"
+        await asyncio.sleep(0.02)

@@ -251,7 +251,11 @@ class Client:
         self._run(self._ops.resume(workflow_id))
 
     def fork(self, workflow_id: str, from_seq: int, new_id: str | None = None) -> str:
-        """A new workflow with the first ``from_seq`` journal entries of this one; its id."""
+        """A new workflow with the first ``from_seq`` journal entries of this one; its id.
+
+        ``errors.NotForkable`` when they hold a step whose outcome is open; see
+        :meth:`durably.Engine.fork`.
+        """
         return self._run(self._ops.fork(workflow_id, from_seq, new_id))
 
     def cancel_workflows(self, **filters: Any) -> list[str]:

@@ -599,7 +599,9 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
         """Start a copy whose first ``from_seq`` journal entries are the original's.
 
         The rest runs live, on the code now loaded: for debugging an agent from
-        its third model call with changed code.
+        its third model call with changed code. Raises ``errors.NotForkable`` when
+        those entries hold a step whose outcome is open (an intent without its
+        receipt, a retry to come): in the fork its idempotency key would be another.
         """
         new_id = await self._run(self._ops.fork(workflow_id, from_seq, workflow_id_new))
         self._kick_recovery()

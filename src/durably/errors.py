@@ -274,6 +274,12 @@ class NotResumable(DurablyError):
     steps ran after its cancellation); the message says why and what to do instead."""
 
 
+class NotForkable(DurablyError):
+    """A fork's prefix would copy a step whose outcome is open (an intent without its
+    receipt, or a retry to come): in the fork its idempotency key would be another. The
+    message names the step and seq, and what to do instead."""
+
+
 class EngineNotOpen(DurablyError):
     """The engine is not open; use ``async with Engine(...)``."""
 

@@ -419,7 +419,9 @@ def resume(
 
 @main.command(
     help=f"""Start a copy of a workflow that replays its first entries (up to
---from-seq) and runs the rest live, on the code loaded now.
+--from-seq) and runs the rest live, on the code loaded now. Refused when those
+entries hold a step whose outcome is open (its intent without a receipt, or a
+retry to come): fork from before it, or once it has settled.
 
 Prints the new id. {_IN_PLACE}"""
 )

@@ -733,7 +733,11 @@ class Store(abc.ABC):
     def fork(
         self, workflow_id: str, from_seq: int, new_id: str, now: float
     ) -> journal.WorkflowInfo:
-        """A new pending workflow with the same input and the first ``from_seq`` entries."""
+        """A new pending workflow with the same input and the first ``from_seq`` entries.
+
+        Raises NotForkable when they hold a step whose outcome is open (an intent
+        without its receipt, a retry to come): in the fork its key would be another.
+        """
 
     @abc.abstractmethod
     def open_review(

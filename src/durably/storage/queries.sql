@@ -1009,6 +1009,14 @@ DELETE FROM journal WHERE workflow_id = :workflow_id AND seq = :seq
 UPDATE journal SET status = 'retrying', wake_at = :now
 WHERE workflow_id = :workflow_id AND seq = :seq
 
+-- name: first_open_step
+-- The first step at or before seq whose outcome is open (an intent, a retry to come).
+SELECT seq, name, status, attempt FROM journal
+WHERE workflow_id = :workflow_id AND seq <= :seq AND kind = 'step'
+  AND status IN ('started', 'retrying')
+ORDER BY seq
+LIMIT 1
+
 -- name: copy_entries
 -- Copy a workflow's journal up to seq under a new id (fork).
 INSERT INTO journal (workflow_id, seq, kind, name, status, attempt, payload, started_at,

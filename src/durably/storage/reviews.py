@@ -63,9 +63,11 @@ class ReviewVerbs(signals.SignalVerbs):
     def fork(
         self, workflow_id: str, from_seq: int, new_id: str, now: float
     ) -> journal.WorkflowInfo:
-        info = self.get_workflow(workflow_id)
+        # Locked: the journal checked below is the one copied (a run's commit waits).
+        info = self._lock_workflow(workflow_id)
         if info is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
+        self._refuse_open_step(workflow_id, from_seq)
         new = base.NewWorkflow(
             new_id,
             info.name,
@@ -82,6 +84,34 @@ class ReviewVerbs(signals.SignalVerbs):
         self._q("mark_fork", new_id=new_id, workflow_id=workflow_id, seq=from_seq)
         self._wake("work")
         return dataclasses.replace(forked, forked_from=workflow_id, forked_from_seq=from_seq)
+
+    def _refuse_open_step(self, workflow_id: str, from_seq: int) -> None:
+        """Raise NotForkable if the prefix holds a step whose outcome is open.
+
+        Its idempotency key holds the source's id; in the fork it would be the fork's.
+        Copied, an intent would be reconciled under a key never sent (a wrong NotFound
+        runs it again) or reviewed for a call the fork never made, and a retry would
+        send its next attempt under another key than the failed ones.
+        """
+        row = rows.first(self._q("first_open_step", workflow_id=workflow_id, seq=from_seq))
+        if row is None:
+            return
+        seq, name, attempt = int(row["seq"]), str(row["name"]), int(row["attempt"])
+        if row["status"] == journal.EntryStatus.STARTED:
+            what = (
+                f"has an intent without its receipt: its outcome is unknown (attempt "
+                f"{attempt}: being called, reconciled, or awaiting review)"
+            )
+            settle = "once its outcome is recorded (it ends, or its review is decided)"
+        else:
+            what = f"failed attempt {attempt} and has its retry to come"
+            settle = "once the step has ended"
+        raise errors.NotForkable(
+            f"cannot fork workflow {workflow_id!r} from seq {from_seq}: its step {name!r} "
+            f"at seq {seq} {what}, and in the fork its idempotency key would be another. "
+            f"Fork with from_seq={seq - 1} to run the step anew under the fork's key, or "
+            f"fork {settle}"
+        )
 
     def open_review(
         self,
