@@ -239,3 +239,24 @@ async def test_streamed_text_reaches_the_event_handler_while_the_model_step_runs
     assert "".join(p for p, _ in replayed["deltas"]) == long
     assert {done for _, done in replayed["deltas"]} == {1}
     assert len(server.requests) == 1
+
+
+async def test_token_counts_before_requests_are_steps_a_replay_reads(
+    sqlite_url: str, effects: Path
+) -> None:
+    """``count_tokens_before_request`` asks the provider before every request: a step, so a
+    replay neither asks again nor may count otherwise (and trip a limit it did not)."""
+    server = _serve(TWO_LOOKUPS)
+    try:
+        async with durably.Engine(sqlite_url) as engine:
+            handle = await engine.start(pai_flows.counted_support, "orders?", workflow_id="wf")
+            result = await handle.result(timeout=20)
+            history = await engine.history("wf")
+            fork = await engine.fork("wf", from_seq=len(history), workflow_id_new="wf-replay")
+            replayed = await fork.result(timeout=20)
+    finally:
+        server.stop()
+    assert result == replayed and result["output"] == "Both orders shipped."
+    assert [e.name for e in history if e.name == "count_tokens"] == ["count_tokens"] * 3
+    counted = [e for e in tools.effects(effects) if e["kind"] == "count_tokens"]
+    assert [e["messages"] for e in counted] == [1, 3, 5]  # once per request, none replayed

@@ -11,10 +11,11 @@ import os
 from typing import Any
 
 from openai import AsyncOpenAI
-from pydantic_ai import Agent
+from pydantic_ai import Agent, UsageLimits
 from pydantic_ai.messages import PartDeltaEvent, PartStartEvent, TextPart, TextPartDelta
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.usage import RequestUsage
 
 import durably
 from durably.agents import run_usage
@@ -99,3 +100,27 @@ async def support_live_events(question: str) -> dict[str, Any]:
 
     result = await durable.run(question, event_stream_handler=handler)
     return {"output": result.output, "deltas": deltas}
+
+
+class CountingModel(OpenAIChatModel):
+    """A model that counts a request's tokens ahead of it, as some providers' do (a
+    request of its own to the provider: here, an effect)."""
+
+    async def count_tokens(self, messages: Any, model_settings: Any, params: Any) -> RequestUsage:
+        effect("count_tokens", messages=len(messages))
+        return RequestUsage(input_tokens=100 * len(messages))
+
+
+counting = Agent(
+    CountingModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client)),
+    instructions="You are a support agent.",
+    tools=[lookup_order],
+)
+
+
+@durably.workflow(name="pai-counted")
+async def counted_support(question: str) -> dict[str, Any]:
+    """Each request's tokens counted before it is sent (``count_tokens_before_request``)."""
+    limits = UsageLimits(count_tokens_before_request=True, input_tokens_limit=100_000)
+    result = await DurableAgent(counting).run(question, usage_limits=limits)
+    return {"output": result.output, "input_tokens": result.usage.input_tokens}

@@ -64,6 +64,7 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.toolsets.wrapper import WrapperToolset
+from pydantic_ai.usage import RequestUsage
 
 from durably import context, errors, steps
 from durably.agents import approvals, budget, completions, usage
@@ -72,6 +73,8 @@ from durably.integrations import _common
 __all__ = ["DurableAgent", "DurableModel", "DurableToolset"]
 
 MODEL_STEP = usage.MODEL_STEP_PREFIX + "pydantic_ai"
+#: The step of a request's token count before it is sent (not a model call: not "llm:").
+COUNT_STEP = "count_tokens"
 _GATED = "durably_requires_approval"  # set in a gated tool's metadata by DurableToolset
 _RETRY = "durably_model_retry"  # a tool step's result standing for a ModelRetry it raised
 
@@ -152,6 +155,30 @@ class DurableModel(WrapperModel):
             return response_record(response)
 
         return await self._journaled(request_step, messages)
+
+    async def count_tokens(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> RequestUsage:
+        """Count a request's tokens before it is sent (``UsageLimits(count_tokens_before_
+        request=True)``) as the step ``count_tokens``: a replay reads the count, so it
+        neither asks the provider again nor trips a limit the first run did not."""
+        if not _in_workflow_code():
+            return await self.wrapped.count_tokens(
+                messages, model_settings, model_request_parameters
+            )
+
+        async def count_step() -> JSON:
+            counted = await self.wrapped.count_tokens(
+                messages, model_settings, model_request_parameters
+            )
+            return dataclasses.asdict(counted)
+
+        record: JSON = await steps.run_step(count_step, name=COUNT_STEP)
+        known = {f.name for f in dataclasses.fields(RequestUsage)}
+        return RequestUsage(**{k: v for k, v in record.items() if k in known})
 
     @asynccontextmanager
     async def request_stream(
