@@ -70,3 +70,18 @@ async def test_a_connection_error_is_retried_not_final(sqlite_url: str) -> None:
             assert await handle.result(timeout=10) == "It shipped."
         assert _DroppingHandler.dropped == [1]
         assert len(server.requests) == 1  # the retry, answered
+
+
+async def test_a_429s_retry_after_is_waited_for(sqlite_url: str) -> None:
+    """Pydantic AI raises its own ModelHTTPError, its headers on the error itself (not on
+    a ``response``): the model step still waits the delay the server asked for, not its
+    own (50 ms here), before it asks again."""
+    with FakeModelServer(by_turn([text("It shipped.")])) as server:
+        server.fail_next(models.failure(429, retry_after=0.6))
+        client.base_url = server.url  # type: ignore[assignment]
+        async with durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.05) as engine:
+            handle = await engine.start(ask, "where?", workflow_id="wf-429")
+            assert await handle.result(timeout=10) == "It shipped."
+        tries = server.requests
+    assert [r["status"] for r in tries] == [429, 200]
+    assert tries[1]["ts"] - tries[0]["ts"] >= 0.55

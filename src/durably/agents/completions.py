@@ -97,8 +97,14 @@ def _error_type(exc: BaseException) -> str | None:
 
 
 def retry_after(exc: BaseException, now: Callable[[], float] = time.time) -> float | None:
-    """The delay the server asked for in ``retry-after-ms`` or ``Retry-After``, in seconds."""
+    """The delay the server asked for in ``retry-after-ms`` or ``Retry-After``, in seconds.
+
+    The headers are the response's (the openai and anthropic clients' errors), or the
+    error's own (Pydantic AI's ``ModelHTTPError``, whose keys are lowercased).
+    """
     headers = getattr(getattr(exc, "response", None), "headers", None)
+    if headers is None:
+        headers = getattr(exc, "headers", None)
     if headers is None:
         return None
     millis = _header(headers, "retry-after-ms")
