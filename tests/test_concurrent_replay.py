@@ -318,10 +318,18 @@ def _entry(seq: int, kind: str, follows: int | None, digest: str | None = None) 
 
 
 def _take(
-    replayer: Any, follows: int, kind: str, digest: str | None = None, *, new: bool = False
+    replayer: Any,
+    follows: int,
+    kind: str,
+    digest: str | None = None,
+    *,
+    new: bool = False,
+    name: str | None = None,
 ) -> int:
-    """The seq a call takes: ``new``, the first call of a task begun after ``follows``."""
-    name = "work" if kind == "step" else ""
+    """The seq a call takes: ``new``, the first call of a task begun after ``follows``;
+    a step is named ``work`` unless ``name`` says."""
+    if name is None:
+        name = "work" if kind == "step" else ""
     seq: int = replayer.next_seq(follows, kind, name, digest, new_task=new)
     return seq
 
@@ -383,6 +391,29 @@ def test_matching_still_reports_a_changed_call() -> None:
     assert _take(r, 1, "step") == 3
     with pytest.raises(durably.NonDeterminismError):
         r.lookup(3, "step", "work")
+
+
+def test_a_cancellation_is_taken_by_the_call_it_was_delivered_to() -> None:
+    """Two tasks began at once: the cancellation was delivered to the second's step
+    (seq 2, a marker naming it); the first's step was on its way at the crash (seq 1,
+    not journaled). On the replay the first calls first: it must not take the marker
+    (it would raise Cancelled where the first run's did not, and the second's step,
+    which the first run never ran, would run), but the seq it had."""
+    from durably import replay
+
+    marker = durably.Entry(2, "cancel", "step 'work'", "completed", follows=0)
+    r = replay.Replayer("wf", [marker])
+    assert _take(r, 0, "step", "a", new=True, name="other") == 1
+    assert _take(r, 0, "step", "b", new=True) == 2
+    assert r.lookup(2, "step", "work") == marker
+
+
+def test_a_marker_that_names_no_call_is_taken_by_any_as_before() -> None:
+    """A marker journaled before markers named their call stands for any call there."""
+    from durably import replay
+
+    r = replay.Replayer("wf", [durably.Entry(2, "cancel", "", "completed", follows=0)])
+    assert _take(r, 0, "step", "a", new=True, name="other") == 2
 
 
 def test_a_journal_begun_before_follows_is_read_in_seq_order() -> None:

@@ -106,7 +106,7 @@ async def _get_event(run: Run, seq: int, source: str, key: str, timeout: float) 
             waited = now - (entry.started_at or now)
             pause = min(max(waited / 2, _POLL[0]), _POLL[1])
             await run.block(journal.Kind.GET_EVENT, label, min(entry.wake_at or now, now + pause))
-            run.cancel_point(seq)
+            run.cancel_point(seq, journal.Kind.GET_EVENT, label)
     if entry.status == journal.EntryStatus.TIMED_OUT:
         raise TimeoutError(
             f"workflow {source!r} had not published {key!r} by the deadline "

@@ -123,7 +123,7 @@ class RehearsalRun(workflow_run.Run):
     ) -> None:
         raise _EndOfJournal(f"a live run would wait for {kind} {key!r} here")
 
-    def cancel_point(self, seq: int) -> None:
+    def cancel_point(self, seq: int, kind: str, name: str) -> None:
         """No cancellation is delivered in a rehearsal (a journaled one ends it)."""
 
     async def warn(self, changed: errors.ArgumentsChanged) -> None:

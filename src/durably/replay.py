@@ -242,8 +242,11 @@ class Replayer:
                 recorded = journal.twin_of(entries[group[i]].args_digest)[0]
                 if asked is None or recorded is None or recorded == asked:
                     return i
-        for i, seq in enumerate(group):
-            if entries[seq].kind == journal.Kind.CANCEL:
+        for i, seq in enumerate(group):  # a marker names the call it was delivered to
+            marked = entries[seq]
+            if marked.kind == journal.Kind.CANCEL and (
+                not marked.name or marked.name == journal.describe_call(kind, name)
+            ):
                 return i
         if new_task or hole is not None:
             return None

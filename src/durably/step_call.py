@@ -89,12 +89,12 @@ async def _run(
             raise recorded_error(entry, where)
         if action is _A.BACKOFF:
             assert plan.wake_at is not None
-            await _backoff(run, seq, plan.wake_at)
+            await _backoff(run, seq, step.name, plan.wake_at)
         else:  # an intent without a receipt: the outcome is unknown
             found = await _unknown_outcome(run, seq, step, entry, args, kwargs, key, where)
             if found is not None:
                 return found[0]
-            run.cancel_point(seq)  # it did not happen: a cancellation asked may end it here
+            run.cancel_point(seq, _STEP, step.name)  # it did not happen: a cancel may end it
     if run.must_flush():  # what the step could observe is committed before it runs
         await run.flush_observed()
     while True:
@@ -135,7 +135,7 @@ async def _run(
             if delay is None:
                 raise
             faults.reached("in_backoff", step.name)
-            await _backoff(run, seq, finished + delay)
+            await _backoff(run, seq, step.name, finished + delay)
             attempt += 1
             continue
         finished = run.clock()
@@ -322,7 +322,7 @@ async def _await_review(
     await run.write("open_review", intent, key, reason)
     with run.not_active():
         while True:
-            run.cancel_point(seq)  # asked already: delivered here, once the review is open
+            run.cancel_point(seq, _STEP, step.name)  # asked already: delivered here
             await run.block(REVIEW, key, None)
 
 
@@ -404,7 +404,7 @@ async def _call(
 _PLAIN = frozenset({dict, list, str, int, float, bool, type(None), tuple})
 
 
-async def _backoff(run: Run, seq: int, wake_at: float) -> None:
+async def _backoff(run: Run, seq: int, name: str, wake_at: float) -> None:
     """Wait until the next attempt is due: a durable timer (the time is in the journal).
 
     A long back-off parks the workflow like ``durably.sleep``; a short one stays.
@@ -412,7 +412,7 @@ async def _backoff(run: Run, seq: int, wake_at: float) -> None:
     with run.not_active():
         while run.clock() < wake_at:
             await run.block(journal.Kind.SLEEP, "", wake_at)
-            run.cancel_point(seq)
+            run.cancel_point(seq, _STEP, name)
 
 
 def error_json(exc: BaseException, *, ascii_only: bool = False) -> str:

@@ -70,7 +70,7 @@ async def _sleep(run: Run, seq: int, wake: Callable[[float], float]) -> None:
     wake_at = entry.wake_at or 0.0
     while clock() < wake_at:
         await run.block(journal.Kind.SLEEP, "", wake_at)
-        run.cancel_point(seq)
+        run.cancel_point(seq, journal.Kind.SLEEP, "")
     run.stage(dataclasses.replace(entry, status=_COMPLETED, finished_at=clock()))
     telemetry.wait_ended(run.workflow_id, seq, entry.kind, "", entry.started_at, "elapsed")
 
@@ -290,7 +290,7 @@ async def _until_final(
         entry = await run.write(receive, entry)
         if entry.status == _STARTED:
             await run.block(entry.kind, entry.name, entry.wake_at, pokes)
-            run.cancel_point(entry.seq)
+            run.cancel_point(entry.seq, entry.kind, entry.name)
     if waited:
         telemetry.wait_ended(
             run.workflow_id,

@@ -100,7 +100,7 @@ class Run(parking.Parking):
     declared interface, never the run's store, journal or pending list:
 
     * ``take_seq()`` and ``lookup(seq, kind, name)``: the seq of a durable call
-      and what the journal holds there; ``cancel_point(seq)`` delivers a
+      and what the journal holds there; ``cancel_point(seq, kind, name)`` delivers a
       requested cancellation;
     * ``stage(entry)``: journal an entry that rides with the next write;
     * ``write(verb, ...)``: the one write path: the staged entries go with one
@@ -708,18 +708,23 @@ class Run(parking.Parking):
             at = self.clock() if entry.started_at is None else entry.started_at
             raise self._cancelled(seq, at)
         if entry is None or not (entry.status in _FINAL or _is_intent(entry)):
-            self.cancel_point(seq)
+            self.cancel_point(seq, kind, name)
         return entry
 
-    def cancel_point(self, seq: int) -> None:
-        """Raise Cancelled at ``seq`` if cancellation was requested and not yet delivered."""
+    def cancel_point(self, seq: int, kind: str, name: str) -> None:
+        """Raise Cancelled at ``seq`` if cancellation was requested and not yet delivered.
+
+        The marker journaled there names the call (``kind``, ``name``) it stands in
+        for: in a replay of tasks run at once, only that call takes it (``Replayer``).
+        """
         cancellation = self.cancellation
         if not cancellation.requested or not cancellation.due:  # the first test is the usual
             return
         self.cancellation.delivered = True
         now = self._services.clock()
+        call = "" if kind == journal.Kind.CANCEL else journal.describe_call(kind, name)
         marker = journal.Entry(
-            seq, journal.Kind.CANCEL, "", journal.EntryStatus.COMPLETED, 1, None, now, now
+            seq, journal.Kind.CANCEL, call, journal.EntryStatus.COMPLETED, 1, None, now, now
         )
         self.stage(marker)
         raise self._cancelled(seq, now)

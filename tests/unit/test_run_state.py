@@ -98,7 +98,8 @@ async def test_a_requested_cancellation_is_delivered_at_the_next_call_and_staged
     with pytest.raises(errors.Cancelled, match=r"\(seq 1\)"):
         run.lookup(seq, "step", "s")
     assert run.cancellation.delivered
-    run.cancel_point(run.take_seq())  # once only: no second Cancelled
+    assert [(e.kind, e.name) for e in run._pending] == [("cancel", "step 's'")]  # its call
+    run.cancel_point(run.take_seq(), "sleep", "")  # once only: no second Cancelled
 
 
 async def test_a_journaled_cancellation_is_raised_at_its_own_seq() -> None:
