@@ -70,3 +70,25 @@ def test_compensations_registered_in_branches_each_run_once_across_a_kill(
     undos = sorted(e["args"][1] for e in read_effects(wf.effects) if e["args"][0] == "undo")
     assert undos == ["a", "b"]
     assert query(wf.db, "SELECT status, warnings FROM workflows") == [("failed", None)]
+
+
+def test_undos_registered_by_branches_before_any_call_run_once_across_a_kill(
+    tmp_path: Path,
+) -> None:
+    """Both undos follow the same call (none yet), and the branches register them in the
+    other order on the recovery: they must still run in one order, each once (a swap
+    gave the second undo the first's receipt, and ran the first again)."""
+    wf = Workflow(
+        db=tmp_path / "durably.db",
+        workflow="compensated_before_calls",
+        workflow_id="wf-undo-tie",
+        args=[str(tmp_path / "killed")],
+        effects=tmp_path / "effects.jsonl",
+    )
+    exits = run_until_done(wf)
+
+    assert [e.returncode for e in exits] == [-9, 0]
+    assert exits[-1].output()["ok"] is False
+    undos = [e["args"][1] for e in read_effects(wf.effects) if e["args"][0] == "undo"]
+    assert sorted(undos) == ["a", "b"], undos
+    assert query(wf.db, "SELECT status, warnings FROM workflows") == [("failed", None)]

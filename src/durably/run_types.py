@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from durably import step_threads
+from durably import step_keys, step_threads
 from durably.storage import thread
 
 
@@ -76,10 +76,18 @@ class Compensation:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     name: str
-    #: The seq of the durable call the registering task made last (0: none): the order
-    #: the undos run in, the same on a replay when tasks ran at once (registration order
-    #: then depends on which task's replayed calls come back first).
+    #: The seq of the durable call the registering task made last (0: none), and which
+    #: undo it registered since (``Run.undo_order``): the order the undos run in, the
+    #: same on a replay when tasks ran at once (registration order then depends on
+    #: which task's replayed calls come back first).
     after: int = 0
+    nth: int = 1
+
+    def order(self) -> tuple[int, int, str, str]:
+        """Its place among the undos (run newest first); tasks started together tie on
+        the call and count, and are told apart by the undo's name and arguments."""
+        digest = step_keys.args_digest(self.args, self.kwargs) or ""
+        return (self.after, self.nth, self.name, digest)
 
 
 #: The block kind of a step waiting for a person's decision (see step_call).

@@ -148,6 +148,9 @@ class Run(parking.Parking):
         self._matching = self._replayer.matching
         self._caller = contextvars.ContextVar[int]("durably_caller", default=0)
         self._keys = step_keys.StepKeys(info.workflow_id, self._replayer)
+        # (the calling task's last call when it last registered an undo, how many it has
+        # registered since that call): ``undo_order``
+        self._undos = contextvars.ContextVar[tuple[int, int]]("durably_undos", default=(0, 0))
         self.parent_id = info.parent_id
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
         # Writes on their way that carry values a step could observe (now, random, uuid4),
@@ -554,6 +557,17 @@ class Run(parking.Parking):
     def last_call(self) -> int:
         """The seq of the calling task's last durable call (0: none yet)."""
         return self._after.get()
+
+    def undo_order(self) -> tuple[int, int]:
+        """Where an undo registered now runs among the others (newest first): after the
+        calling task's last durable call, as the n-th it registered since. Tasks started
+        together tie (they inherit their starter's count), and their undos then sort by
+        what they are: registration order among them differs on a replay."""
+        after = self._after.get()
+        since, count = self._undos.get()
+        order = (after, count + 1 if since == after else 1)
+        self._undos.set(order)
+        return order
 
     def bind_task(self) -> None:
         """The calling task runs the workflow function: the tasks it starts are new tasks

@@ -18,6 +18,7 @@ from durably import (
     faults,
     journal,
     races,
+    run_types,
     step_call,
     steps,
     telemetry,
@@ -205,7 +206,7 @@ async def _compensate(run: workflow_run.Run, cause: BaseException) -> None:
     run.cancellation.delivered = True  # compensations run even when cancellation was asked
     # by the call each was registered after (stable: in one task, registration order),
     # not by registration: branches of a gather register in another order on a replay
-    for undo in reversed(sorted(run.compensations, key=lambda undo: undo.after)):
+    for undo in sorted(run.compensations, key=run_types.Compensation.order, reverse=True):
         try:
             await steps.run_step(undo.fn, *undo.args, name=undo.name, **undo.kwargs)
         except Exception as exc:

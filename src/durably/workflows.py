@@ -363,11 +363,13 @@ def compensate(fn: Callable[..., Any], *args: Any, name: str | None = None, **kw
 
     If the workflow then fails or is cancelled, the registered compensations
     run as durable steps, newest first (by the durable call each was registered
-    after, so tasks run at once undo in one order on every replay), each exactly
+    after, so tasks run at once undo in one order on every replay; undos of such
+    tasks registered after the same call, by name and arguments), each exactly
     once across crashes, and the workflow still ends with its original error.
     """
     run = context.require_run("compensate")
     if not callable(fn):
         raise errors.DefinitionError(f"compensate() needs a function, got {type(fn).__name__}")
     label = name or f"compensate:{getattr(fn, '__qualname__', repr(fn))}"
-    run.compensations.append(workflow_run.Compensation(fn, args, kwargs, label, run.last_call()))
+    after, nth = run.undo_order()
+    run.compensations.append(workflow_run.Compensation(fn, args, kwargs, label, after, nth))

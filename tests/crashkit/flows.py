@@ -419,6 +419,35 @@ async def undo(name: str, kill_marker: str = "") -> str:
     return f"undo:{name}"
 
 
+@durably.step
+async def second_undo_dies(name: str, kill_marker: str) -> str:
+    """A compensation; in the first run (no ``kill_marker`` yet) the second one to run
+    kills its executor before it counts itself: the first has its receipt."""
+    undone = [line for line in read_lines(os.environ[EFFECTS_ENV]) if '"undo"' in line]
+    if undone and not os.path.exists(kill_marker):
+        open(kill_marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    record("undo", name)
+    return f"undo:{name}"
+
+
+async def _undo_first(name: str, late: bool, marker: str) -> str:
+    await asyncio.sleep(0.2 if late else 0.0)  # not durable: timing, as an API's would be
+    durably.compensate(second_undo_dies, name, marker)  # before the branch's first call
+    return await api("book", name, 0.0)
+
+
+@durably.workflow
+async def compensated_before_calls(kill_marker: str) -> None:
+    """Two branches each register an undo before their first durable call (``a`` first
+    in the first run, ``b`` first in the recovery), then the workflow fails."""
+    recovering = os.path.exists(kill_marker)
+    await asyncio.gather(
+        _undo_first("a", recovering, kill_marker), _undo_first("b", not recovering, kill_marker)
+    )
+    raise RuntimeError("failed after booking")
+
+
 async def _booked(name: str, delay: float, marker: str) -> str:
     booked = await api("book", name, delay)
     durably.compensate(undo, name, marker)
