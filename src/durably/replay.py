@@ -563,12 +563,40 @@ def plan_reopen(workflow_id: str, status: str, history: Sequence[journal.Entry])
                 f"(cleanup or compensations, e.g. {after[0].name!r} at seq {after[0].seq}); "
                 "resuming would forget them: fork it instead"
             )
+        _check_tasks_after(workflow_id, min(cancels), history)
         return Reopening(delete_from=min(cancels))
     if status == journal.Status.FAILED:
         failed = [e.seq for e in history if e.kind == journal.Kind.STEP and e.status == _S.FAILED]
         if failed:  # give the step that failed the workflow another try
             return Reopening(retry_seq=max(failed))
     return Reopening()
+
+
+def _check_tasks_after(workflow_id: str, cancel: int, history: Sequence[journal.Entry]) -> None:
+    """Refuse to resume a workflow whose tasks ran at once when, after its cancellation,
+    another task's entry records what dropping it would lose or repeat: a signal it
+    consumed (gone from the mailbox), a step it tried, a child it started or a signal it
+    sent (made again under another seq, so another id and key). In a workflow of one
+    task every entry after the marker is its cleanup's, which a resume does not run."""
+    if not any(e.follows is not None and e.seq != 1 for e in history):
+        return
+    for e in history:
+        if e.seq <= cancel or e.kind not in _KEPT_AFTER:
+            continue
+        if e.kind == journal.Kind.SIGNAL and e.status != _S.COMPLETED:
+            continue  # a wait that received nothing yet
+        raise errors.NotResumable(
+            f"workflow {workflow_id!r} ran tasks at once, and after its cancellation (seq "
+            f"{cancel}) one of them recorded {e.describe()} at seq {e.seq} ({e.status}): "
+            "resuming would drop it, and the task would wait for, or do, it again"
+        )
+
+
+#: What a task run at once may have recorded after another's cancellation that a resume
+#: must not drop (``_check_tasks_after``).
+_KEPT_AFTER = frozenset(
+    {journal.Kind.STEP, journal.Kind.SIGNAL, journal.Kind.CHILD, journal.Kind.SEND}
+)
 
 
 #: The entry status each decision of a review writes at the step's seq.

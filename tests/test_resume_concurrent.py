@@ -1,0 +1,59 @@
+"""``resume`` of a workflow whose tasks ran at once and which was cancelled.
+
+Resume continues a cancelled workflow from where its cancellation stopped it, dropping
+the journal from the cancel marker on. Entries after the marker in a workflow of one
+task are its cleanup's; in one whose tasks ran at once they may be another task's
+progress: a signal it consumed (dropped, it would wait for it again, and it is gone), a
+step it ran, a child it started or a signal it sent (dropped, it would do them again,
+under another seq). Such a resume is refused, naming the entry; a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import durably
+from tests.agentkit.live import until
+
+
+@durably.workflow(name="resume-concurrent")
+async def two_branches() -> list[str]:
+    async def sleeper() -> str:
+        await durably.sleep(1000)  # seq 1: cancelled here
+        return "slept"
+
+    async def listener() -> str:
+        await asyncio.sleep(0.1)  # not durable: its wait takes seq 2
+        return str(await durably.wait_for_signal("go"))
+
+    return list(await asyncio.gather(sleeper(), listener()))
+
+
+async def test_a_signal_another_task_consumed_after_the_cancel_refuses_resume(
+    sqlite_url: str,
+) -> None:
+    async with durably.Engine(sqlite_url, poll_interval=0.05) as engine:
+        handle = await engine.start(two_branches, workflow_id="w")
+        await until(handle, "waiting")
+        history = await engine.history("w")
+        assert [(e.seq, e.kind) for e in history] == [(1, "sleep"), (2, "signal")]
+        await engine.send_signal("w", "go", "payload")
+        for _ in range(200):  # the listener consumed it: its entry completed
+            if any(
+                e.kind == "signal" and e.status == "completed" for e in await engine.history("w")
+            ):
+                break
+            await asyncio.sleep(0.05)
+        await engine.cancel("w")
+        with pytest.raises(durably.Cancelled):
+            await handle.result(timeout=10)
+        history = await engine.history("w")
+        assert [(e.seq, e.kind) for e in history] == [(1, "cancel"), (2, "signal")]
+        with pytest.raises(durably.errors.NotResumable, match=r"signal 'go'.*seq 2"):
+            await engine.resume("w")
+        assert [(e.seq, e.kind) for e in await engine.history("w")] == [
+            (1, "cancel"),
+            (2, "signal"),
+        ]  # nothing dropped
