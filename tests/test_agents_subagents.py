@@ -159,3 +159,28 @@ async def test_a_reused_tool_call_id_still_asks_the_sub_agent_again(sqlite_url: 
                 answers = await handle.result(timeout=10)
         assert len(server.requests) == 5  # parent, child, parent, child, parent
     assert answers == ["answer to When did A1 ship?", "answer to When did B2 ship?"]
+
+
+def test_a_sub_agents_lost_answer_counts_in_the_leads_usage(tmp_path: Path) -> None:
+    """SIGKILL after the server answered the researcher's first turn, before its receipt:
+    the researcher asks again, and the lead's usage (what its budget counts, and its
+    summary) holds that lost request as its own calls' would."""
+    db, effects, log = tmp_path / "agent.db", tmp_path / "effects.jsonl", tmp_path / "model.jsonl"
+    with FakeModelServer(_team, log_path=log) as server:
+        crash = {"DURABLY_CRASH_AT": "after_call:llm:chat.completions@2"}
+        env = harness.child_env(server.url, effects, crash)
+        assert harness.runner(db, "t-lost", "orders?", env, "--flow", "team") is None
+        done = harness.runner(
+            db, "t-lost", "orders?", harness.child_env(server.url, effects), "--flow", "team"
+        )
+        requests = read_log(log)
+    assert done["status"] == "completed", done
+    asked = [(r["body"]["messages"][0]["content"], r["turn"]) for r in requests]
+    assert asked[:3] == [
+        ("You lead the support team.", 0),
+        ("You research orders.", 0),
+        ("You research orders.", 0),  # its answer was lost: asked again
+    ]
+    summary = done["result"]["summary"]
+    assert "1 earlier model request retried" in summary, summary
+    assert "billed at least" in summary, summary

@@ -42,10 +42,15 @@ async def run_subagent(agent_name: str, input: str) -> dict[str, Any]:
     result = await agent.run(input)
     output = result.output
     text = output if isinstance(output, str) else json.dumps(schema.to_json(output))
+    meter = usage.run_meter()
     return {
         "output": text,
         "billed": _counts(result.usage.billed),
         "replayed": _counts(result.usage.replayed),
+        # requests whose answers a crash lost, and every request priced (what budgets
+        # count): the asking agent's usage holds them as its own calls' would
+        "interrupted": result.usage.interrupted,
+        "charged": None if meter is None else _counts(meter.charged),
     }
 
 
@@ -113,6 +118,9 @@ class SubAgentTool(tools.Tool[..., Any]):
             if not isinstance(out, dict):
                 raise errors.DecodeError(f"sub-agent {self.name!r} returned {out!r}")
             billed, again = _tokens(out.get("billed")), _tokens(out.get("replayed"))
+            # a child recorded before it reported them: no lost requests known
+            charged = _tokens(out["charged"]) if out.get("charged") else billed + again
+            lost = int(out.get("interrupted") or 0)
             for meter in meters:
                 if meter is None:
                     continue
@@ -121,7 +129,8 @@ class SubAgentTool(tools.Tool[..., Any]):
                 else:
                     meter.billed += billed
                     meter.replayed += again
-                meter.charged += billed + again
+                meter.charged += charged
+                meter.interrupted += lost
             return str(out.get("output") or "")
 
         return answer()
