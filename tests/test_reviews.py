@@ -253,3 +253,34 @@ async def test_compensations_run_newest_first_then_the_workflow_fails(sqlite_url
         ("unbook", "flight"),
     ]
     assert names[-2:] == ["compensate:unbook", "compensate:unbook"]
+
+
+@durably.workflow
+async def transfer_and_fail(order: str) -> Any:
+    async def other_branch() -> None:
+        await durably.sleep(0.3)
+        raise RuntimeError("the other branch failed")
+
+    return await asyncio.gather(transfer(order), other_branch())
+
+
+async def test_a_workflow_that_ends_closes_the_reviews_it_left_open(sqlite_url: str) -> None:
+    """A branch's step awaits a person when another branch fails the workflow: the review
+    must leave the queue (nobody could decide it: the workflow has ended), and come back
+    if the workflow is resumed."""
+    GATE["hang"] = asyncio.Event()
+    engine = durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.1)
+    await engine.open()
+    await engine.start(transfer_and_fail, "ORD-1", workflow_id="t-ends")
+    while not LOG:
+        await asyncio.sleep(0.01)
+    await engine.close(drain_timeout=0.05)  # the transfer's outcome is unknown
+    del GATE["hang"]
+    async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
+        with pytest.raises(RuntimeError, match="other branch failed"):
+            await e.handle("t-ends").result(timeout=10)
+        assert await e.reviews() == []
+        await e.resume("t-ends")
+        await until_status(e.handle("t-ends"), "failed")
+        assert [r.step for r in await e.reviews()] == []  # ended again, closed again
+    assert [x[0] for x in LOG] == ["transfer"]  # never repeated

@@ -130,6 +130,13 @@ class Replayer:
                     self._twins.setdefault((after, e.name, base), set()).add(twin)
         return self._twins.get((follows, name, digest), set())
 
+    def holds_intents(self) -> bool:
+        """Whether the journal held a step's intent without its receipt (its outcome
+        unknown: maybe awaiting a person's review) when the run began."""
+        return any(
+            e.kind == journal.Kind.STEP and e.status == _S.STARTED for e in self._entries.values()
+        )
+
     @property
     def matching(self) -> bool:
         """Whether calls are matched to the journal's entries (tasks ran at once in it)."""

@@ -319,6 +319,7 @@ async def _unstorable_reconciled(
 async def _await_review(
     run: Run, seq: int, step: steps.StepDefinition, intent: journal.Entry, key: str, reason: str
 ) -> None:
+    run.reviewing = True  # if the workflow ends first, its end closes the review
     await run.write("open_review", intent, key, reason)
     with run.not_active():
         while True:

@@ -152,6 +152,7 @@ class Run(parking.Parking):
         # registered since that call): ``undo_order``
         self._undos = contextvars.ContextVar[tuple[int, int]]("durably_undos", default=(0, 0))
         self.parent_id = info.parent_id
+        self.reviewing = False  # a step of this run opened a review (``finish`` closes it)
         self._pending: list[journal.Entry] = []  # journaled values not yet committed
         # Writes on their way that carry values a step could observe (now, random, uuid4),
         # and what is set once none is: a step waits for them (``flush_observed``).
@@ -355,6 +356,9 @@ class Run(parking.Parking):
         await self.settle()
         status, error = await self.write("finish_workflow", status, output, error, internal=True)
         self.ended = Outcome(status, output, error)
+        if self.reviewing or self._replayer.holds_intents():  # a branch's, left undecided
+            store = self._services.store
+            await store.call(store.store.close_reviews, self.workflow_id, "ended", self.clock())
 
     def _with_follows(self, entry: journal.Entry) -> journal.Entry:
         """``entry`` with the seq of the call its task made before it, where not seq - 1."""

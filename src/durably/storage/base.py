@@ -753,6 +753,11 @@ class Store(abc.ABC):
         """Put an interrupted intent in the review queue (fenced)."""
 
     @abc.abstractmethod
+    def close_reviews(self, workflow_id: str, decided_by: str, now: float) -> int:
+        """Close the undecided reviews of a workflow that has ended (nobody could decide
+        them any more); how many. A resume that meets the step again opens it again."""
+
+    @abc.abstractmethod
     def reviews(self, workflow_id: str | None) -> list[journal.Review]:
         """Undecided reviews, oldest first (of one workflow, or all)."""
 

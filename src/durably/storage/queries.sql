@@ -1057,6 +1057,12 @@ FROM reviews
 WHERE decision IS NULL AND (CAST(:workflow_id AS TEXT) IS NULL OR workflow_id = :workflow_id)
 ORDER BY opened_at
 
+-- name: close_open_reviews
+-- Close a finished workflow's undecided reviews, as a cancel closes one (a resume that
+-- meets the step's intent again opens its review again: open_review).
+UPDATE reviews SET decision = 'cancelled', decided_by = :decided_by, decided_at = :now
+WHERE workflow_id = :workflow_id AND decision IS NULL
+
 -- name: decide_review
 -- Record the decision on a review still open at seq (the one of that attempt, when given).
 UPDATE reviews SET decision = :decision, outcome = :outcome, decided_by = :decided_by,

@@ -136,6 +136,12 @@ class ReviewVerbs(signals.SignalVerbs):
             now=now,
         )
 
+    def close_reviews(self, workflow_id: str, decided_by: str, now: float) -> int:
+        closed = self._q(
+            "close_open_reviews", workflow_id=workflow_id, decided_by=decided_by, now=now
+        )
+        return int(closed.rowcount or 0)
+
     def reviews(self, workflow_id: str | None) -> list[journal.Review]:
         return [
             journal.Review(**r)
