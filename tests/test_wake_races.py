@@ -1,6 +1,7 @@
 """Wake-ups that arrive at an awkward moment of a run: between a signal wait's look at the
-store and its block, or while its park is on its way. The run must not lose them: a wake-up
-that finds no wait to poke would otherwise be seen only by the next park or poll."""
+store and its block, while its park is on its way, or once it parked and is letting go. The
+run must not lose them: a wake-up that finds no wait to poke would otherwise be seen only
+by the next park or poll."""
 
 from __future__ import annotations
 
@@ -152,3 +153,78 @@ async def test_a_listener_whose_socket_is_past_fd_1024_still_hears_signals(
     finally:
         for fd in [*held, null]:
             os.close(fd)
+
+
+# --- a wake-up for a parent that parked and has not let go yet -------------------------
+
+#: Set by the parent's first run once its join parked; and what lets that run go on.
+PARKED: list[asyncio.Event] = []
+LET_GO: list[asyncio.Event] = []
+
+
+@durably.workflow(name="wake-races.kid")
+async def kid() -> str:
+    await durably.wait_for_signal("go")
+    return "kid"
+
+
+@durably.workflow(name="wake-races.slow-to-let-go")
+async def slow_to_let_go() -> str:
+    handle = await durably.start_child(kid, workflow_id="wake-races-kid")
+    try:
+        return "parent saw " + await handle.result()
+    except BaseException:  # the park's Suspended: async clean-up (closing a client, say)
+        if not PARKED[0].is_set():  # the first run only
+            PARKED[0].set()
+            await asyncio.wait_for(LET_GO[0].wait(), 15)
+        raise
+
+
+async def test_a_child_that_ends_while_its_parent_lets_go_wakes_the_parent(
+    store_url: str,
+) -> None:
+    """The parent's join parked, and its run is still letting go (its code's clean-up runs)
+    when the child ends here: the child's end pokes the parent's run, which has no wait left
+    to poke. The parked parent (due now) must be taken at once, not at the next poll (30 s
+    here)."""
+    PARKED[:], LET_GO[:] = [asyncio.Event()], [asyncio.Event()]
+    async with durably.Engine(store_url, hold_seconds=0.0, poll_interval=30) as engine:
+        handle = await engine.start(slow_to_let_go, workflow_id="wake-races-parent")
+        await asyncio.wait_for(PARKED[0].wait(), 10)
+        assert (await handle.info()).status == "waiting"
+        assert engine._runs["wake-races-parent"].parked  # parked, and not let go yet
+        assert await engine.send_signal("wake-races-kid", "go")
+        assert await engine.handle("wake-races-kid").result(timeout=10) == "kid"
+        while "wake-races-kid" in engine._tasks:  # its run has ended, and poked the parent
+            await asyncio.sleep(0.01)
+        LET_GO[0].set()
+        assert await handle.result(timeout=5) == "parent saw kid"
+
+
+@durably.workflow(name="wake-races.slow-waiter")
+async def slow_waiter() -> Any:
+    try:
+        return await durably.wait_for_signal("go")
+    except BaseException:  # the park's Suspended, as above
+        if not PARKED[0].is_set():
+            PARKED[0].set()
+            await asyncio.wait_for(LET_GO[0].wait(), 15)
+        raise
+
+
+async def test_a_signal_sent_while_the_run_lets_go_of_its_park_wakes_it(
+    store_url: str,
+) -> None:
+    """The same window for a signal: sent while the parked run is still letting go, it is
+    committed alone (the run is still here, so it cannot be taken in the same commit) and
+    the engine looks for the workflow itself (this one passed before the fix: the signal's
+    wake-up finds the run not listening and asks for a pass)."""
+    PARKED[:], LET_GO[:] = [asyncio.Event()], [asyncio.Event()]
+    wid = "wake-races-slow-waiter"
+    async with durably.Engine(store_url, hold_seconds=0.0, poll_interval=30) as engine:
+        handle = await engine.start(slow_waiter, workflow_id=wid)
+        await asyncio.wait_for(PARKED[0].wait(), 10)
+        assert engine._runs[wid].parked  # parked, and not let go yet
+        assert await engine.send_signal(wid, "go", "hi")
+        LET_GO[0].set()
+        assert await handle.result(timeout=5) == "hi"

@@ -690,9 +690,9 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             self._kick_recovery()  # a place in its queue is free
         if info.parent_id is not None and live.state is workflow_run.State.RETIRED:
             parent = self._runs.get(info.parent_id)
-            if parent is not None:
+            if parent is not None and parent.listening:
                 parent.poke(journal.Kind.JOIN, wid)
-            else:
+            else:  # none here, or one that parked and is letting go: no wait of it would see it
                 self._claim_soon(info.parent_id)
         return live.ended
 
