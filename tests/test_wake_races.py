@@ -11,7 +11,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 import durably
+from durably import messages
 from durably.storage import pg_listener
 
 #: Set by the workflow once its signal wait returned (while its step still runs).
@@ -228,3 +231,55 @@ async def test_a_signal_sent_while_the_run_lets_go_of_its_park_wakes_it(
         assert await engine.send_signal(wid, "go", "hi")
         LET_GO[0].set()
         assert await handle.result(timeout=5) == "hi"
+
+
+# --- a cancel asked between a sleep's or a get_event's look and its block ----------------
+
+
+@durably.workflow(name="wake-races.napper")
+async def napper() -> str:
+    await durably.sleep(3600)
+    return "rested"
+
+
+@durably.workflow(name="wake-races.event-reader")
+async def event_reader() -> Any:
+    return await durably.get_event("wake-races-nobody", "ready", timeout=3600)
+
+
+async def test_a_cancel_asked_while_a_sleep_commits_its_timer_is_delivered_at_once(
+    store_url: str,
+) -> None:
+    """The cancel, and its poke of the run, come after the sleep's commit and before the
+    sleep blocks: the poke finds no wait. The sleep must look again (the cancel is
+    delivered at once), not block until its hold runs out (30 s here) and the park finds
+    the cancel."""
+    wid = "wake-races-napper"
+    async with durably.Engine(store_url, hold_seconds=30, poll_interval=30) as engine:
+
+        async def cancel() -> None:
+            assert await engine.cancel(wid) == [wid]
+
+        after_verb(engine, "append_entries", cancel)
+        handle = await engine.start(napper, workflow_id=wid)
+        with pytest.raises(durably.Cancelled):
+            await handle.result(timeout=5)
+
+
+async def test_a_cancel_asked_while_a_get_event_reads_is_delivered_at_once(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for ``get_event``: the cancel's poke comes after its read found nothing
+    and before it blocks until the next read (30 s here, well within the hold, so no park
+    looks again)."""
+    monkeypatch.setattr(messages, "_POLL", (30.0, 30.0))
+    wid = "wake-races-event-reader"
+    async with durably.Engine(store_url, hold_seconds=60, poll_interval=30) as engine:
+
+        async def cancel() -> None:
+            assert await engine.cancel(wid) == [wid]
+
+        after_verb(engine, "read_event", cancel)
+        handle = await engine.start(event_reader, workflow_id=wid)
+        with pytest.raises(durably.Cancelled):
+            await handle.result(timeout=5)

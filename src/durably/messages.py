@@ -100,12 +100,14 @@ async def _get_event(run: Run, seq: int, source: str, key: str, timeout: float) 
             seq, journal.Kind.GET_EVENT, label, _STARTED, 1, None, now, None, now + timeout
         )
     while entry.status == _STARTED:
+        pokes = run.pokes  # a wake-up from here on (a cancel asked during the read) re-checks
         entry = await run.write("read_event", entry, source, key)
         if entry.status == _STARTED:
             now = run.clock()
             waited = now - (entry.started_at or now)
             pause = min(max(waited / 2, _POLL[0]), _POLL[1])
-            await run.block(journal.Kind.GET_EVENT, label, min(entry.wake_at or now, now + pause))
+            wake_at = min(entry.wake_at or now, now + pause)
+            await run.block(journal.Kind.GET_EVENT, label, wake_at, pokes)
             run.cancel_point(seq, journal.Kind.GET_EVENT, label)
     if entry.status == journal.EntryStatus.TIMED_OUT:
         raise TimeoutError(

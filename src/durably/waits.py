@@ -63,13 +63,15 @@ async def _sleep(run: Run, seq: int, wake: Callable[[float], float]) -> None:
     if entry is not None and entry.status == _COMPLETED:
         return
     clock = run.clock
+    pokes = run.pokes  # a wake-up from here on (a cancel asked during the commit) re-checks
     if entry is None:
         now = clock()
         entry = journal.Entry(seq, journal.Kind.SLEEP, "", _STARTED, 1, None, now, None, wake(now))
         await run.commit(entry)
     wake_at = entry.wake_at or 0.0
     while clock() < wake_at:
-        await run.block(journal.Kind.SLEEP, "", wake_at)
+        await run.block(journal.Kind.SLEEP, "", wake_at, pokes)
+        pokes = run.pokes
         run.cancel_point(seq, journal.Kind.SLEEP, "")
     run.stage(dataclasses.replace(entry, status=_COMPLETED, finished_at=clock()))
     telemetry.wait_ended(run.workflow_id, seq, entry.kind, "", entry.started_at, "elapsed")
