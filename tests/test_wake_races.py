@@ -283,3 +283,30 @@ async def test_a_cancel_asked_while_a_get_event_reads_is_delivered_at_once(
         handle = await engine.start(event_reader, workflow_id=wid)
         with pytest.raises(durably.Cancelled):
             await handle.result(timeout=5)
+
+
+@durably.step(retry=durably.Retry(max_attempts=2, initial=3600, max_delay=3600, jitter=0))
+def flaky() -> str:
+    raise RuntimeError("down")
+
+
+@durably.workflow(name="wake-races.retrier")
+async def retrier() -> str:
+    return await flaky()
+
+
+async def test_a_cancel_asked_while_a_failed_attempt_commits_is_delivered_at_once(
+    store_url: str,
+) -> None:
+    """The same for a step's back-off between attempts: the cancel's poke comes after the
+    failed attempt's commit and before the back-off blocks."""
+    wid = "wake-races-retrier"
+    async with durably.Engine(store_url, hold_seconds=30, poll_interval=30) as engine:
+
+        async def cancel() -> None:
+            assert await engine.cancel(wid) == [wid]
+
+        after_verb(engine, "append_entries", cancel)
+        handle = await engine.start(retrier, workflow_id=wid)
+        with pytest.raises(durably.Cancelled):
+            await handle.result(timeout=5)

@@ -75,6 +75,7 @@ async def _run(
     digest: str | None,
     key: str,
 ) -> Any:
+    pokes = run.pokes  # a back-off replayed here re-checks a wake-up from its look on
     entry = run.lookup(seq, _STEP, step.name)
     plan = replay.plan_step(entry, reconciles=step.reconcile is not None)
     action, attempt = plan.action, plan.attempt
@@ -89,7 +90,7 @@ async def _run(
             raise recorded_error(entry, where)
         if action is _A.BACKOFF:
             assert plan.wake_at is not None
-            await _backoff(run, seq, step.name, plan.wake_at)
+            await _backoff(run, seq, step.name, plan.wake_at, pokes)
         else:  # an intent without a receipt: the outcome is unknown
             found = await _unknown_outcome(run, seq, step, entry, args, kwargs, key, where)
             if found is not None:
@@ -131,11 +132,12 @@ async def _run(
             failure = _entry(
                 run, seq, step, status, attempt, error, started, finished, wake, digest
             )
+            pokes = run.pokes  # a cancel asked while the attempt commits ends the back-off
             await _commit_failure(run, failure, exc, where)
             if delay is None:
                 raise
             faults.reached("in_backoff", step.name)
-            await _backoff(run, seq, step.name, finished + delay)
+            await _backoff(run, seq, step.name, finished + delay, pokes)
             attempt += 1
             continue
         finished = run.clock()
@@ -405,14 +407,16 @@ async def _call(
 _PLAIN = frozenset({dict, list, str, int, float, bool, type(None), tuple})
 
 
-async def _backoff(run: Run, seq: int, name: str, wake_at: float) -> None:
+async def _backoff(run: Run, seq: int, name: str, wake_at: float, since: int) -> None:
     """Wait until the next attempt is due: a durable timer (the time is in the journal).
 
     A long back-off parks the workflow like ``durably.sleep``; a short one stays.
+    ``since``: the run's pokes when the caller last looked (``Parking.block``).
     """
     with run.not_active():
         while run.clock() < wake_at:
-            await run.block(journal.Kind.SLEEP, "", wake_at)
+            await run.block(journal.Kind.SLEEP, "", wake_at, since)
+            since = run.pokes
             run.cancel_point(seq, _STEP, name)
 
 
