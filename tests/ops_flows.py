@@ -57,6 +57,13 @@ async def parent(wid: str) -> list[Any]:
     return [done, go]
 
 
+@durably.workflow(name="ops.detached")
+async def detached(wid: str) -> str:
+    """Start a child that waits for its signal and finish without joining it."""
+    handle = await durably.start_child(waiter, wid, workflow_id=f"{wid}-child")
+    return handle.workflow_id
+
+
 def effects(path: str) -> list[str]:
     try:
         with open(path) as f:

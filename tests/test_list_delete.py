@@ -381,3 +381,31 @@ def test_many_ids_are_read_a_few_hundred_a_statement_in_order_with_filters(
         assert newest == ["w-101", "w-098", "w-099"]  # ties on created_at by id
     finally:
         store.close()
+
+
+@durably.workflow(name="ld.detached")
+async def detached() -> str:
+    kid = await durably.start_child(waiter, workflow_id="d-kid")
+    return kid.workflow_id
+
+
+async def test_delete_of_a_parent_with_an_unfinished_child_is_refused_by_name(
+    store_url: str,
+) -> None:
+    """A finished parent goes with its children: one still waiting refuses the delete with
+    WorkflowHasUnfinishedChildren (a WorkflowNotFinished) naming the child, unless forced."""
+    async with engine(store_url) as e:
+        assert await (await e.start(detached, workflow_id="d")).result(timeout=10) == "d-kid"
+        await parked(e, "d-kid")
+        with pytest.raises(durably.errors.WorkflowHasUnfinishedChildren, match="'d-kid'"):
+            await e.delete("d")
+        still = "child 'd-kid' that is still waiting"
+        with pytest.raises(durably.WorkflowNotFinished, match=still):
+            await e.delete_workflows(ids=["d"])
+        assert sorted(ids(await e.list_workflows())) == ["d", "d-kid"]
+    refused = run_cli(store_url, "delete", "d")
+    assert refused.exit_code == 1
+    assert "'d-kid' that is still waiting" in refused.output and "--force" in refused.output
+    out = run_cli(store_url, "delete", "d", "--force")
+    assert out.exit_code == 0, out.output
+    assert out.output.split() == ["d", "d-kid"]

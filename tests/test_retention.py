@@ -247,3 +247,64 @@ def test_a_child_is_kept_while_its_parent_is_and_goes_in_the_pass_after(store_ur
         assert prune(1000.0) == ["child"]  # the pass after
     finally:
         store.close()
+
+
+async def _child_parked(e: durably.Engine, workflow_id: str) -> None:
+    deadline = time.monotonic() + 20
+    while (await e.get_workflow(workflow_id)).status != "waiting":
+        assert time.monotonic() < deadline, f"{workflow_id} never parked"
+        await asyncio.sleep(0.05)
+
+
+async def _gone(e: durably.Engine, workflow_id: str) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            await e.get_workflow(workflow_id)
+        except errors.WorkflowNotFound:
+            return
+        assert time.monotonic() < deadline, f"{workflow_id} was never pruned"
+        await asyncio.sleep(0.05)
+
+
+def test_prune_keeps_a_parent_while_a_child_it_started_is_unfinished(store_url: str) -> None:
+    """A parent that finished without joining its child used to be pruned while the child
+    ran on: the child then named a parent that no longer existed, and its end woke it. The
+    parent now stays until its children have finished, then goes; the child the pass after."""
+
+    async def start() -> None:
+        async with durably.Engine(store_url, poll_interval=0.1) as e:
+            parent = await e.start(flows.detached, "p", workflow_id="p")
+            assert await parent.result(timeout=20) == "p-child"
+            await _child_parked(e, "p-child")
+
+    asyncio.run(start())
+    prune_all(store_url)
+    assert statuses(store_url) == {"p": "completed", "p-child": "waiting"}
+
+    async def finish() -> None:
+        async with durably.Engine(store_url, poll_interval=0.1) as e:
+            assert (await e.get_workflow("p-child")).parent_id == "p"
+            await e.send_signal("p-child", "go", 1)
+            assert await e.handle("p-child").result(timeout=20) == [1, 1, 2]
+
+    asyncio.run(finish())
+    prune_all(store_url)
+    assert statuses(store_url) == {"p-child": "completed"}  # the parent's pass
+    prune_all(store_url)
+    assert statuses(store_url) == {}
+
+
+async def test_retention_keeps_a_parent_until_the_children_it_started_finish(
+    store_url: str,
+) -> None:
+    keep = datetime.timedelta(seconds=0.3)  # a pass every 50 ms
+    async with durably.Engine(store_url, poll_interval=0.1, retention=keep) as e:
+        assert await (await e.start(flows.detached, "q", workflow_id="q")).result(20) == "q-child"
+        await _child_parked(e, "q-child")
+        await asyncio.sleep(1.5)  # many passes, the parent long past the retention
+        assert (await e.get_workflow("q")).status == "completed"
+        await e.send_signal("q-child", "go", 1)
+        assert await e.handle("q-child").result(timeout=20) == [1, 1, 2]
+        await _gone(e, "q")
+        await _gone(e, "q-child")

@@ -145,7 +145,8 @@ def import_cmd(database: str, path: str) -> None:
 def prune_cmd(database: str, before: str, status: str | None) -> None:  # fmt: skip
     """Remove finished workflows with their journals, in small transactions.
 
-    Never an unfinished workflow, nor a child while its parent is kept.
+    Never an unfinished workflow, nor a child while its parent is kept, nor a parent
+    while a child of it is unfinished.
     """
     cutoff = parse_when(before, "--finished-before")
     total = 0

@@ -240,6 +240,14 @@ class WorkflowNotFinished(DurablyError):
     """The workflow has not finished, so it is not removed (``delete`` without ``force``)."""
 
 
+class WorkflowHasUnfinishedChildren(WorkflowNotFinished):
+    """A child of the workflow has not finished, so the workflow is not removed.
+
+    A workflow is deleted with its children; a child still running or parked would
+    go too (``delete`` without ``force``). The message names the child.
+    """
+
+
 class WorkflowIdConflict(DurablyError):
     """The workflow id is already taken by a different workflow."""
 

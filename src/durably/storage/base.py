@@ -855,14 +855,16 @@ class Store(abc.ABC):
         all or none (one verb); the ids removed.
 
         Without ``force`` an unfinished one (or a child whose unfinished parent
-        would wait for it) refuses the whole call with WorkflowNotFinished; an
-        unknown id raises WorkflowNotFound. With ``force`` an owner still running
+        would wait for it) refuses the whole call with WorkflowNotFinished, an
+        unfinished child of one with WorkflowHasUnfinishedChildren; an unknown id
+        raises WorkflowNotFound. With ``force`` an owner still running
         one is fenced out at its next write.
         """
 
     @abc.abstractmethod
     def prune(self, before: float, status: str | None, limit: int) -> list[str]:
-        """Remove at most ``limit`` finished workflows last changed before ``before``."""
+        """Remove at most ``limit`` finished workflows last changed before ``before``:
+        never a child whose parent is there, nor a parent with an unfinished child."""
 
     def backup(self, path: str) -> None:
         """Write a consistent copy of the database to the new file ``path``, online.

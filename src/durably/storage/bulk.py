@@ -147,7 +147,9 @@ class BulkVerbs(sqlbase.SqlBase):
         transaction: one bounded batch), with every row that names them.
 
         Never an unfinished workflow (its status is checked again as it is
-        deleted), nor a child whose parent is still there (it goes in a later batch).
+        deleted), nor a child whose parent is still there (it goes in a later batch),
+        nor a parent with an unfinished child (checked again too: it goes once they
+        have finished, so no child names a parent that is gone).
         """
         if status is not None and status not in journal.FINISHED_STATUSES:
             finished = ", ".join(journal.FINISHED_STATUSES)
@@ -181,7 +183,8 @@ class BulkVerbs(sqlbase.SqlBase):
         them (the prune queries), all or none; the ids removed, parents first.
 
         Without ``force``: only finished workflows (checked again as each row goes),
-        and no child whose parent stays unfinished (its join would wait forever).
+        no child whose parent stays unfinished (its join would wait forever), and no
+        parent with an unfinished child (WorkflowHasUnfinishedChildren).
         """
         chosen = sorted(set(workflow_ids))  # locked in id order by every caller
         order: list[str] = []
@@ -210,7 +213,15 @@ class BulkVerbs(sqlbase.SqlBase):
 
     def _check_deletable(self, info: journal.WorkflowInfo, chosen: Sequence[str]) -> None:
         """Refuse, without ``force``, an unfinished workflow, or a child whose unfinished
-        parent (not deleted with it) would wait for it forever."""
+        parent (not deleted with it) would wait for it forever. An unfinished child
+        reached from a parent being deleted names both (WorkflowHasUnfinishedChildren)."""
+        if not info.finished and info.parent_id in chosen:
+            raise errors.WorkflowHasUnfinishedChildren(
+                f"workflow {info.parent_id!r} has a child {info.workflow_id!r} that is still "
+                f"{info.status}: a workflow is deleted with its children, so it is kept "
+                "until they have finished (wait for it, cancel it, or force it); nothing "
+                "was deleted"
+            )
         if not info.finished:
             raise errors.WorkflowNotFinished(
                 f"workflow {info.workflow_id!r} is {info.status}: only a finished workflow "

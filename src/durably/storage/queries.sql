@@ -1190,10 +1190,20 @@ INSERT INTO reviews (workflow_id, seq, attempt, step, idempotency_key, intent, r
 VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason,
         :opened_at, :decision, :outcome, :decided_by, :decided_at)
 
+-- name: no_unfinished_child
+-- Not a statement: that the workflow of the outer row (named "workflows") started no
+-- child that is still unfinished, for prunable and prune_workflows. Such a child's end
+-- wakes its parent, and its parent_id names it: the parent stays until its children have
+-- finished (read through workflows_by_parent).
+NOT EXISTS (SELECT 1 FROM workflows c
+            WHERE c.parent_id = workflows.workflow_id
+              AND c.status NOT IN ('completed', 'failed', 'cancelled', 'diverged'))
+
 -- name: prunable
 -- Finished workflows last changed before :before, but no child whose parent is still
 -- there: a running parent's join reads the child's row, and so does a finished one's
--- when it is resumed or forked (a child goes in the pass after its parent). A workflow
+-- when it is resumed or forked (a child goes in the pass after its parent); nor a parent
+-- with a child still unfinished (no_unfinished_child). A workflow
 -- last changed before :before was created before it (but for clocks that disagree: one
 -- whose creation is stamped later than its last change waits until the cut passes its
 -- creation), which makes the candidates an index range (workflows_by_status) that holds
@@ -1201,12 +1211,13 @@ VALUES (:workflow_id, :seq, :attempt, :step, :idempotency_key, :intent, :reason,
 -- would sort every candidate, at every batch of a backlog), so the read stops once
 -- :limit rows pass. The dialect appends its skip_locked clause (a row another
 -- transaction holds is left for the next batch).
-SELECT workflow_id FROM workflows w
+SELECT workflow_id FROM workflows
 WHERE status IN ('completed', 'failed', 'cancelled', 'diverged')
   AND created_at < :before
   AND (CAST(:status AS TEXT) IS NULL OR status = :status)
   AND updated_at < :before
-  AND NOT EXISTS (SELECT 1 FROM workflows p WHERE p.workflow_id = w.parent_id)
+  AND NOT EXISTS (SELECT 1 FROM workflows p WHERE p.workflow_id = workflows.parent_id)
+  AND {{no_unfinished_child}}
 LIMIT :limit
 
 -- name: prune_journal
@@ -1236,13 +1247,15 @@ WHERE workflow_id = :workflow_id
   AND (:force = 1 OR status IN ('completed', 'failed', 'cancelled', 'diverged'))
 
 -- name: prune_workflows
--- Delete the workflows listed (sqlbase.id_list) that are finished: the status is checked
--- again, so only a finished workflow is ever removed; returns the ids it removed. The
+-- Delete the workflows listed (sqlbase.id_list) that are finished and have no unfinished
+-- child: both are checked again, so only a finished workflow is ever removed, and never a
+-- parent whose child was resumed since it was picked; returns the ids it removed. The
 -- check is on COALESCE(status, ''), which no index serves: given a long list, SQLite
 -- without ANALYZE would otherwise read it through workflows_by_status, every finished one.
 DELETE FROM workflows
 WHERE workflow_id IN ({ids})
   AND COALESCE(status, '') IN ('completed', 'failed', 'cancelled', 'diverged')
+  AND {{no_unfinished_child}}
 RETURNING workflow_id
 
 -- name: warnings_of
