@@ -9,6 +9,7 @@ import dataclasses
 import datetime
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -409,3 +410,30 @@ async def test_delete_of_a_parent_with_an_unfinished_child_is_refused_by_name(
     out = run_cli(store_url, "delete", "d", "--force")
     assert out.exit_code == 0, out.output
     assert out.output.split() == ["d", "d-kid"]
+
+
+def test_a_forced_delete_by_filter_decides_on_the_rows_it_deletes(store_url: str) -> None:
+    """delete_workflows(status=..., force=True) selected in one transaction and deleted in
+    another: a workflow resumed in between, no longer of the status asked for, was deleted
+    on the stale read (force skips the status check). Now it selects and deletes in one
+    transaction, the rows locked and read again: the resumed workflow stays."""
+    with durably.Client(store_url) as client:
+        client.start(waiter, workflow_id="c")
+        assert client.cancel("c") == ["c"]  # never started: cancelled at once
+        assert client.get_workflow("c").status == "cancelled"
+    holder: Any = create_store(store_url)
+    holder.open()
+    try:
+        holder._begin(True)  # a resume under way: the row locked, not yet committed
+        assert holder.reopen("c", time.time()).status == "pending"
+        with durably.Client(store_url) as client, ThreadPoolExecutor(1) as pool:
+            deleting = pool.submit(client.delete_workflows, status="cancelled", force=True)
+            time.sleep(1.0)  # the delete starts, and waits for the resume's lock
+            assert not deleting.done(), deleting.result()
+            holder._commit()
+            deleted = deleting.result(timeout=30)
+    finally:
+        holder.close()
+    assert deleted == []
+    with durably.Client(store_url) as client:
+        assert client.get_workflow("c").status == "pending"

@@ -213,8 +213,8 @@ class Operations:
         rows: list[journal.WorkflowInfo] = yield Call(self.store.search_workflows, (query,))
         return rows
 
-    def select_ids(self, filters: dict[str, Any]) -> Plan[list[str]]:
-        """Every id the filters select (paged through, oldest first), for a bulk call.
+    def selection(self, filters: dict[str, Any]) -> Plan[base.WorkflowQuery]:
+        """The query of a bulk call's filters, a page of BULK_PAGE oldest first.
 
         At least one filter: a bulk call on every workflow is refused, never guessed.
         """
@@ -227,7 +227,14 @@ class Operations:
                 "a bulk call needs at least one filter (status, name, queue, parent_id, "
                 "id_prefix, ids, created_after, created_before)"
             )
-        query = yield from self.workflow_query(**given, order="asc", limit=BULK_PAGE)
+        query: base.WorkflowQuery = yield from self.workflow_query(
+            **given, order="asc", limit=BULK_PAGE
+        )
+        return query
+
+    def select_ids(self, filters: dict[str, Any]) -> Plan[list[str]]:
+        """Every id the filters select (paged through, oldest first), for a bulk call."""
+        query = yield from self.selection(filters)
         found: list[str] = []
         while True:
             page = yield from self.search_workflows(query)
@@ -448,11 +455,11 @@ class Operations:
         return deleted
 
     def delete_many(self, filters: dict[str, Any], force: bool) -> Plan[list[str]]:
-        """Delete every workflow the filters select, as :meth:`delete` (all or none)."""
-        chosen = yield from self.select_ids(filters)
-        if not chosen:
-            return []
-        deleted: list[str] = yield from self.delete(chosen, force)
+        """Delete every workflow the filters select, as :meth:`delete` (all or none), chosen
+        and deleted in one transaction (``Store.delete_selected``): never on a selection
+        read earlier, which ``force`` would not check again."""
+        query = yield from self.selection(filters)
+        deleted: list[str] = yield Call(self.store.delete_selected, (query, bool(force)), True)
         return deleted
 
     def resume(self, workflow_id: str) -> Plan[journal.WorkflowInfo]:

@@ -862,6 +862,12 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    def delete_selected(self, query: WorkflowQuery, force: bool) -> list[str]:
+        """``delete_workflows`` of every workflow ``query`` selects, chosen and removed in
+        one transaction (all or none): what goes is what matches as it goes, never a
+        workflow changed since an earlier read; the ids removed."""
+
+    @abc.abstractmethod
     def prune(self, before: float, status: str | None, limit: int) -> list[str]:
         """Remove at most ``limit`` finished workflows last changed before ``before``:
         never a child whose parent is there, nor a parent with an unfinished child."""

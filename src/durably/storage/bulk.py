@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from durably import errors, journal
-from durably.storage import base, sqlbase
+from durably.storage import base, rows, sqlbase
 
 #: Every table holding a workflow's rows, with its columns in the order the export and
 #: import queries list them. ``workflows`` first: the side rows come with their workflow.
@@ -80,6 +80,13 @@ class ArchivedWorkflow:
 class BulkVerbs(sqlbase.SqlBase):
     """Export, import and prune, for :class:`~durably.storage.sql.SqlStore`."""
 
+    def _lock_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
+        """The workflow's row, locked until the transaction ends where the dialect needs a
+        row lock (``lock_row``); a rival deciding on the same workflow waits for it."""
+        sql_text = self._queries["get_workflow"] + self.lock_row
+        row = rows.first(self._execute(sql_text, {"workflow_id": workflow_id}))
+        return rows.workflow(row) if row else None
+
     def export_ids(self, status: str | None, since: float | None) -> list[str]:
         """The ids an export selects (every workflow when both are None), oldest first."""
         rows = self._q("export_ids", status=status, since=since).fetchall()
@@ -127,8 +134,8 @@ class BulkVerbs(sqlbase.SqlBase):
                     f"{wf.where}: workflow {wf.workflow_id!r} already exists in {self.url}; "
                     "nothing was imported (prune or delete it first, or leave it out)"
                 )
-            for table, rows in wf.rows.items():
-                for row in rows:
+            for table, table_rows in wf.rows.items():
+                for row in table_rows:
                     try:
                         self._q(f"import_{table}", **row)
                     except self.driver_errors as exc:
@@ -193,7 +200,8 @@ class BulkVerbs(sqlbase.SqlBase):
             wid = todo.pop(0)
             if wid in order:
                 continue
-            info = self.get_workflow(wid)
+            # locked before its children are read: a run adding one fences this row first
+            info = self._lock_workflow(wid)
             if info is None:
                 raise errors.WorkflowNotFound(
                     f"no workflow with id {wid!r} in {self.url}; nothing was deleted"

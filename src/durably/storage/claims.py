@@ -171,13 +171,6 @@ class ClaimVerbs(bulk.BulkVerbs):
         row = rows.first(self._q("get_workflow", workflow_id=workflow_id))
         return rows.workflow(row) if row else None
 
-    def _lock_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
-        """The workflow's row, locked until the transaction ends where the dialect needs a
-        row lock (``lock_row``); a rival deciding on the same workflow waits for it."""
-        sql_text = self._queries["get_workflow"] + self.lock_row
-        row = rows.first(self._execute(sql_text, {"workflow_id": workflow_id}))
-        return rows.workflow(row) if row else None
-
     @base.one_read
     def list_workflows(
         self, status: str | None, name: str | None, limit: int
@@ -214,6 +207,35 @@ class ClaimVerbs(bulk.BulkVerbs):
         found.sort(key=lambda w: w.workflow_id)
         found.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
         return found[query.offset : query.offset + query.limit]
+
+    @base.alone
+    def delete_selected(self, query: base.WorkflowQuery, force: bool) -> list[str]:
+        """``delete_workflows`` of every workflow ``query`` selects (every page of it), in
+        this one transaction; the ids removed.
+
+        The rows read are locked (in id order, where the dialect needs row locks) and
+        read again under the lock, so what is deleted is what matches now: a workflow
+        resumed or changed meanwhile is deleted only if it still matches (``force``
+        skips the status check, not the filters).
+        """
+        found: list[str] = []
+        page_query = query
+        while True:
+            page = self.search_workflows(page_query)
+            found += [w.workflow_id for w in page]
+            if len(page) < page_query.limit:
+                break
+            last = page[-1]
+            page_query = dataclasses.replace(
+                page_query, after=(last.created_at, last.workflow_id), offset=0
+            )
+        if not found:
+            return []
+        if self.lock_row:
+            self._each_listed("lock_listed", sorted(found), suffix=self.lock_row)
+        again = dataclasses.replace(query, ids=tuple(found), limit=len(found), offset=0)
+        still = [w.workflow_id for w in self.search_workflows(again)]
+        return self.delete_workflows(still, force) if still else []
 
     def _id_range(self, prefix: str, wanted: int) -> dict[str, str]:
         """The range parameters (``id_from``, ``id_below``) of a search by id ``prefix``

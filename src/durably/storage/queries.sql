@@ -1240,6 +1240,11 @@ DELETE FROM events WHERE workflow_id IN ({ids})
 -- Delete the reviews rows of the pruned workflows listed (sqlbase.id_list).
 DELETE FROM reviews WHERE workflow_id IN ({ids})
 
+-- name: lock_listed
+-- The workflows listed (sqlbase.id_list) that exist, in id order; the dialect appends its
+-- lock_row clause: delete_selected locks the rows it selected before reading them again.
+SELECT workflow_id FROM workflows WHERE workflow_id IN ({ids}) ORDER BY workflow_id
+
 -- name: delete_workflow
 -- delete_workflows: without :force only a finished workflow (checked again as it goes).
 DELETE FROM workflows

@@ -307,13 +307,17 @@ class SqlBase(base.Store):
             sql_text = self._composed_texts[key] = self._paramstyle(compose())
         return sql_text
 
-    def _each_listed(self, query: str, ids: Sequence[str]) -> list[Any]:
+    def _each_listed(self, query: str, ids: Sequence[str], suffix: str = "") -> list[Any]:
         """Run ``query``, whose ``{ids}`` lists workflow ids, for every id in ``ids`` (a
-        statement per :data:`IDS_PER_STATEMENT`); the rows it returned, if any."""
+        statement per :data:`IDS_PER_STATEMENT`, in their order), with ``suffix`` appended
+        (a dialect's clause, such as ``lock_row``); the rows it returned, if any."""
         found: list[Any] = []
         for slots, params in id_chunks(list(dict.fromkeys(ids))):
-            listed = functools.partial(id_list, load_queries()[query], slots)
-            cursor = self._execute(self._composed((query, slots), listed), params)
+
+            def listed(slots: int = slots) -> str:
+                return id_list(load_queries()[query], slots) + suffix
+
+            cursor = self._execute(self._composed((query, slots, suffix), listed), params)
             if cursor.description is not None:
                 found += cursor.fetchall()
         return found
