@@ -4,11 +4,13 @@ restores and finishes what was unfinished. PostgreSQL gets its documented proced
 from __future__ import annotations
 
 import asyncio
+import resource
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,43 @@ def test_a_backup_killed_midway_leaves_nothing_under_its_name(tmp_path: Path) ->
         conn = sqlite3.connect(target)
         assert conn.execute("SELECT count(*) FROM ballast").fetchone() == (64,)
         conn.close()
+
+
+def _limit_file_size(size: int) -> Callable[[], None]:
+    """A preexec_fn giving the process a file-size limit (``ulimit -f``): a write past it
+    fails as on a full disk (EFBIG; Python ignores SIGXFSZ), without root or a mount."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    return limit
+
+
+@pytest.mark.parametrize("case", ["no room", "a directory path", "missing directory"])
+def test_a_failed_backup_is_one_line_naming_the_path_and_leaves_nothing(
+    tmp_path: Path, case: str
+) -> None:
+    """A backup that fails on the file system is one line naming PATH and why, exit 1:
+    a path naming a directory (an OSError from publishing the copy) used to end in a
+    traceback, and a copy that ran out of room blamed the database being copied ("has no
+    room to write ... runs wait and retry their writes") and left its -journal behind."""
+    url = _big_database(tmp_path)  # 64 MiB
+    out = tmp_path / "out"
+    out.mkdir()
+    target = {
+        "no room": str(out / "copy.db"),
+        "a directory path": str(out / "copy.db") + "/",
+        "missing directory": str(out / "nowhere" / "copy.db"),
+    }[case]
+    limit = _limit_file_size(8 << 20) if case == "no room" else None
+    proc = subprocess.run(
+        [sys.executable, "-m", "durably.cli", "--database", url, "backup", target],
+        cwd=REPO, env=children.child_env(), capture_output=True, text=True, timeout=120,
+        preexec_fn=limit,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith(f"error: cannot create the backup {target!r}: "), lines[0]
+    assert "big.db" not in lines[0]  # the database copied is not what failed
+    assert sorted(p.name for p in out.iterdir()) == []  # no copy, no partial, no journal

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - not on Windows
     resource = None  # type: ignore[assignment]
 
 # Primary result codes (the low byte of ``sqlite_errorcode``), see sqlite.org/rescode.html.
-_IOERR, _FULL, _TOOBIG, _CONSTRAINT, _MISMATCH = 10, 13, 18, 19, 20
+_READONLY, _IOERR, _FULL, _CANTOPEN, _TOOBIG, _CONSTRAINT, _MISMATCH = 8, 10, 13, 14, 18, 19, 20
 #: Constraint failures that are conflicts (another writer won), not a refused value.
 _CONFLICTS = frozenset({1555, 2067})  # SQLITE_CONSTRAINT_PRIMARYKEY, _UNIQUE
 #: How close to a limit a file (or how little free space) makes a failed write "no room":
@@ -209,7 +209,9 @@ class SqliteStore(sql.SqlStore):
         beside ``path`` under a name of its own (a file already there is never
         touched) and given the name ``path`` only once complete and on disk, by a
         hard link, which refuses a file that took the name meanwhile: ``path`` never
-        names a partial copy, not even after a crash.
+        names a partial copy, not even after a crash. A copy that fails on the file
+        system (no room, no permission, no such directory) raises BackupError naming
+        ``path`` and why, and leaves no file of its own behind.
         """
         refused = "(durably never overwrites a file: give a new path)"
         if os.path.lexists(path):
@@ -232,18 +234,36 @@ class SqliteStore(sql.SqlStore):
             os.chmod(partial, self.file_mode)
             with open(partial, "rb+") as f:
                 os.fsync(f.fileno())
-            try:
-                _publish(partial, path)
-            except FileExistsError:
-                raise errors.BackupError(
-                    f"cannot create the backup {path!r}: a file took the name while the "
-                    f"copy was made {refused}"
-                ) from None
+            _publish(partial, path)
+        except FileExistsError:
+            raise errors.BackupError(
+                f"cannot create the backup {path!r}: a file took the name while the "
+                f"copy was made {refused}"
+            ) from None
+        except OSError as exc:
+            raise errors.BackupError(
+                f"cannot create the backup {path!r}: {exc.strerror or exc}; nothing was "
+                "left under that name"
+            ) from None
         except sqlite3.Error as exc:
-            raise self._map_error(exc) from exc
+            raise self._backup_error(path, partial, exc) from exc
         finally:
-            with contextlib.suppress(OSError):
-                os.unlink(partial)
+            for leftover in (partial, partial + "-journal"):  # the copy's own files
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
+
+    def _backup_error(self, path: str, partial: str, exc: sqlite3.Error) -> BaseException:
+        """The error of a backup whose copy failed: writing the new file (no room, an I/O
+        error, not writable) is the backup's, named by ``path``; anything else is about
+        the database being copied (locked, corrupt), as any of its errors."""
+        code = int(getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+        if code not in (_IOERR, _FULL, _CANTOPEN, _READONLY):
+            return self._map_error(exc)
+        why = _no_room(partial) if code in (_IOERR, _FULL) else None
+        reason = f"no room to write the copy: {why}" if why else "cannot write the copy"
+        return errors.BackupError(
+            f"cannot create the backup {path!r}: {reason} ({exc}); nothing was left under that name"
+        )
 
     def close(self) -> None:
         if self._conn is not None:
@@ -287,7 +307,7 @@ class SqliteStore(sql.SqlStore):
         where = f"SQLite database {self.path!r}"
         code = int(getattr(exc, "sqlite_errorcode", 0) or 0)
         # EFBIG (a file-size limit) reaches us as a plain write error: tell it by the files.
-        no_room = self._no_room() if code & 0xFF in (_FULL, _IOERR) else None
+        no_room = _no_room(self.path) if code & 0xFF in (_FULL, _IOERR) else None
         if code & 0xFF == _FULL or no_room is not None:
             return errors.StorageFull(
                 f"{where} has no room to write ({no_room or 'the disk is full'}; {text}); "
@@ -316,26 +336,28 @@ class SqliteStore(sql.SqlStore):
             return errors.DatabaseUnavailable(f"cannot open {where} ({text})")
         return errors.StoreError(f"{where}: {type(exc).__name__}: {text}")
 
-    def _no_room(self) -> str | None:
-        """Why a write failed for lack of room, if it did: a file at this process's
-        file-size limit (``ulimit -f``) or a file system with almost nothing free."""
-        if resource is not None:
-            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                try:
-                    size = os.path.getsize(self.path + suffix)
-                except OSError:
-                    continue
-                if limit != resource.RLIM_INFINITY and size + _ROOM > limit:
-                    return (
-                        f"{self.path + suffix} is at this process's file-size limit "
-                        f"of {limit} bytes (ulimit -f)"
-                    )
-        try:
-            free = shutil.disk_usage(os.path.dirname(os.path.abspath(self.path))).free
-        except OSError:
-            return None
-        return f"its file system has {free} bytes free" if free < _ROOM else None
+
+def _no_room(path: str) -> str | None:
+    """Why a write to the SQLite file ``path`` failed for lack of room, if it did: a file
+    of it at this process's file-size limit (``ulimit -f``) or a file system with almost
+    nothing free."""
+    if resource is not None:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            try:
+                size = os.path.getsize(path + suffix)
+            except OSError:
+                continue
+            if limit != resource.RLIM_INFINITY and size + _ROOM > limit:
+                return (
+                    f"{path + suffix} is at this process's file-size limit "
+                    f"of {limit} bytes (ulimit -f)"
+                )
+    try:
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    except OSError:
+        return None
+    return f"its file system has {free} bytes free" if free < _ROOM else None
 
 
 def _publish(partial: str, path: str) -> None:
@@ -350,7 +372,12 @@ def _publish(partial: str, path: str) -> None:
         raise
     except OSError:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        os.replace(partial, path)
+        try:
+            os.replace(partial, path)
+        except OSError:
+            with contextlib.suppress(OSError):  # the name claimed: not left empty
+                os.unlink(path)
+            raise
     with contextlib.suppress(OSError):  # the new name survives a power loss too
         fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
         try:
