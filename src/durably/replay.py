@@ -131,8 +131,8 @@ class Replayer:
         return self._twins.get((follows, name, digest), set())
 
     def holds_intents(self) -> bool:
-        """Whether the journal held a step's intent without its receipt (its outcome
-        unknown: maybe awaiting a person's review) when the run began."""
+        """Whether the journal holds a step's intent without its receipt (its outcome
+        unknown: maybe awaiting a person's review), as read or as this run wrote it."""
         return any(
             e.kind == journal.Kind.STEP and e.status == _S.STARTED for e in self._entries.values()
         )
