@@ -117,7 +117,30 @@ def test_identical_calls_of_two_branches_keep_their_own_keys(tmp_path: Path) -> 
     assert done != cut  # two calls, two keys
     assert again == cut and pid != killed  # the one cut ran again, under its own key
     digests = query(wf.db, "SELECT args_digest FROM journal WHERE workflow_id = 'wf-twins'")
-    assert sorted(d.partition("#")[2] for (d,) in digests) == ["", "2"]  # the second twin
+    assert sorted(d.partition("#")[2] for (d,) in digests) == ["1", "2"]  # which twin
+
+
+def test_a_call_identical_to_the_workflows_own_keeps_its_key(tmp_path: Path) -> None:
+    """The workflow function and a task it started call the same step with the same
+    arguments after the same call. The workflow's own call is keyed by count and journals
+    no twin number; the branch's, cut by the kill, must run again under the key it had,
+    not another (a service would take it for a new call: a third effect for two calls)."""
+    wf = Workflow(
+        db=tmp_path / "durably.db",
+        workflow="twins_of_the_workflow_and_a_branch",
+        workflow_id="wf-own",
+        args=[str(tmp_path / "killed")],
+        effects=tmp_path / "effects.jsonl",
+    )
+    exits = run_until_done(wf)
+
+    assert [e.returncode for e in exits] == [-9, 0]
+    assert exits[-1].output() == {"ok": True, "result": ["notified:x", "notified:x", "q"]}
+    runs = [(e["key"], e["pid"]) for e in read_effects(wf.effects)]
+    assert len(runs) == 3, runs
+    (done, _), (cut, killed), (again, pid) = runs
+    assert done != cut  # two calls, two keys
+    assert again == cut and pid != killed, runs  # the one cut ran again, under its own key
 
 
 # --- in one process: parked after the gather, replayed when the signal comes -------------
@@ -260,8 +283,11 @@ async def test_a_journal_begun_before_follows_were_kept_replays_in_seq_order(
     async with durably.Engine(url) as engine:
         handle = await engine.start(across_an_upgrade, workflow_id="wf")
         await until(handle, "waiting")
-    with sqlite3.connect(db) as conn:  # as an older durably wrote it
-        conn.execute("UPDATE journal SET follows = NULL")
+    with sqlite3.connect(db) as conn:  # as an older durably wrote it: no follows, no twins
+        conn.execute(
+            "UPDATE journal SET follows = NULL, args_digest = CASE WHEN instr(args_digest, '#')"
+            " THEN substr(args_digest, 1, instr(args_digest, '#') - 1) ELSE args_digest END"
+        )
     KEYS.clear()
     async with durably.Engine(url) as engine:
         await engine.send_signal("wf", "go", None)

@@ -97,7 +97,8 @@ class Entry:
     wake_at: float | None = None  # when a retrying step may try again
     #: A step's arguments as a short digest of their encoded JSON, checked on replay
     #: (None: not a step, arguments that cannot be encoded, or journaled before 0.2).
-    #: ``#n`` follows it for the n-th of identical calls of tasks run at once (``twin_of``).
+    #: ``#n`` follows it for a step called by a task the workflow function started, the
+    #: n-th of identical calls after the same one (``twin_of``).
     args_digest: str | None = None
     #: The seq of the call the same task made before this one, where that is not
     #: ``seq - 1`` (None): a call of one of the tasks a workflow runs at once, which a
@@ -117,17 +118,18 @@ class Entry:
         return self.finished_at - self.started_at
 
 
-def twinned(digest: str | None, twin: int) -> str | None:
-    """The ``args_digest`` journaled for the ``twin``-th of identical calls (1: the first,
-    journaled as its digest alone): the same step with the same arguments, from tasks
-    run at once after the same call, told apart only by it (``step_keys``)."""
-    return digest if twin == 1 else f"{digest or ''}#{twin}"
+def twinned(digest: str | None, twin: int) -> str:
+    """The ``args_digest`` journaled for a step called by a task the workflow function
+    started (``step_keys``): the ``twin``-th (from 1) of identical calls after the same
+    one, the same step with the same arguments, told apart only by it."""
+    return f"{digest or ''}#{twin}"
 
 
 def twin_of(args_digest: str | None) -> tuple[str | None, int]:
-    """An ``args_digest`` as journaled, split: (the arguments' digest, which twin)."""
+    """An ``args_digest`` as journaled, split: (the arguments' digest, which twin); twin 0
+    for a call of the workflow function's own task (its digest alone)."""
     if args_digest is None or "#" not in args_digest:
-        return args_digest, 1
+        return args_digest, 0
     digest, _, twin = args_digest.partition("#")
     return digest or None, int(twin)
 

@@ -96,6 +96,7 @@ class Replayer:
         digest: str | None = None,
         *,
         new_task: bool = False,
+        branch: bool = False,
     ) -> int:
         """Take the seq for the next durable call: the one after the last in program order,
         or, in a journal of several tasks, the recorded call this one is (``_match``).
@@ -103,12 +104,13 @@ class Replayer:
         ``follows`` is the seq of the call the calling task made before this one (0: none);
         ``kind``, ``name`` and ``digest`` (a step's arguments, None: unknown) tell apart
         calls that followed the same one (the tasks an ``asyncio.gather`` began);
-        ``new_task``: this is the first call of a task begun after ``follows``.
+        ``new_task``: this is the first call of a task begun after ``follows``; ``branch``:
+        the calling task is not the workflow function's own (its steps journal a twin).
         """
         if self._groups is None:
             self._last_seq += 1
         else:
-            self._last_seq = self._match(follows, kind, name, digest, new_task)
+            self._last_seq = self._match(follows, kind, name, digest, new_task, branch)
         return self._last_seq
 
     @property
@@ -126,8 +128,9 @@ class Replayer:
             for seq, e in self._entries.items():
                 if e.kind == journal.Kind.STEP:
                     base, twin = journal.twin_of(e.args_digest)
-                    after = seq - 1 if e.follows is None else e.follows
-                    self._twins.setdefault((after, e.name, base), set()).add(twin)
+                    if twin:  # a branch's (the workflow's own calls are keyed by count)
+                        after = seq - 1 if e.follows is None else e.follows
+                        self._twins.setdefault((after, e.name, base), set()).add(twin)
         return self._twins.get((follows, name, digest), set())
 
     def holds_intents(self) -> bool:
@@ -184,6 +187,7 @@ class Replayer:
         name: str,
         digest: str | None,
         new_task: bool,
+        branch: bool = False,
     ) -> int:
         """The seq of the call the calling task makes now, in a journal of several tasks.
 
@@ -196,7 +200,7 @@ class Replayer:
         group = self._groups.get(follows)
         if group:
             hole = self._hole(follows, group)
-            pick = self._pick(group, kind, name, digest, new_task, hole)
+            pick = self._pick(group, kind, name, digest, new_task, hole, branch)
             if pick is not None:
                 seq = group.pop(pick)
                 self._unmatched.discard(seq)
@@ -226,10 +230,12 @@ class Replayer:
         digest: str | None,
         new_task: bool,
         hole: int | None,
+        branch: bool = False,
     ) -> int | None:
         """The index in ``group`` of the recorded call the code's call is; None: none is.
 
-        The call of this kind, name and arguments, else a cancellation delivered there.
+        The call of this kind, name and arguments (a step of the workflow function's own
+        task, or of another: ``branch``), else a cancellation delivered there.
         Else a task's first call is none of them (they are its siblings', begun with it;
         it was on its way at a crash, or is new), and a later call of a task is a seq
         never journaled among them (``hole``) if there is one, else the call of this
@@ -245,8 +251,11 @@ class Replayer:
         if named:  # the arguments tell only between several, or against a sibling's or a hole
             decisive = len(named) > 1 or new_task or hole is not None
             asked = digest if decisive else None
+            step = kind == journal.Kind.STEP
             for i in named:
-                recorded = journal.twin_of(entries[group[i]].args_digest)[0]
+                recorded, twin = journal.twin_of(entries[group[i]].args_digest)
+                if step and (twin > 0) != branch:  # the workflow's own step, or a branch's
+                    continue
                 if asked is None or recorded is None or recorded == asked:
                     return i
         for i, seq in enumerate(group):  # a marker names the call it was delivered to

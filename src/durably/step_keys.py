@@ -67,7 +67,7 @@ class StepKeys:
         entry = self._replayer.peek(seq)
         if entry is not None and entry.kind == journal.Kind.STEP and entry.name == name:
             recorded, twin = journal.twin_of(entry.args_digest)
-            if recorded == digest:
+            if recorded == digest and twin:  # twin 0: the workflow's own call, not a branch's
                 used.add(twin)
                 return twin
         taken = self._replayer.twins(after, name, digest) if self._replayer.matching else ()

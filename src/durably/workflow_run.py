@@ -627,7 +627,8 @@ class Run(parking.Parking):
         is, told by whether it is the first call of a task another began (a gather's)."""
         new_task = self._first_of_task()
         self._caller.set(id(asyncio.current_task()))
-        return self._replayer.next_seq(after, kind, name, digest, new_task=new_task)
+        branch = not self._keys.by_root
+        return self._replayer.next_seq(after, kind, name, digest, new_task=new_task, branch=branch)
 
     def _first_of_task(self) -> bool:
         """Whether the calling task has made no call yet, in a task another began."""

@@ -376,6 +376,29 @@ async def twins_one_done(kill_marker: str) -> list[str]:
     return list(await asyncio.gather(branch(), branch()))
 
 
+@durably.step
+async def quick(name: str) -> str:
+    """Returns at once, counting nothing."""
+    return name
+
+
+@durably.workflow
+async def twins_of_the_workflow_and_a_branch(kill_marker: str) -> list[str]:
+    """The workflow function and a task it started make the same call after the same
+    one (none): the workflow's journaled before the kill, the branch's on its way. A
+    third task's quick step makes the journal one of tasks run at once."""
+
+    async def branch() -> str:
+        return await notify("x", kill_marker)
+
+    async def other() -> str:
+        return await quick("q")
+
+    tasks = [asyncio.create_task(branch()), asyncio.create_task(other())]
+    own = await notify("x", kill_marker)  # the workflow's call takes its seq first
+    return [own, *await asyncio.gather(*tasks)]
+
+
 # --- the branches of the property test of tasks run at once ---------------------------------
 
 
