@@ -95,6 +95,28 @@ def test_steps_of_two_branches_cut_by_a_kill_run_again_under_their_own_keys(
     assert all(key.startswith("wf-both:") for _, key, _ in sends)
 
 
+def test_steps_of_two_branches_given_a_client_keep_their_own_keys(tmp_path: Path) -> None:
+    """As above, each send given a client that cannot be encoded as well as its name: the
+    arguments have no digest, and the name must still tell the two calls apart, not
+    which one called first (a's key would move to b's send)."""
+    wf = Workflow(
+        db=tmp_path / "durably.db",
+        workflow="both_on_their_way_through_a_client",
+        workflow_id="wf-client",
+        args=[str(tmp_path / "killed")],
+        effects=tmp_path / "effects.jsonl",
+    )
+    exits = run_until_done(wf)
+
+    assert [e.returncode for e in exits] == [-9, 0]
+    assert exits[-1].output() == {"ok": True, "result": ["sent:a", "sent:b"]}
+    sends = [(e["args"][1], e["key"]) for e in read_effects(wf.effects)]
+    assert [name for name, _ in sends] == ["a", "b", "b", "a"], sends
+    keys = {name: {key for n, key in sends if n == name} for name in "ab"}
+    assert all(len(k) == 1 for k in keys.values()), keys  # each kept its key
+    assert keys["a"] != keys["b"]
+
+
 def test_identical_calls_of_two_branches_keep_their_own_keys(tmp_path: Path) -> None:
     """Two branches call the same step with the same arguments: two effects, two keys.
     One was journaled before the kill, the other was on its way: the recovery runs only

@@ -43,6 +43,10 @@ class StepKeys:
         """The calling task runs the workflow function; others are its branches."""
         self._root = id(_current_task())
 
+    def own(self) -> bool:
+        """Whether the calling task is the workflow function's own."""
+        return self._root == 0 or id(_current_task()) == self._root
+
     def count(self) -> None:
         """Count a durable call made now (of any kind), by whichever task makes it."""
         self.by_root = self._root == 0 or id(_current_task()) == self._root
@@ -82,7 +86,8 @@ def args_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     """A short digest of a step call's encoded arguments (keywords in name order).
 
     Journaled with the step and compared when it is replayed. None for
-    arguments that cannot be encoded (a client object, say): those are not checked.
+    arguments that cannot be encoded (a client object, say): those are not checked
+    (a branch's step journals ``partial_digest`` instead: its key is made of it).
     """
     value: list[Any] = list(args)
     if kwargs:  # positional only (the usual call) encodes a plain list: the fast path
@@ -93,3 +98,23 @@ def args_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         return None
     # encode refuses lone surrogates, so the text is valid UTF-8
     return _blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def partial_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``args_digest`` of arguments some of which cannot be encoded: each such one
+    stands as its class, so calls that differ in the others still differ (a branch's
+    step given a client and an order id is keyed by the order id)."""
+    parts: list[Any] = [_part(a) for a in args]
+    if kwargs:
+        parts.append({k: _part(v) for k, v in sorted(kwargs.items())})
+    text = codec.encode(parts, where="step arguments")
+    return _blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _part(value: object) -> str:
+    """One argument's JSON text, or ``!`` and its class (no JSON text begins so)."""
+    try:
+        return codec.encode(value, where="step arguments")
+    except Exception:
+        cls = type(value)
+        return f"!{cls.__module__}.{cls.__qualname__}"

@@ -508,6 +508,8 @@ class Run(parking.Parking):
         that runs it."""
         after = self._after.get()
         digest = step_keys.args_digest(args, kwargs)
+        if digest is None and not self._keys.own():  # a branch's key needs its arguments
+            digest = step_keys.partial_digest(args, kwargs)
         # the user's call is two frames up: StepFunction.__call__, then its caller
         seq = self.take_seq(callers=2, kind=_STEP, name=step.name, digest=digest)
         key, recorded = self._keys.key(seq, after, step.name, digest)

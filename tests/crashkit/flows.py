@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from typing import Any
 
@@ -347,6 +348,35 @@ async def both_on_their_way(kill_marker: str) -> list[str]:
     return list(
         await asyncio.gather(
             _send_after("a", recovering, kill_marker), _send_after("b", not recovering, kill_marker)
+        )
+    )
+
+
+@durably.step
+async def send_via(client: object, name: str, kill_marker: str) -> str:
+    """``send``, through a client that cannot be encoded (its arguments have no digest)."""
+    record("send", name)
+    while not os.path.exists(kill_marker):
+        if len(read_lines(os.environ[EFFECTS_ENV])) >= 2:
+            open(kill_marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        await asyncio.sleep(0.01)
+    return f"sent:{name}"
+
+
+async def _send_via_after(name: str, late: bool, kill_marker: str) -> str:
+    await asyncio.sleep(0.2 if late else 0.0)
+    return await send_via(threading.Lock(), name, kill_marker)
+
+
+@durably.workflow
+async def both_on_their_way_through_a_client(kill_marker: str) -> list[str]:
+    """``both_on_their_way``, each send given a client that cannot be encoded."""
+    recovering = os.path.exists(kill_marker)
+    return list(
+        await asyncio.gather(
+            _send_via_after("a", recovering, kill_marker),
+            _send_via_after("b", not recovering, kill_marker),
         )
     )
 
