@@ -254,3 +254,14 @@ def test_compensations_are_crashed_too_and_the_original_error_stays(
                 assert (k.calls, k.effects) == ((2, 2) if again else (1, 1)), s
     created = [r for r in payments.read_log(server.log_path) if r["created"]]
     assert len(created) == 2 * (1 + len(report.scenarios))  # one refund per undo, per run
+
+
+def test_a_workflows_own_step_after_branches_is_not_taken_for_a_rerun(tmp_path: Path) -> None:
+    """Branches' steps took seqs 1 and 2, and the workflow function's own step is keyed
+    by its count of calls (``"<id>:1"``): a receipt is the call at its seq, not a key made
+    of that seq, or the own step reads as the branch's step running again."""
+    report = crash_points(
+        "tests.crashkit.flows:branches_then_own", [], workdir=tmp_path / "scenarios"
+    )
+    assert report.scenarios
+    assert [(str(s.boundary), s.problems) for s in report.scenarios if s.problems] == []

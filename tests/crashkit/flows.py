@@ -429,6 +429,22 @@ async def twins_of_the_workflow_and_a_branch(kill_marker: str) -> list[str]:
     return [own, *await asyncio.gather(*tasks)]
 
 
+@durably.step
+async def tick(name: str) -> str:
+    """Returns its name."""
+    return name
+
+
+@durably.workflow(name="branches-then-own")
+async def branches_then_own() -> list[str]:
+    """Two branches' steps, then one of the workflow function's own."""
+
+    async def one(name: str) -> str:
+        return await tick(name)
+
+    return [*await asyncio.gather(one("a"), one("b")), await tick("c")]
+
+
 # --- the branches of the property test of tasks run at once ---------------------------------
 
 

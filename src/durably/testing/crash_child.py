@@ -75,7 +75,7 @@ class Probes:
         )
 
     def committed(self, workflow_id: str, entries: Sequence[journal.Entry]) -> None:
-        for e in entries:  # durable now: a later call of this key re-ran a completed step
+        for e in entries:  # durable now: a later call at this seq re-ran a completed step
             if e.kind == journal.Kind.STEP and e.status == journal.EntryStatus.COMPLETED:
                 _append(
                     self.folder / CALLS_FILE,
@@ -85,7 +85,6 @@ class Probes:
                         "workflow_id": workflow_id,
                         "seq": e.seq,
                         "step": e.name,
-                        "key": f"{workflow_id}:{e.seq}",
                     },
                 )
 

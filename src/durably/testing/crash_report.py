@@ -407,13 +407,17 @@ def _tally(raw: Raw) -> dict[str, int]:
 
 
 def _reran(raw: Raw) -> dict[str, str]:
-    """Keys whose step function was called after their receipt was committed: key -> step."""
-    done: set[str] = set()
+    """Keys whose step function was called after their receipt was committed: key -> step.
+
+    A receipt names its call by workflow and seq: a key is not made of the seq in a
+    workflow whose tasks ran at once (``step_keys``)."""
+    done: set[tuple[Any, Any]] = set()
     out: dict[str, str] = {}
     for c in raw.calls:
+        at = (c.get("workflow_id"), c.get("seq"))
         if c.get("event") == "receipt":
-            done.add(c["key"])
-        elif c["key"] in done:
+            done.add(at)
+        elif at in done:
             out.setdefault(c["key"], c["step"])
     return out
 

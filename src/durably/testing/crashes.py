@@ -28,7 +28,7 @@ effects, and are not counted. The effect log is the user's own evidence and is
 never derived from durably.
 
 A run's commit reports each batch once it is durable, and the child appends a
-``receipt`` line for a step's completed entry, so a call of that key after it
+``receipt`` line for a step's completed entry, so a call at that seq after it
 would be a completed step running again (promise 2): a violation under every
 policy.
 
