@@ -69,7 +69,10 @@ def workflow_id() -> str:
 def idempotency_key() -> str:
     """The idempotency key of the step now running: stable across its attempts and recoveries.
 
-    It is ``"<workflow_id>:<seq>"``, so it differs for every call of every step.
+    It is ``"<workflow_id>:<seq>"`` in a workflow of one task; the workflow function's
+    own calls are counted (``"<workflow_id>:<n>"``) and another task's step is keyed by
+    what it is (``"<workflow_id>:<after>.<digest>"``, ``durably.step_keys``). It differs
+    for every call of every step.
     """
     step = current_step.get()
     if step is None:
