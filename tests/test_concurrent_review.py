@@ -92,3 +92,21 @@ def test_undos_registered_by_branches_before_any_call_run_once_across_a_kill(
     undos = [e["args"][1] for e in read_effects(wf.effects) if e["args"][0] == "undo"]
     assert sorted(undos) == ["a", "b"], undos
     assert query(wf.db, "SELECT status, warnings FROM workflows") == [("failed", None)]
+
+
+def test_undos_given_a_client_run_once_across_a_kill(tmp_path: Path) -> None:
+    """As above, each undo given a client that cannot be encoded: the name still tells
+    them apart, not which branch registered first."""
+    wf = Workflow(
+        db=tmp_path / "durably.db",
+        workflow="compensated_through_a_client",
+        workflow_id="wf-undo-client",
+        args=[str(tmp_path / "killed")],
+        effects=tmp_path / "effects.jsonl",
+    )
+    exits = run_until_done(wf)
+
+    assert [e.returncode for e in exits] == [-9, 0]
+    undos = [e["args"][1] for e in read_effects(wf.effects) if e["args"][0] == "undo"]
+    assert sorted(undos) == ["a", "b"], undos
+    assert query(wf.db, "SELECT status, warnings FROM workflows") == [("failed", None)]

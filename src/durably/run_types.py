@@ -85,8 +85,11 @@ class Compensation:
 
     def order(self) -> tuple[int, int, str, str]:
         """Its place among the undos (run newest first); tasks started together tie on
-        the call and count, and are told apart by the undo's name and arguments."""
-        digest = step_keys.args_digest(self.args, self.kwargs) or ""
+        the call and count, and are told apart by the undo's name and arguments (those
+        that cannot be encoded by their class)."""
+        digest = step_keys.args_digest(self.args, self.kwargs)
+        if digest is None:
+            digest = step_keys.partial_digest(self.args, self.kwargs)
         return (self.after, self.nth, self.name, digest)
 
 

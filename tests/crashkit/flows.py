@@ -517,6 +517,34 @@ async def compensated_before_calls(kill_marker: str) -> None:
     raise RuntimeError("failed after booking")
 
 
+@durably.step
+async def second_undo_via(client: object, name: str, kill_marker: str) -> str:
+    """``second_undo_dies``, through a client that cannot be encoded."""
+    undone = [line for line in read_lines(os.environ[EFFECTS_ENV]) if '"undo"' in line]
+    if undone and not os.path.exists(kill_marker):
+        open(kill_marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    record("undo", name)
+    return f"undo:{name}"
+
+
+async def _undo_via_first(name: str, late: bool, marker: str) -> str:
+    await asyncio.sleep(0.2 if late else 0.0)
+    durably.compensate(second_undo_via, threading.Lock(), name, marker)
+    return await api("book", name, 0.0)
+
+
+@durably.workflow
+async def compensated_through_a_client(kill_marker: str) -> None:
+    """``compensated_before_calls``, each undo given a client that cannot be encoded."""
+    recovering = os.path.exists(kill_marker)
+    await asyncio.gather(
+        _undo_via_first("a", recovering, kill_marker),
+        _undo_via_first("b", not recovering, kill_marker),
+    )
+    raise RuntimeError("failed after booking")
+
+
 async def _booked(name: str, delay: float, marker: str) -> str:
     booked = await api("book", name, delay)
     durably.compensate(undo, name, marker)
