@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 import durably
+import durably.testing
 from durably import cli
 
 APP = """
