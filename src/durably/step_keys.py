@@ -49,7 +49,7 @@ class StepKeys:
 
     def count(self) -> None:
         """Count a durable call made now (of any kind), by whichever task makes it."""
-        self.by_root = self._root == 0 or id(_current_task()) == self._root
+        self.by_root = self.own()
         if self.by_root:
             self._calls += 1
 
