@@ -163,6 +163,22 @@ def _limit_file_size(size: int) -> Callable[[], None]:
     return limit
 
 
+def test_a_path_naming_a_directory_is_refused_before_anything_is_copied(tmp_path: Path) -> None:
+    """``copy.db/`` names a directory, which no copy can become: refused at once, not
+    after copying the whole database (here the copy would have run out of room)."""
+    url = _big_database(tmp_path)
+    target = str(tmp_path / "copy.db") + "/"
+    proc = subprocess.run(
+        [sys.executable, "-m", "durably.cli", "--database", url, "backup", target],
+        cwd=REPO, env=children.child_env(), capture_output=True, text=True, timeout=120,
+        preexec_fn=_limit_file_size(1 << 20),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
+        f"error: cannot create the backup {target!r}: it names a directory, not a file"
+    )
+
+
 @pytest.mark.parametrize("case", ["no room", "a directory path", "missing directory"])
 def test_a_failed_backup_is_one_line_naming_the_path_and_leaves_nothing(
     tmp_path: Path, case: str

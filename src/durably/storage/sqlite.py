@@ -214,6 +214,10 @@ class SqliteStore(sql.SqlStore):
         ``path`` and why, and leaves no file of its own behind.
         """
         refused = "(durably never overwrites a file: give a new path)"
+        if path.endswith(("/", os.sep)):  # refused now, not once the whole copy is made
+            raise errors.BackupError(
+                f"cannot create the backup {path!r}: it names a directory, not a file"
+            )
         if os.path.lexists(path):
             raise errors.BackupError(f"cannot create the backup {path!r}: it exists {refused}")
         try:
