@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import durably
+from durably import messages
 
 RAN: list[str] = []  # one line per step invocation
 SEEN: list[Any] = []  # what workflow code saw, once per run (first run, then replays)
@@ -196,6 +197,54 @@ async def test_get_event_waits_parked_for_a_value_published_later(store_url: str
         assert await source.result(timeout=10) == "published"
         (read,) = await e.history("late")
     assert (read.kind, read.status) == ("get_event", "completed")
+
+
+@durably.workflow(name="msg.publish_once")
+async def publish_once(value: int) -> str:
+    durably.set_event("stage", value)
+    await publish(value)
+    return "published"
+
+
+@durably.step
+async def publish_from_step(value: int) -> int:
+    durably.set_event("stage", value)  # published with this step's receipt
+    return value
+
+
+@durably.workflow(name="msg.publish_in_step")
+async def publish_in_step(value: int) -> str:
+    await publish_from_step(value)
+    return "published"
+
+
+@pytest.mark.parametrize("where", ["workflow", "step"])
+@pytest.mark.parametrize("hold", [0.05, 30.0], ids=["parked", "held"])
+async def test_a_reader_gets_an_event_as_it_is_published_not_at_its_next_read(
+    store_url: str, hold: float, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``get_event`` wait reads again at a pause that grows with the wait (here 5 s):
+    a publish wakes it at once, whether its run is parked (due now) or held (poked)."""
+    monkeypatch.setattr(messages, "_POLL", (5.0, 5.0))
+    async with durably.Engine(store_url, hold_seconds=hold, poll_interval=10) as e:
+        handle = await e.start(late_reader, "src", workflow_id="late")
+        await asyncio.wait_for(_read_waiting(e, "late"), 10)
+        if hold < 1:
+            await asyncio.wait_for(_until_status(e, "late", "waiting"), 10)
+        await asyncio.sleep(0.3)  # well into its pause
+        published = time.monotonic()
+        await e.start(
+            publish_once if where == "workflow" else publish_in_step, 7, workflow_id="src"
+        )
+        assert await handle.result(timeout=10) == 7
+        waited = time.monotonic() - published
+    assert waited < 2.5, f"read {waited:.1f} s after the publish: at its next read, not at once"
+
+
+async def _read_waiting(e: durably.Engine, wid: str) -> None:
+    """Return once the workflow's get_event wait is journaled (its first read found none)."""
+    while not any(x.kind == "get_event" and x.status == "started" for x in await e.history(wid)):
+        await asyncio.sleep(0.02)
 
 
 # --- set_event from a step ------------------------------------------------------------------

@@ -252,6 +252,7 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
             on_park=self._wake_later,
             on_child=lambda child_id: self._kick_recovery(),
             on_signal=lambda wid, name: self._on_wakeup(base.Wakeup("signal", wid, name)),
+            on_event=lambda wid, key: self._on_wakeup(base.Wakeup("event", wid, key)),
             hold_seconds=self.hold_seconds,
             inline_commits=self.inline_commits,
             strict_replay=self.strict_replay,

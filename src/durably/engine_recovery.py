@@ -324,6 +324,12 @@ class Recovery:
             live.poke(journal.Kind.SIGNAL, wakeup.name)
         elif live is not None and awake and wakeup.kind == "join":
             live.poke(journal.Kind.JOIN, wakeup.name)
+        elif wakeup.kind == "event":  # its readers here re-read it; parked ones are due
+            label = f"{wakeup.name} of {wakeup.workflow_id}"
+            for run in list(self._runs.values()):
+                if run.listening:
+                    run.poke(journal.Kind.GET_EVENT, label)
+            self._kick_recovery()
         elif live is not None and awake and wakeup.kind == "cancel":
             live.request_cancel()
             self._kick_recovery()  # its place in its queue is free now

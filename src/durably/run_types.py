@@ -51,6 +51,7 @@ class Services:
     on_park: Callable[[float | None], None] = lambda wake_at: None
     on_child: Callable[[str], None] = lambda child_id: None
     on_signal: Callable[[str, str], None] = lambda workflow_id, name: None
+    on_event: Callable[[str, str], None] = lambda workflow_id, key: None
     hold_seconds: float = 1.0  # how long a blocked run stays in memory before it parks
     inline_commits: bool = True  # commit on the loop's thread when nothing else is ready
     commit_patience: float = 30.0  # seconds to wait out a locked or unreachable database

@@ -191,6 +191,8 @@ async def _commit_receipt(
     """
     try:
         await run.commit(receipt, events=events)
+        if events:  # set_event in the step's body: published with its receipt
+            run.events_published(key for key, _ in events)
     except errors.StorageDataError as refused:
         error = errors.StorageDataError(f"{where}: its result cannot be stored: {refused}")
         failed = dataclasses.replace(receipt, status=_S.FAILED, payload=error_json(error))

@@ -19,7 +19,7 @@ import os
 import sys
 import types
 import weakref
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from durably import (
@@ -213,6 +213,12 @@ class Run(parking.Parking):
         run of it waiting in this process looks at once."""
         self._services.on_signal(workflow_id, name)
 
+    def events_published(self, keys: Iterable[str]) -> None:
+        """Tell the engine this run committed the events ``keys``, so that a run waiting
+        for one in ``get_event`` in this process (or parked: due now) reads it at once."""
+        for key in keys:
+            self._services.on_event(self.workflow_id, key)
+
     def local(self, key: object, factory: Callable[[], T]) -> T:
         """The value kept under ``key`` for this run only, made by ``factory`` on first use.
 
@@ -325,8 +331,13 @@ class Run(parking.Parking):
                     delay = min(delay * 2, 2.0)
                 except errors.StoreError as exc:
                     raise self._abandon(exc) from exc
+        published = None
         for entry in batch:
             self._replayer.record(entry)
+            if entry.kind == _EVENT:
+                published = [*(published or ()), entry.name]
+        if published:  # set_event in workflow code: committed now
+            self.events_published(published)
         if self._follows:  # journaled with their entries now: a later write keeps them
             for written in (*batch, *args):
                 if isinstance(written, journal.Entry):
@@ -781,6 +792,7 @@ _COMMITS = frozenset({"append_entries", "commit_receipt"})
 
 #: Journaled values a step could observe: committed before any step starts.
 _STEP = journal.Kind.STEP
+_EVENT = journal.Kind.EVENT
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
 
 _COMPLETED = journal.EntryStatus.COMPLETED

@@ -210,8 +210,9 @@ class Wakeup:
 
     ``kind`` is ``work`` (something may have become claimable), ``signal``
     (``workflow_id`` got signal ``name``), ``cancel`` (``workflow_id`` was asked
-    to stop), ``join`` (child ``name`` of ``workflow_id`` finished) or ``timer``
-    (a parked workflow is due at ``at``).
+    to stop), ``join`` (child ``name`` of ``workflow_id`` finished), ``event``
+    (``workflow_id`` published event ``name``) or ``timer`` (a parked workflow is
+    due at ``at``).
     """
 
     kind: str

@@ -204,14 +204,16 @@ class EntryVerbs(claims.ClaimVerbs):
                 now=now,
             )
         if kind == journal.Kind.EVENT and e.payload is not None:
-            self._q(
-                "publish_event",
-                workflow_id=workflow_id,
-                key=e.name,
-                value=e.payload,
-                seq=e.seq,
-                now=now,
-            )
+            self._publish_event(workflow_id, e.name, e.payload, e.seq, now)
+
+    def _publish_event(self, workflow_id: str, key: str, value: str, seq: int, now: float) -> None:
+        """Set an event's value, and wake who waits for it in ``get_event``: a parked
+        reader is due now, a running one's executor is told (``Wakeup`` ``event``)."""
+        self._q("publish_event", workflow_id=workflow_id, key=key, value=value, seq=seq, now=now)
+        label = f"{key} of {workflow_id}"
+        if self._q("wake_event_readers", label=label, now=now).rowcount:
+            self._wake("work")  # a parked reader is due
+        self._wake("event", workflow_id, name=key)
 
     def _entry_at(self, workflow_id: str, seq: int) -> journal.Entry | None:
         row = rows.first(self._q("entry_at", workflow_id=workflow_id, seq=seq))

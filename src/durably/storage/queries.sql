@@ -918,6 +918,16 @@ VALUES (:workflow_id, :key, :value, :seq, :now)
 ON CONFLICT (workflow_id, key) DO UPDATE
 SET value = excluded.value, seq = excluded.seq, updated_at = excluded.updated_at
 
+-- name: wake_event_readers
+-- Make the parked workflows waiting in get_event for this event due now (their open
+-- entry is named "<key> of <workflow id>"): they read it at once, not at their next
+-- read's time. Read through journal_open (an open entry's status is in its WHERE).
+UPDATE workflows SET wake_at = :now
+WHERE status IN ('sleeping', 'waiting') AND wake_at > :now
+  AND workflow_id IN (SELECT workflow_id FROM journal
+                      WHERE status IN ('started', 'retrying') AND status = 'started'
+                        AND kind = 'get_event' AND name = :label)
+
 -- name: get_event
 -- The value of a workflow's event key.
 SELECT value FROM events WHERE workflow_id = :workflow_id AND key = :key

@@ -262,9 +262,7 @@ class SignalVerbs(entries.EntryVerbs):
         fence = self._fenced_upsert(workflow_id, epoch, entries, now, last=not events)
         seq = entries[-1].seq
         for key, value in events:
-            self._q(
-                "publish_event", workflow_id=workflow_id, key=key, value=value, seq=seq, now=now
-            )
+            self._publish_event(workflow_id, key, value, seq, now)
         return fence.asked(now)
 
     def start_child(
