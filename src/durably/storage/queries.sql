@@ -923,7 +923,7 @@ SET value = excluded.value, seq = excluded.seq, updated_at = excluded.updated_at
 -- entry is named "<key> of <workflow id>"): they read it at once, not at their next
 -- read's time. Read through journal_open (an open entry's status is in its WHERE).
 UPDATE workflows SET wake_at = :now
-WHERE status IN ('sleeping', 'waiting') AND wake_at > :now
+WHERE status IN ('sleeping', 'waiting', 'needs_review') AND wake_at > :now
   AND workflow_id IN (SELECT workflow_id FROM journal
                       WHERE status IN ('started', 'retrying') AND status = 'started'
                         AND kind = 'get_event' AND name = :label)
