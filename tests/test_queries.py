@@ -22,6 +22,7 @@ NAMED_SETS = {
     "FINISHED_STATUSES": frozenset(journal.FINISHED_STATUSES),
     "LIVE_STATUSES": frozenset(s.value for s in journal.LIVE_STATUSES),
     "PARKED_STATUSES": frozenset(s.value for s in journal.PARKED_STATUSES),
+    "MESSAGED_STATUSES": frozenset(s.value for s in journal.MESSAGED_STATUSES),
     "TIMED_STATUSES": frozenset(s.value for s in journal.TIMED_STATUSES),
     "UNFINISHED_STATUSES": frozenset(s.value for s in journal.UNFINISHED_STATUSES),
     "FINAL_ENTRY_STATUSES": frozenset(s.value for s in journal.FINAL_ENTRY_STATUSES),

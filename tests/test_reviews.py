@@ -284,3 +284,42 @@ async def test_a_workflow_that_ends_closes_the_reviews_it_left_open(sqlite_url: 
         await until_status(e.handle("t-ends"), "failed")
         assert [r.step for r in await e.reviews()] == []  # ended again, closed again
     assert [x[0] for x in LOG] == ["transfer"]  # never repeated
+
+
+@durably.step
+async def after_go(payload: str) -> str:
+    LOG.append(("after_go", payload))
+    return payload
+
+
+@durably.workflow
+async def transfer_and_listen(order: str) -> Any:
+    async def listen() -> str:
+        return await after_go(str(await durably.wait_for_signal("go")))
+
+    return await asyncio.gather(transfer(order), listen())
+
+
+async def test_a_signal_reaches_a_branch_while_another_awaits_review(store_url: str) -> None:
+    """One branch's step awaits a person; another branch waits for a signal. The signal
+    must wake the workflow (parked as needs_review) so that branch goes on, not wait for
+    the review to be decided (hours, maybe)."""
+    GATE["hang"] = asyncio.Event()
+    engine = durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.1)
+    await engine.open()
+    await engine.start(transfer_and_listen, "ORD-1", workflow_id="t-listen")
+    while not LOG:
+        await asyncio.sleep(0.01)
+    await engine.close(drain_timeout=0.05)  # the transfer's outcome is unknown
+    del GATE["hang"]
+    async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=30) as e:
+        await until_status(e.handle("t-listen"), "needs_review")
+        await e.send_signal("t-listen", "go", "now")
+        deadline = asyncio.get_running_loop().time() + 5
+        while ("after_go", "now") not in LOG:
+            assert asyncio.get_running_loop().time() < deadline, "the branch never heard it"
+            await asyncio.sleep(0.02)
+        await until_status(e.handle("t-listen"), "needs_review")  # the review still waits
+        await e.resolve("t-listen", 1, result={"transfer_id": "tr-seen"}, by="bob")
+        assert await e.handle("t-listen").result(timeout=10) == [{"transfer_id": "tr-seen"}, "now"]
+    assert [x[0] for x in LOG].count("transfer") == 1

@@ -38,6 +38,10 @@ FINISHED_STATUSES: tuple[str, ...] = tuple(sorted(s.value for s in _FINISHED))
 LIVE_STATUSES = frozenset({Status.PENDING, Status.RUNNING})
 #: A parked workflow: no owner; claimable when its ``wake_at`` is due.
 PARKED_STATUSES = frozenset({Status.SLEEPING, Status.WAITING, Status.NEEDS_REVIEW})
+#: A parked workflow that a signal or a child's end wakes: one waiting, or one whose
+#: step awaits a person while another of its tasks may wait for the signal or child.
+#: (A sleeping one waits for its timers only.)
+MESSAGED_STATUSES = frozenset({Status.WAITING, Status.NEEDS_REVIEW})
 #: A workflow whose ``wake_at`` is a time the engine acts at: a delayed start or a parked
 #: workflow's timer (the timer loop's ``next_wake`` reads them in one index range).
 TIMED_STATUSES = frozenset({Status.PENDING}) | PARKED_STATUSES

@@ -366,7 +366,7 @@ FOR UPDATE SKIP LOCKED
 -- row cost a wake-up about a tenth of its time (twenty-fourth pass of issue 12). The row is
 -- locked first (locked: its newest version, which the UPDATE then writes) and every choice
 -- is made on it: the signal counted where the workflow has not ended and the key is new, a
--- waiting workflow due now, and the claim where the row as the signal leaves it is
+-- waiting workflow (or one awaiting a review, whose other task may wait) due now, and the claim where the row as the signal leaves it is
 -- claimable (claimable_now on a workflow of no queue, as claim_woken would read it next).
 -- One statement reads one row, so a workflow created or resumed by another transaction
 -- meanwhile is not taken behind a send refused as unknown or finished. A key used before
@@ -380,7 +380,8 @@ WITH dup AS (
 ), locked AS (
     SELECT workflow_id, name, version, source_hash, status, owner, epoch, queue,
            lease_expires_at, EXISTS (SELECT 1 FROM dup) AS dup,
-           CASE WHEN status = 'waiting' AND NOT EXISTS (SELECT 1 FROM dup) THEN :now
+           CASE WHEN status IN ('waiting', 'needs_review') AND NOT EXISTS (SELECT 1 FROM dup)
+                THEN :now
                 ELSE wake_at END AS wake_at
     FROM workflows WHERE workflow_id = :workflow_id
     FOR UPDATE
@@ -556,7 +557,7 @@ ORDER BY seq
 -- row is left as it is: a second sending of its finish (after a lost connection) finds its
 -- own write by its updated_at, whichever of a parent's and a child's finishes went first.
 UPDATE workflows
-SET wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END,
+SET wake_at = CASE WHEN status IN ('waiting', 'needs_review') THEN :now ELSE wake_at END,
     updated_at = CASE WHEN status IN ('completed', 'failed', 'cancelled', 'diverged')
                       THEN updated_at ELSE :now END
 
@@ -697,10 +698,11 @@ ORDER BY deadline_at, workflow_id
 LIMIT :limit
 
 -- name: count_signal
--- Number the next signal to a workflow and wake it if it waits; returns the number.
+-- Number the next signal to a workflow and wake it if it waits (or awaits a review: another
+-- of its tasks may wait for the signal); returns the number.
 UPDATE workflows
 SET signal_count = signal_count + 1,
-    wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END,
+    wake_at = CASE WHEN status IN ('waiting', 'needs_review') THEN :now ELSE wake_at END,
     updated_at = :now
 WHERE workflow_id = :workflow_id
 RETURNING signal_count, status
@@ -719,7 +721,7 @@ WITH dup AS (
 ), counted AS (
     UPDATE workflows
     SET signal_count = signal_count + 1,
-        wake_at = CASE WHEN status = 'waiting' THEN :now ELSE wake_at END,
+        wake_at = CASE WHEN status IN ('waiting', 'needs_review') THEN :now ELSE wake_at END,
         updated_at = :now
     WHERE workflow_id = :workflow_id
       AND status NOT IN ('completed', 'failed', 'cancelled', 'diverged')
