@@ -178,6 +178,17 @@ class OneStatementVerbs(sql.SqlStore):
         )
         return fence, int(written)
 
+    def _publish_event(self, workflow_id: str, key: str, value: str, seq: int, now: float) -> None:
+        # One statement (publish_event_and_wake): the event, its parked readers made due,
+        # and the notifications, where the generic verb sends three (and a fourth, when a
+        # reader was woken).
+        event = sqlbase.encode_wakeup(base.Wakeup("event", workflow_id, name=key))
+        self._q(
+            "publish_event_and_wake",
+            workflow_id=workflow_id, key=key, value=value, seq=seq, now=now,
+            label=f"{key} of {workflow_id}", channel=self.channel, event=event, work=_WORK,
+        )  # fmt: skip
+
     def _finish_at_once(self, status: str, error: str | None, **params: Any) -> Any:
         # One statement (finish_and_wake): the fenced finish, its parent's wake-up and the
         # notifications. When it is all of a batch it is sent without BEGIN and COMMIT, so

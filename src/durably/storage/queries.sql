@@ -930,6 +930,21 @@ WHERE status IN ('sleeping', 'waiting', 'needs_review') AND wake_at > :now
                       WHERE status IN ('started', 'retrying') AND status = 'started'
                         AND kind = 'get_event' AND name = :label)
 
+-- name: publish_event_and_wake
+-- PostgreSQL only (a data-modifying WITH): publish_event and wake_event_readers in one
+-- statement, with their notifications: the event's (:event) and, when it made a parked
+-- reader due, a claim's (:work). One round trip where three were.
+WITH published AS (
+{{publish_event}}
+RETURNING 1
+), woken AS (
+{{wake_event_readers}}
+RETURNING 1
+)
+SELECT pg_notify(:channel, :event),
+       (SELECT pg_notify(:channel, :work) WHERE EXISTS (SELECT 1 FROM woken)),
+       (SELECT COUNT(*) FROM published)
+
 -- name: get_event
 -- The value of a workflow's event key.
 SELECT value FROM events WHERE workflow_id = :workflow_id AND key = :key
