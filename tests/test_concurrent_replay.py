@@ -21,26 +21,11 @@ import pytest
 
 import durably
 from tests.agentkit.live import until
-from tests.crashkit.harness import (
-    Workflow,
-    journal_rows,
-    query,
-    read_effects,
-    run_until_done,
-)
+from tests.crashkit.harness import journal_rows, killed_once_then_done, query, read_effects
 
 
 def test_a_killed_gather_recovers_each_branch_with_its_own_entries(tmp_path: Path) -> None:
-    wf = Workflow(
-        db=tmp_path / "durably.db",
-        workflow="gathered",
-        workflow_id="wf-gathered",
-        args=[str(tmp_path / "killed")],
-        effects=tmp_path / "effects.jsonl",
-    )
-    exits = run_until_done(wf)
-
-    assert [e.returncode for e in exits] == [-9, 0]
+    wf, exits = killed_once_then_done(tmp_path, "gathered", "wf-gathered")
     assert exits[-1].output() == {
         "ok": True,
         "result": [["fetch:a", "charge:a"], ["fetch:b", "charge:b"]],
@@ -73,16 +58,7 @@ def test_steps_of_two_branches_cut_by_a_kill_run_again_under_their_own_keys(
     keep its seq by, and the recovery calls them in the other order. Each must run
     again under the idempotency key it had: a key that moved to the other send would
     let the service take a's second send for a new one (and b's for a's)."""
-    wf = Workflow(
-        db=tmp_path / "durably.db",
-        workflow="both_on_their_way",
-        workflow_id="wf-both",
-        args=[str(tmp_path / "killed")],
-        effects=tmp_path / "effects.jsonl",
-    )
-    exits = run_until_done(wf)
-
-    assert [e.returncode for e in exits] == [-9, 0]
+    wf, exits = killed_once_then_done(tmp_path, "both_on_their_way", "wf-both")
     assert exits[-1].output() == {"ok": True, "result": ["sent:a", "sent:b"]}
     sends = [(e["args"][1], e["key"], e["pid"]) for e in read_effects(wf.effects)]
     assert len(sends) == 4, sends
@@ -99,16 +75,7 @@ def test_steps_of_two_branches_given_a_client_keep_their_own_keys(tmp_path: Path
     """As above, each send given a client that cannot be encoded as well as its name: the
     arguments have no digest, and the name must still tell the two calls apart, not
     which one called first (a's key would move to b's send)."""
-    wf = Workflow(
-        db=tmp_path / "durably.db",
-        workflow="both_on_their_way_through_a_client",
-        workflow_id="wf-client",
-        args=[str(tmp_path / "killed")],
-        effects=tmp_path / "effects.jsonl",
-    )
-    exits = run_until_done(wf)
-
-    assert [e.returncode for e in exits] == [-9, 0]
+    wf, exits = killed_once_then_done(tmp_path, "both_on_their_way_through_a_client", "wf-client")
     assert exits[-1].output() == {"ok": True, "result": ["sent:a", "sent:b"]}
     sends = [(e["args"][1], e["key"]) for e in read_effects(wf.effects)]
     assert [name for name, _ in sends] == ["a", "b", "b", "a"], sends
@@ -122,16 +89,7 @@ def test_identical_calls_of_two_branches_keep_their_own_keys(tmp_path: Path) -> 
     One was journaled before the kill, the other was on its way: the recovery runs only
     that one, and under its own key, not the journaled one's (a service would answer it
     as a repeat of the first, and its effect would never happen)."""
-    wf = Workflow(
-        db=tmp_path / "durably.db",
-        workflow="twins_one_done",
-        workflow_id="wf-twins",
-        args=[str(tmp_path / "killed")],
-        effects=tmp_path / "effects.jsonl",
-    )
-    exits = run_until_done(wf)
-
-    assert [e.returncode for e in exits] == [-9, 0]
+    wf, exits = killed_once_then_done(tmp_path, "twins_one_done", "wf-twins")
     assert exits[-1].output() == {"ok": True, "result": ["notified:x", "notified:x"]}
     runs = [(e["key"], e["pid"]) for e in read_effects(wf.effects)]
     assert len(runs) == 3, runs
@@ -147,16 +105,7 @@ def test_a_call_identical_to_the_workflows_own_keeps_its_key(tmp_path: Path) -> 
     arguments after the same call. The workflow's own call is keyed by count and journals
     no twin number; the branch's, cut by the kill, must run again under the key it had,
     not another (a service would take it for a new call: a third effect for two calls)."""
-    wf = Workflow(
-        db=tmp_path / "durably.db",
-        workflow="twins_of_the_workflow_and_a_branch",
-        workflow_id="wf-own",
-        args=[str(tmp_path / "killed")],
-        effects=tmp_path / "effects.jsonl",
-    )
-    exits = run_until_done(wf)
-
-    assert [e.returncode for e in exits] == [-9, 0]
+    wf, exits = killed_once_then_done(tmp_path, "twins_of_the_workflow_and_a_branch", "wf-own")
     assert exits[-1].output() == {"ok": True, "result": ["notified:x", "notified:x", "q"]}
     runs = [(e["key"], e["pid"]) for e in read_effects(wf.effects)]
     assert len(runs) == 3, runs

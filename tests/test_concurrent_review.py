@@ -9,7 +9,7 @@ from typing import Any
 
 import durably
 from tests.agentkit.live import until
-from tests.crashkit.harness import Workflow, query, read_effects, run_until_done
+from tests.crashkit.harness import killed_once_then_done, query, read_effects
 
 LOG: list[str] = []
 
@@ -56,16 +56,7 @@ def test_compensations_registered_in_branches_each_run_once_across_a_kill(
 ) -> None:
     """``b``'s booking ends first in the first run, ``a``'s first in the replay: the
     undos must still run in one order in both, each once."""
-    wf = Workflow(
-        db=tmp_path / "durably.db",
-        workflow="compensated_branches",
-        workflow_id="wf-undo",
-        args=[str(tmp_path / "killed")],
-        effects=tmp_path / "effects.jsonl",
-    )
-    exits = run_until_done(wf)
-
-    assert [e.returncode for e in exits] == [-9, 0]
+    wf, exits = killed_once_then_done(tmp_path, "compensated_branches", "wf-undo")
     assert exits[-1].output()["ok"] is False
     undos = sorted(e["args"][1] for e in read_effects(wf.effects) if e["args"][0] == "undo")
     assert undos == ["a", "b"]
@@ -78,16 +69,7 @@ def test_undos_registered_by_branches_before_any_call_run_once_across_a_kill(
     """Both undos follow the same call (none yet), and the branches register them in the
     other order on the recovery: they must still run in one order, each once (a swap
     gave the second undo the first's receipt, and ran the first again)."""
-    wf = Workflow(
-        db=tmp_path / "durably.db",
-        workflow="compensated_before_calls",
-        workflow_id="wf-undo-tie",
-        args=[str(tmp_path / "killed")],
-        effects=tmp_path / "effects.jsonl",
-    )
-    exits = run_until_done(wf)
-
-    assert [e.returncode for e in exits] == [-9, 0]
+    wf, exits = killed_once_then_done(tmp_path, "compensated_before_calls", "wf-undo-tie")
     assert exits[-1].output()["ok"] is False
     undos = [e["args"][1] for e in read_effects(wf.effects) if e["args"][0] == "undo"]
     assert sorted(undos) == ["a", "b"], undos
@@ -97,16 +79,7 @@ def test_undos_registered_by_branches_before_any_call_run_once_across_a_kill(
 def test_undos_given_a_client_run_once_across_a_kill(tmp_path: Path) -> None:
     """As above, each undo given a client that cannot be encoded: the name still tells
     them apart, not which branch registered first."""
-    wf = Workflow(
-        db=tmp_path / "durably.db",
-        workflow="compensated_through_a_client",
-        workflow_id="wf-undo-client",
-        args=[str(tmp_path / "killed")],
-        effects=tmp_path / "effects.jsonl",
-    )
-    exits = run_until_done(wf)
-
-    assert [e.returncode for e in exits] == [-9, 0]
+    wf, _ = killed_once_then_done(tmp_path, "compensated_through_a_client", "wf-undo-client")
     undos = [e["args"][1] for e in read_effects(wf.effects) if e["args"][0] == "undo"]
     assert sorted(undos) == ["a", "b"], undos
     assert query(wf.db, "SELECT status, warnings FROM workflows") == [("failed", None)]

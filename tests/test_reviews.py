@@ -80,16 +80,7 @@ async def until_status(handle: durably.WorkflowHandle, status: str, timeout: flo
 
 async def interrupt(url: str, kind: str, wid: str) -> None:
     """Start the workflow and stop the engine hard while the step hangs: intent, no receipt."""
-    GATE["hang"] = asyncio.Event()
-    engine = durably.Engine(url, hold_seconds=0.05, poll_interval=0.1)
-    await engine.open()
-    await engine.start(pay, "ORD-1", kind, workflow_id=wid)
-    deadline = asyncio.get_running_loop().time() + 10.0
-    while not LOG:
-        assert asyncio.get_running_loop().time() < deadline, "the step did not start in 10 s"
-        await asyncio.sleep(0.01)
-    await engine.close(drain_timeout=0.05)
-    del GATE["hang"]
+    await stop_in_step(url, wid, pay, "ORD-1", kind)
     history = durably.Client(url).history(wid)
     assert [(e.name, e.status) for e in history] == [(history[0].name, "started")]
 
@@ -155,6 +146,20 @@ async def test_reconcile_that_cannot_tell_parks_for_review(sqlite_url: str, answ
         await e.resolve("r3", 1, retry=True, by="alice")
         assert await e.handle("r3").result(timeout=5) == {"refund_id": "re-ORD-1"}
     assert [x for x in LOG if x[0] == "refund"] == [("refund", "r3:1"), ("refund", "r3:1")]
+
+
+async def stop_in_step(url: str, wid: str, workflow: Any, *args: Any) -> None:
+    """Start ``workflow`` and stop the engine hard while its first step hangs."""
+    GATE["hang"] = asyncio.Event()
+    engine = durably.Engine(url, hold_seconds=0.05, poll_interval=0.1)
+    await engine.open()
+    await engine.start(workflow, *args, workflow_id=wid)
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while not LOG:
+        assert asyncio.get_running_loop().time() < deadline, "the step did not start in 10 s"
+        await asyncio.sleep(0.01)
+    await engine.close(drain_timeout=0.05)
+    del GATE["hang"]
 
 
 async def test_at_most_once_parks_and_a_person_decides_once(sqlite_url: str) -> None:
@@ -268,14 +273,7 @@ async def test_a_workflow_that_ends_closes_the_reviews_it_left_open(sqlite_url: 
     """A branch's step awaits a person when another branch fails the workflow: the review
     must leave the queue (nobody could decide it: the workflow has ended), and come back
     if the workflow is resumed."""
-    GATE["hang"] = asyncio.Event()
-    engine = durably.Engine(sqlite_url, hold_seconds=0.05, poll_interval=0.1)
-    await engine.open()
-    await engine.start(transfer_and_fail, "ORD-1", workflow_id="t-ends")
-    while not LOG:
-        await asyncio.sleep(0.01)
-    await engine.close(drain_timeout=0.05)  # the transfer's outcome is unknown
-    del GATE["hang"]
+    await stop_in_step(sqlite_url, "t-ends", transfer_and_fail, "ORD-1")  # outcome unknown
     async with durably.Engine(sqlite_url, poll_interval=0.1) as e:
         with pytest.raises(RuntimeError, match="other branch failed"):
             await e.handle("t-ends").result(timeout=10)
@@ -304,14 +302,7 @@ async def test_a_signal_reaches_a_branch_while_another_awaits_review(store_url: 
     """One branch's step awaits a person; another branch waits for a signal. The signal
     must wake the workflow (parked as needs_review) so that branch goes on, not wait for
     the review to be decided (hours, maybe)."""
-    GATE["hang"] = asyncio.Event()
-    engine = durably.Engine(store_url, hold_seconds=0.05, poll_interval=0.1)
-    await engine.open()
-    await engine.start(transfer_and_listen, "ORD-1", workflow_id="t-listen")
-    while not LOG:
-        await asyncio.sleep(0.01)
-    await engine.close(drain_timeout=0.05)  # the transfer's outcome is unknown
-    del GATE["hang"]
+    await stop_in_step(store_url, "t-listen", transfer_and_listen, "ORD-1")  # outcome unknown
     async with durably.Engine(store_url, hold_seconds=0.05, poll_interval=30) as e:
         await until_status(e.handle("t-listen"), "needs_review")
         await e.send_signal("t-listen", "go", "now")

@@ -72,10 +72,9 @@ class Replayer:
         self._free: list[int] = []
         self._top = 0
         self._twins: dict[tuple[int, str, str | None], set[int]] | None = None
-        first = self._entries.get(1)
-        if first is not None and first.follows is None:
-            return  # begun before 0013
-        if any(e.follows is not None and e.seq != 1 for e in self._entries.values()):
+        if self.begun_before_follows:
+            return
+        if tasks_ran_at_once(self._entries.values()):
             self._group()
 
     @property
@@ -129,8 +128,8 @@ class Replayer:
                 if e.kind == journal.Kind.STEP:
                     base, twin = journal.twin_of(e.args_digest)
                     if twin:  # a branch's (the workflow's own calls are keyed by count)
-                        after = seq - 1 if e.follows is None else e.follows
-                        self._twins.setdefault((after, e.name, base), set()).add(twin)
+                        key = (_followed(seq, e), e.name, base)
+                        self._twins.setdefault(key, set()).add(twin)
         return self._twins.get((follows, name, digest), set())
 
     def holds_intents(self) -> bool:
@@ -172,8 +171,7 @@ class Replayer:
         call finds its own entry by what its task called before it, not by position."""
         groups: dict[int, list[int]] = {}
         for seq in sorted(self._entries):
-            follows = self._entries[seq].follows
-            groups.setdefault(seq - 1 if follows is None else follows, []).append(seq)
+            groups.setdefault(_followed(seq, self._entries[seq]), []).append(seq)
         self._groups = groups
         self._unmatched = set(self._entries)
         self._top = max(self._entries)
@@ -588,13 +586,24 @@ def plan_reopen(workflow_id: str, status: str, history: Sequence[journal.Entry])
     return Reopening()
 
 
+def tasks_ran_at_once(entries: Iterable[journal.Entry]) -> bool:
+    """Whether a journal holds calls of several tasks: an entry that followed another
+    call than the one before it (seq 1's 0 marks only how the journal was written)."""
+    return any(e.follows is not None and e.seq != 1 for e in entries)
+
+
+def _followed(seq: int, entry: journal.Entry) -> int:
+    """The seq of the call the entry at ``seq`` followed in its task."""
+    return seq - 1 if entry.follows is None else entry.follows
+
+
 def _check_tasks_after(workflow_id: str, cancel: int, history: Sequence[journal.Entry]) -> None:
     """Refuse to resume a workflow whose tasks ran at once when, after its cancellation,
     another task's entry records what dropping it would lose or repeat: a signal it
     consumed (gone from the mailbox), a step it tried, a child it started or a signal it
     sent (made again under another seq, so another id and key). In a workflow of one
     task every entry after the marker is its cleanup's, which a resume does not run."""
-    if not any(e.follows is not None and e.seq != 1 for e in history):
+    if not tasks_ran_at_once(history):
         return
     for e in history:
         if e.seq <= cancel or e.kind not in _KEPT_AFTER:

@@ -331,13 +331,10 @@ class Run(parking.Parking):
                     delay = min(delay * 2, 2.0)
                 except errors.StoreError as exc:
                     raise self._abandon(exc) from exc
-        published = None
         for entry in batch:
             self._replayer.record(entry)
-            if entry.kind == _EVENT:
-                published = [*(published or ()), entry.name]
-        if published:  # set_event in workflow code: committed now
-            self.events_published(published)
+            if entry.kind == _EVENT:  # set_event in workflow code: committed now
+                self._services.on_event(self.workflow_id, entry.name)
         if self._follows:  # journaled with their entries now: a later write keeps them
             for written in (*batch, *args):
                 if isinstance(written, journal.Entry):
@@ -571,10 +568,6 @@ class Run(parking.Parking):
         """Raise NonDeterminismError if the journal holds calls the code never made."""
         self._replayer.check_finished()
 
-    def last_call(self) -> int:
-        """The seq of the calling task's last durable call (0: none yet)."""
-        return self._after.get()
-
     def undo_order(self) -> tuple[int, int]:
         """Where an undo registered now runs among the others (newest first): after the
         calling task's last durable call, as the n-th it registered since. Tasks started
@@ -790,9 +783,9 @@ class Run(parking.Parking):
 #: The verbs that only append entries (what the fault observer hears as a commit).
 _COMMITS = frozenset({"append_entries", "commit_receipt"})
 
-#: Journaled values a step could observe: committed before any step starts.
 _STEP = journal.Kind.STEP
 _EVENT = journal.Kind.EVENT
+#: Journaled values a step could observe: committed before any step starts.
 _OBSERVABLE = frozenset({journal.Kind.NOW, journal.Kind.RANDOM, journal.Kind.UUID4})
 
 _COMPLETED = journal.EntryStatus.COMPLETED

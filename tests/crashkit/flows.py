@@ -488,10 +488,9 @@ async def undo(name: str, kill_marker: str = "") -> str:
     return f"undo:{name}"
 
 
-@durably.step
-async def second_undo_dies(name: str, kill_marker: str) -> str:
-    """A compensation; in the first run (no ``kill_marker`` yet) the second one to run
-    kills its executor before it counts itself: the first has its receipt."""
+def _second_undo(name: str, kill_marker: str) -> str:
+    """A compensation's body; in the first run (no ``kill_marker`` yet) the second one to
+    run kills its executor before it counts itself: the first has its receipt."""
     undone = [line for line in read_lines(os.environ[EFFECTS_ENV]) if '"undo"' in line]
     if undone and not os.path.exists(kill_marker):
         open(kill_marker, "w").close()
@@ -500,49 +499,47 @@ async def second_undo_dies(name: str, kill_marker: str) -> str:
     return f"undo:{name}"
 
 
-async def _undo_first(name: str, late: bool, marker: str) -> str:
+@durably.step
+async def second_undo_dies(name: str, kill_marker: str) -> str:
+    """``_second_undo`` as a step."""
+    return _second_undo(name, kill_marker)
+
+
+@durably.step
+async def second_undo_via(client: object, name: str, kill_marker: str) -> str:
+    """``second_undo_dies``, through a client that cannot be encoded."""
+    return _second_undo(name, kill_marker)
+
+
+async def _undo_first(name: str, late: bool, marker: str, via_client: bool) -> str:
     await asyncio.sleep(0.2 if late else 0.0)  # not durable: timing, as an API's would be
-    durably.compensate(second_undo_dies, name, marker)  # before the branch's first call
+    if via_client:  # before the branch's first call
+        durably.compensate(second_undo_via, threading.Lock(), name, marker)
+    else:
+        durably.compensate(second_undo_dies, name, marker)
     return await api("book", name, 0.0)
+
+
+async def _undos_before_calls(kill_marker: str, via_client: bool) -> None:
+    recovering = os.path.exists(kill_marker)
+    await asyncio.gather(
+        _undo_first("a", recovering, kill_marker, via_client),
+        _undo_first("b", not recovering, kill_marker, via_client),
+    )
+    raise RuntimeError("failed after booking")
 
 
 @durably.workflow
 async def compensated_before_calls(kill_marker: str) -> None:
     """Two branches each register an undo before their first durable call (``a`` first
     in the first run, ``b`` first in the recovery), then the workflow fails."""
-    recovering = os.path.exists(kill_marker)
-    await asyncio.gather(
-        _undo_first("a", recovering, kill_marker), _undo_first("b", not recovering, kill_marker)
-    )
-    raise RuntimeError("failed after booking")
-
-
-@durably.step
-async def second_undo_via(client: object, name: str, kill_marker: str) -> str:
-    """``second_undo_dies``, through a client that cannot be encoded."""
-    undone = [line for line in read_lines(os.environ[EFFECTS_ENV]) if '"undo"' in line]
-    if undone and not os.path.exists(kill_marker):
-        open(kill_marker, "w").close()
-        os.kill(os.getpid(), signal.SIGKILL)
-    record("undo", name)
-    return f"undo:{name}"
-
-
-async def _undo_via_first(name: str, late: bool, marker: str) -> str:
-    await asyncio.sleep(0.2 if late else 0.0)
-    durably.compensate(second_undo_via, threading.Lock(), name, marker)
-    return await api("book", name, 0.0)
+    await _undos_before_calls(kill_marker, via_client=False)
 
 
 @durably.workflow
 async def compensated_through_a_client(kill_marker: str) -> None:
     """``compensated_before_calls``, each undo given a client that cannot be encoded."""
-    recovering = os.path.exists(kill_marker)
-    await asyncio.gather(
-        _undo_via_first("a", recovering, kill_marker),
-        _undo_via_first("b", not recovering, kill_marker),
-    )
-    raise RuntimeError("failed after booking")
+    await _undos_before_calls(kill_marker, via_client=True)
 
 
 async def _booked(name: str, delay: float, marker: str) -> str:

@@ -173,6 +173,23 @@ def run_until_done(
     )
 
 
+def killed_once_then_done(
+    tmp_path: Path, workflow: str, workflow_id: str
+) -> tuple[Workflow, list[Exit]]:
+    """Run ``workflow`` (its one argument: a kill marker it creates when it kills its
+    executor) on a database in ``tmp_path`` until done: SIGKILLed once, then completed."""
+    wf = Workflow(
+        db=tmp_path / "durably.db",
+        workflow=workflow,
+        workflow_id=workflow_id,
+        args=[str(tmp_path / "killed")],
+        effects=tmp_path / "effects.jsonl",
+    )
+    exits = run_until_done(wf)
+    assert [e.returncode for e in exits] == [-9, 0], [e.describe() for e in exits]
+    return wf, exits
+
+
 def _env_of_run(envs: EnvPlan, i: int) -> Mapping[str, str] | None:
     if callable(envs):
         return envs(i)
