@@ -312,11 +312,10 @@ async def gathered(kill_marker: str) -> list[list[str]]:
     )
 
 
-@durably.step
-async def send(name: str, kill_marker: str) -> str:
-    """Counts itself; in the first run (no ``kill_marker`` yet) it then waits until its
-    sibling's send has counted itself too, and kills its executor: both were on their way
-    to the outside world, and neither has a receipt."""
+async def _sent(name: str, kill_marker: str) -> str:
+    """A send's body: counts itself; in the first run (no ``kill_marker`` yet) it then
+    waits until its sibling's send has counted itself too, and kills its executor: both
+    were on their way to the outside world, and neither has a receipt."""
     record("send", name)
     while not os.path.exists(kill_marker):
         if len(read_lines(os.environ[EFFECTS_ENV])) >= 2:
@@ -324,6 +323,18 @@ async def send(name: str, kill_marker: str) -> str:
             os.kill(os.getpid(), signal.SIGKILL)
         await asyncio.sleep(0.01)
     return f"sent:{name}"
+
+
+@durably.step
+async def send(name: str, kill_marker: str) -> str:
+    """``_sent`` as a step."""
+    return await _sent(name, kill_marker)
+
+
+@durably.step
+async def send_via(client: object, name: str, kill_marker: str) -> str:
+    """``send``, through a client that cannot be encoded (its arguments have no digest)."""
+    return await _sent(name, kill_marker)
 
 
 def read_lines(path: str) -> list[str]:
@@ -335,50 +346,34 @@ def read_lines(path: str) -> list[str]:
         return []
 
 
-async def _send_after(name: str, late: bool, kill_marker: str) -> str:
+async def _send_after(name: str, late: bool, kill_marker: str, via_client: bool) -> str:
     await asyncio.sleep(0.2 if late else 0.0)  # not durable: timing, as an API's would be
+    if via_client:
+        return await send_via(threading.Lock(), name, kill_marker)
     return await send(name, kill_marker)
+
+
+async def _sends_on_their_way(kill_marker: str, via_client: bool) -> list[str]:
+    recovering = os.path.exists(kill_marker)
+    return list(
+        await asyncio.gather(
+            _send_after("a", recovering, kill_marker, via_client),
+            _send_after("b", not recovering, kill_marker, via_client),
+        )
+    )
 
 
 @durably.workflow
 async def both_on_their_way(kill_marker: str) -> list[str]:
     """Two branches whose sends were both on their way at a SIGKILL. The recovery calls
     them in the other order (``a`` was first, ``b`` is), as a slower network might."""
-    recovering = os.path.exists(kill_marker)
-    return list(
-        await asyncio.gather(
-            _send_after("a", recovering, kill_marker), _send_after("b", not recovering, kill_marker)
-        )
-    )
-
-
-@durably.step
-async def send_via(client: object, name: str, kill_marker: str) -> str:
-    """``send``, through a client that cannot be encoded (its arguments have no digest)."""
-    record("send", name)
-    while not os.path.exists(kill_marker):
-        if len(read_lines(os.environ[EFFECTS_ENV])) >= 2:
-            open(kill_marker, "w").close()
-            os.kill(os.getpid(), signal.SIGKILL)
-        await asyncio.sleep(0.01)
-    return f"sent:{name}"
-
-
-async def _send_via_after(name: str, late: bool, kill_marker: str) -> str:
-    await asyncio.sleep(0.2 if late else 0.0)
-    return await send_via(threading.Lock(), name, kill_marker)
+    return await _sends_on_their_way(kill_marker, via_client=False)
 
 
 @durably.workflow
 async def both_on_their_way_through_a_client(kill_marker: str) -> list[str]:
     """``both_on_their_way``, each send given a client that cannot be encoded."""
-    recovering = os.path.exists(kill_marker)
-    return list(
-        await asyncio.gather(
-            _send_via_after("a", recovering, kill_marker),
-            _send_via_after("b", not recovering, kill_marker),
-        )
-    )
+    return await _sends_on_their_way(kill_marker, via_client=True)
 
 
 @durably.step
