@@ -277,6 +277,37 @@ async def test_a_journal_begun_before_follows_were_kept_replays_in_seq_order(
     assert sorted(KEYS.values()) == ["wf:4", "wf:5"], KEYS
 
 
+async def test_a_journal_begun_before_follows_whose_seq_1_was_cut_keeps_seq_keys(
+    tmp_path: Path,
+) -> None:
+    """A pre-0013 journal whose first call (a branch's step) a crash cut before its
+    receipt has no entry at seq 1 to say when it was begun: its entries without
+    ``follows`` still say so, and the cut step runs again under the key an older
+    durably gave it (its seq), not under a branch key it never had."""
+    db = tmp_path / "durably.db"
+    url = f"sqlite:///{db}"
+    async with durably.Engine(url) as engine:
+        handle = await engine.start(across_an_upgrade, workflow_id="wf")
+        await until(handle, "waiting")
+    with sqlite3.connect(db) as conn:  # as an older durably left it: a's fetch cut
+        (name,) = conn.execute("SELECT name FROM journal WHERE seq = 1").fetchone()
+        conn.execute("DELETE FROM journal WHERE seq = 1")
+        conn.execute(
+            "UPDATE journal SET follows = NULL, args_digest = CASE WHEN instr(args_digest, '#')"
+            " THEN substr(args_digest, 1, instr(args_digest, '#') - 1) ELSE args_digest END"
+        )
+    assert name == "call"
+    LOG.clear()
+    KEYS.clear()
+    async with durably.Engine(url) as engine:
+        await engine.send_signal("wf", "go", None)
+        await until(engine.handle("wf"), "waiting")
+        info = await engine.get_workflow("wf")
+    assert sorted(LOG) == ["fetch a", "fetch c", "fetch d"]  # a's fetch again, b's not
+    assert KEYS["a"] == "wf:1", KEYS
+    assert info.warnings is None
+
+
 async def test_branch_steps_are_keyed_by_what_they_are_and_the_workflows_own_by_count(
     sqlite_url: str,
 ) -> None:

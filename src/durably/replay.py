@@ -114,10 +114,13 @@ class Replayer:
 
     @property
     def begun_before_follows(self) -> bool:
-        """Whether the journal was begun before migration 0013 (its seq 1 follows nothing):
-        its steps keep the keys they had then, by seq (``step_keys``)."""
-        first = self._entries.get(1)
-        return first is not None and first.follows is None
+        """Whether the journal was begun before migration 0013: its first entry follows
+        nothing, where since 0013 seq 1 journals a 0 (and the first entry after a seq 1 a
+        crash cut was, but for rare orders of calls, made after another task's call, so
+        journals it). Its steps keep the keys they had then, by seq (``step_keys``)."""
+        if not self._entries:
+            return False
+        return self._entries[min(self._entries)].follows is None
 
     def twins(self, follows: int, name: str, digest: str | None) -> set[int]:
         """Which of identical step calls (``journal.twin_of``) the journal recorded after
