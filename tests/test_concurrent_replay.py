@@ -12,6 +12,7 @@ it took runs again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -242,6 +243,18 @@ async def across_an_upgrade() -> list[Any]:
     return [*before, *after]
 
 
+def as_an_older_durably_wrote_it(db: Path, *first: str) -> None:
+    """Run the statements ``first``, then take the journal's ``follows`` and twins away,
+    as a durably older than migration 0013 wrote it."""
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
+        for statement in first:
+            conn.execute(statement)
+        conn.execute(
+            "UPDATE journal SET follows = NULL, args_digest = CASE WHEN instr(args_digest, '#')"
+            " THEN substr(args_digest, 1, instr(args_digest, '#') - 1) ELSE args_digest END"
+        )
+
+
 async def test_a_journal_begun_before_follows_were_kept_replays_in_seq_order(
     tmp_path: Path,
 ) -> None:
@@ -254,11 +267,7 @@ async def test_a_journal_begun_before_follows_were_kept_replays_in_seq_order(
     async with durably.Engine(url) as engine:
         handle = await engine.start(across_an_upgrade, workflow_id="wf")
         await until(handle, "waiting")
-    with sqlite3.connect(db) as conn:  # as an older durably wrote it: no follows, no twins
-        conn.execute(
-            "UPDATE journal SET follows = NULL, args_digest = CASE WHEN instr(args_digest, '#')"
-            " THEN substr(args_digest, 1, instr(args_digest, '#') - 1) ELSE args_digest END"
-        )
+    as_an_older_durably_wrote_it(db)
     KEYS.clear()
     async with durably.Engine(url) as engine:
         await engine.send_signal("wf", "go", None)
@@ -289,14 +298,8 @@ async def test_a_journal_begun_before_follows_whose_seq_1_was_cut_keeps_seq_keys
     async with durably.Engine(url) as engine:
         handle = await engine.start(across_an_upgrade, workflow_id="wf")
         await until(handle, "waiting")
-    with sqlite3.connect(db) as conn:  # as an older durably left it: a's fetch cut
-        (name,) = conn.execute("SELECT name FROM journal WHERE seq = 1").fetchone()
-        conn.execute("DELETE FROM journal WHERE seq = 1")
-        conn.execute(
-            "UPDATE journal SET follows = NULL, args_digest = CASE WHEN instr(args_digest, '#')"
-            " THEN substr(args_digest, 1, instr(args_digest, '#') - 1) ELSE args_digest END"
-        )
-    assert name == "call"
+    assert query(db, "SELECT name FROM journal WHERE seq = 1") == [("call",)]
+    as_an_older_durably_wrote_it(db, "DELETE FROM journal WHERE seq = 1")  # a's fetch cut
     LOG.clear()
     KEYS.clear()
     async with durably.Engine(url) as engine:

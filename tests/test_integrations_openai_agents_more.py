@@ -8,6 +8,7 @@ a real MCP server as a stdio subprocess that logs every ``tools/list`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -223,7 +224,7 @@ LOOKUP_THEN_ANSWER = [
 
 
 def _session_items(path: Path) -> list[dict[str, Any]]:
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
         rows = conn.execute("SELECT message_data FROM agent_messages ORDER BY id").fetchall()
     return [json.loads(data) for (data,) in rows]
 
