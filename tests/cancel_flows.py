@@ -67,3 +67,25 @@ async def booked_late_return(workflow_id: str) -> int:
         durably.compensate(undo, f"{workflow_id}:{part}")
     await released(workflow_id)
     return 5
+
+
+@durably.step
+async def model_call(label: str) -> str:
+    """A long call (a model's answer): appends ``<label>:called``, then takes a minute."""
+    with open(os.environ[EFFECTS], "a") as out:
+        out.write(f"{label}:called\n")
+    await asyncio.sleep(60)
+    return label
+
+
+@durably.workflow(name="cancel_flows.stoppable")
+async def stoppable(workflow_id: str) -> str:
+    """A long step raced against a ``stop`` signal (``wait_first``): a cancel delivered to
+    the wait ends the race, the step is cut short, and the ``finally`` step runs."""
+    try:
+        _, result = await durably.wait_first(
+            model_call(workflow_id), durably.wait_for_signal("stop")
+        )
+        return str(result)
+    finally:
+        await effect(f"{workflow_id}:cleanup")

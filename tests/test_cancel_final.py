@@ -312,6 +312,44 @@ def test_a_cancel_accepted_before_a_sigkill_holds_after_recovery(
         kit.stop()
 
 
+# --- a cancel asked by another process --------------------------------------------------
+
+
+def test_a_cancel_from_another_process_reaches_a_run_waiting_beside_a_long_step(
+    store_url: str, tmp_path: Path
+) -> None:
+    """`durably cancel` in a shell reaches a run that a worker holds in memory: its wait
+    raced against a minute-long step receives Cancelled within the worker's poll interval
+    (0.2 s here), the step is cut short and the ``finally`` step runs, as when the
+    worker's own engine is asked. SQLite has no notification from another process: the
+    worker finds the cancel in its recovery pass; PostgreSQL tells it by NOTIFY."""
+    kit = Workers(store_url, tmp_path)
+    try:
+        worker = kit.spawn()
+        with durably.Client(store_url) as client:
+            client.start(cancel_flows.stoppable, "s", workflow_id="s")
+            kit.wait_for(lambda: kit.effects() == ["s:called"], "the long step", worker)
+            asked = subprocess.run(
+                children.durably_cli(store_url, "cancel", "s"),
+                cwd=children.REPO,
+                env=children.child_env(),
+                capture_output=True,
+                check=True,
+            )
+            cancelled_at = time.monotonic()
+            kit.wait_for(lambda: client.get_workflow("s").finished, "'s' to finish", worker)
+            waited = time.monotonic() - cancelled_at
+            info = client.get_workflow("s")
+            journal = [(e.kind, e.name) for e in client.history("s")]
+        assert b"s" in asked.stdout
+        assert info.status == "cancelled"
+        assert waited < 5.0, f"the cancel took {waited:.1f} s to end the workflow"
+        assert kit.effects() == ["s:called", "s:cleanup"]
+        assert ("cancel", "signal 'stop'") in journal  # delivered to the wait, not the step
+    finally:
+        kit.stop()
+
+
 def committed(client: durably.Client, workflow_id: str) -> bool:
     """True once the workflow's first step has its receipt in the journal (its effect
     alone is not enough: a process killed before the commit runs the step again)."""

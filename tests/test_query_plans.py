@@ -41,6 +41,7 @@ HOT_QUERIES = (
     "unfinished_children",
     "unclaimed",
     "due_deadlines",
+    "cancels_asked",  # the recovery pass's look for cancels asked elsewhere (SQLite)
     "prunable",  # a batch of retention's pruning, in its write transaction
 )
 

@@ -121,6 +121,7 @@ class Recovery:
             expired = await self._call(store.expire_deadlines, now, CLAIM_BATCH)
             for wid in expired:
                 self._on_wakeup(base.Wakeup("cancel", wid))
+        await self._hear_cancels()
         runnable, same_code = self._claim_filters()
         claimed = await self._call(
             store.claim_next,
@@ -139,6 +140,21 @@ class Recovery:
             self._scanned_at = now
             await self._note_unclaimed(executors, now)
         return [info.workflow_id for info in claimed]
+
+    async def _hear_cancels(self) -> None:
+        """Deliver to the runs live here the cancels other processes asked of them, where
+        the store tells this process nothing (SQLite): one read of the rows this executor
+        holds, once a pass (so within ``poll_interval``), and only while a run here has not
+        heard of a cancel yet. Where it tells (PostgreSQL's NOTIFY), ``_on_wakeup`` has."""
+        store = self._store.store
+        if store.notifies or not any(
+            run.listening and not run.cancellation.requested for run in self._runs.values()
+        ):
+            return
+        for wid in await self._call(store.cancels_asked, self.executor_id, write=False):
+            live = self._runs.get(wid)
+            if live is not None and not live.cancellation.requested:
+                self._on_wakeup(base.Wakeup("cancel", wid))
 
     def _claim_filters(self) -> tuple[list[base.Runnable], dict[str, str]]:
         """What this engine may claim: its (name, version) pairs, and with ``strict_code``

@@ -258,6 +258,9 @@ class Store(abc.ABC):
     #: (SQLite's one write lock).
     threads: int = 1
 
+    #: Whether ``listen`` hears other processes' commits (NOTIFY); if not, see cancels_asked.
+    notifies: bool = False
+
     # --- lifecycle -------------------------------------------------------------
 
     @abc.abstractmethod
@@ -718,6 +721,10 @@ class Store(abc.ABC):
     def expire_deadlines(self, now: float, limit: int) -> list[str]:
         """Ask up to ``limit`` unfinished workflows past their deadline (and their children)
         to stop, as ``request_cancel`` does, in one transaction; the ids asked."""
+
+    @abc.abstractmethod
+    def cancels_asked(self, owner: str) -> list[str]:
+        """The workflows ``owner`` holds that were asked to stop (a cancel, a deadline)."""
 
     @abc.abstractmethod
     def reopen(self, workflow_id: str, now: float) -> journal.WorkflowInfo:

@@ -3,7 +3,7 @@
 The last link of the chain that :class:`~durably.storage.sql.SqlStore` gathers,
 kept here so that the verbs of one concern read together. What a cancel or a
 deadline decides is in :mod:`durably.cancellation`; the SQL in ``queries.sql``
-(``request_cancel``, ``cancel_unstarted``, ``due_deadlines``).
+(``request_cancel``, ``cancel_unstarted``, ``due_deadlines``, ``cancels_asked``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from durably.storage import base, reviews
 
 
 class CancelVerbs(reviews.ReviewVerbs):
-    """``request_cancel`` and ``expire_deadlines``, for :class:`~durably.storage.sql.SqlStore`."""
+    """``request_cancel``, ``expire_deadlines`` and ``cancels_asked``, for
+    :class:`~durably.storage.sql.SqlStore`."""
 
     @base.alone
     def request_cancel(self, workflow_id: str, now: float) -> list[str]:
@@ -60,3 +61,6 @@ class CancelVerbs(reviews.ReviewVerbs):
         for wid in due:
             asked.extend(self.request_cancel(wid, now))
         return list(dict.fromkeys(asked))
+
+    def cancels_asked(self, owner: str) -> list[str]:
+        return [str(r[0]) for r in self._q("cancels_asked", owner=owner)]

@@ -697,6 +697,13 @@ WHERE deadline_at IS NOT NULL AND cancel_requested = 0
 ORDER BY deadline_at, workflow_id
 LIMIT :limit
 
+-- name: cancels_asked
+-- The workflows this owner holds that were asked to stop: a cancel another process asked,
+-- read by the owner's recovery pass where no notification tells it (SQLite). Through
+-- workflows_by_owner: the rows of its live runs only (a parked or finished row has none).
+SELECT workflow_id FROM workflows
+WHERE owner = :owner AND cancel_requested = 1
+
 -- name: count_signal
 -- Number the next signal to a workflow and wake it if it waits (or awaits a review: another
 -- of its tasks may wait for the signal); returns the number.
