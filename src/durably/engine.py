@@ -135,8 +135,9 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
     without any progress in its journal, a workflow may cause before it is
     marked failed. ``queues`` are the :class:`~durably.Queue` s whose work
     this engine also runs, within their limits (workflows started without a
-    queue are always served). ``poll_interval`` is how often it looks for work
-    without being told (PostgreSQL tells it at once). ``hold_seconds`` is how
+    queue are always served). ``poll_interval`` is how often it looks for work,
+    and on SQLite for the cancels other processes asked of its runs, without being
+    told (PostgreSQL tells it at once). ``hold_seconds`` is how
     long a blocked workflow stays in memory before it parks. With
     ``inline_commits`` (the default) a SQLite commit runs on the event loop's
     thread when nothing else is ready to run there (see docs/decisions.md).
@@ -575,8 +576,10 @@ class Engine(engine_recovery.Recovery, engine_decisions.Decisions, engine_many.M
     async def cancel(self, workflow_id: str) -> list[str]:
         """Cancel the workflow and its unfinished children; the ids asked to stop.
 
-        Each receives ``durably.Cancelled`` at its next durable call, so its
-        ``finally`` blocks and compensations still run as steps. The cancel is
+        Each receives ``durably.Cancelled`` at its next durable call (a wait now; a
+        step already running is not interrupted), so its ``finally`` blocks and
+        compensations still run as steps. Asked from another process on SQLite, it
+        reaches a run held in memory within its engine's ``poll_interval``. The cancel is
         final once this returns: one not started yet never starts (it is
         ``cancelled`` at once), and one whose function returns without another
         durable call ends ``cancelled`` with its result kept in ``output``. A
