@@ -350,6 +350,40 @@ def test_a_cancel_from_another_process_reaches_a_run_waiting_beside_a_long_step(
         kit.stop()
 
 
+def test_a_cancel_sent_while_the_listener_is_away_still_reaches_the_run(
+    postgres_url: str, pg_cluster: Any, tmp_path: Path
+) -> None:
+    """On PostgreSQL a cancel's NOTIFY is lost while the worker's LISTEN connection is
+    away (the server restarted it, a network cut). The worker's recovery pass finds the
+    cancel all the same, as on SQLite: the NOTIFY is a shortcut, not the only way."""
+    dbname = postgres_url.rsplit("/", 1)[1].split("?")[0]
+    kit = Workers(postgres_url, tmp_path)
+    try:
+        worker = kit.spawn()
+        with durably.Client(postgres_url) as client:
+            client.start(cancel_flows.stoppable, "s", workflow_id="s")
+            kit.wait_for(lambda: kit.effects() == ["s:called"], "the long step", worker)
+            try:  # no new connection, so the listener cannot come back; then cut it
+                pg_cluster.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+                pg_cluster.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                    f"datname = '{dbname}' AND query LIKE 'LISTEN%'"
+                )
+                time.sleep(0.3)
+                client.cancel("s")
+                cancelled_at = time.monotonic()
+                kit.wait_for(lambda: client.get_workflow("s").finished, "'s' to end", worker)
+                waited = time.monotonic() - cancelled_at
+            finally:
+                pg_cluster.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+            info = client.get_workflow("s")
+        assert info.status == "cancelled"
+        assert waited < 5.0, f"the cancel took {waited:.1f} s to end the workflow"
+        assert kit.effects() == ["s:called", "s:cleanup"]
+    finally:
+        kit.stop()
+
+
 def committed(client: durably.Client, workflow_id: str) -> bool:
     """True once the workflow's first step has its receipt in the journal (its effect
     alone is not enough: a process killed before the commit runs the step again)."""

@@ -143,16 +143,14 @@ class Recovery:
         return [info.workflow_id for info in claimed]
 
     async def _hear_cancels(self) -> None:
-        """Deliver to the runs live here the cancels other processes asked of them, where
-        the store tells this process nothing (SQLite): one read of the rows this executor
-        holds, once a pass (so within ``poll_interval``), and only while a run here has not
-        heard of a cancel yet. Where it tells (PostgreSQL's NOTIFY), ``_on_wakeup`` has."""
-        store = self._store.store
-        if store.notifies or not any(
-            run.listening and not run.cancellation.requested for run in self._runs.values()
-        ):
+        """Deliver to the runs live here the cancels other processes asked of them: one read
+        of the rows this executor holds, once a pass (so within ``poll_interval``), and only
+        while a run here has not heard of a cancel yet. SQLite tells this process nothing of
+        another's commits; PostgreSQL's NOTIFY (``_on_wakeup``) is lost while the listener
+        is away, so the read stands behind it there too."""
+        if not any(run.listening and not run.cancellation.requested for run in self._runs.values()):
             return
-        for wid in await self._call(store.cancels_asked, self.executor_id, write=False):
+        for wid in await self._call(self._store.store.cancels_asked, self.executor_id, write=False):
             live = self._runs.get(wid)
             if live is not None and not live.cancellation.requested:
                 self._on_wakeup(base.Wakeup("cancel", wid))

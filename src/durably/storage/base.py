@@ -258,9 +258,6 @@ class Store(abc.ABC):
     #: (SQLite's one write lock).
     threads: int = 1
 
-    #: Whether ``listen`` hears other processes' commits (NOTIFY); if not, see cancels_asked.
-    notifies: bool = False
-
     # --- lifecycle -------------------------------------------------------------
 
     @abc.abstractmethod

@@ -255,7 +255,6 @@ class PostgresStore(pg_wakeup.WakeupVerbs):
     """A Store in one schema of a PostgreSQL database (``durably`` unless the URL names one)."""
 
     driver_errors = (psycopg.Error,)
-    notifies = True  # a cancel asked anywhere reaches the run's engine by NOTIFY (listen)
     skip_locked = "\nFOR UPDATE SKIP LOCKED"
     lock_row = "\nFOR UPDATE"
 
