@@ -102,6 +102,14 @@ def test_the_login_form_logs_in_with_its_pre_session_cookie(base: str) -> None:
         assert r.status_code == 401 and "not valid" in r.text
 
 
+def test_the_name_field_is_required_only_where_a_token_has_no_name(base: str) -> None:
+    """Every token of this server names its person: the login form asks no name of
+    anyone (the browser test of a bare token's form is in test_dashboard_pages_browser)."""
+    page = httpx.get(base + "/login", timeout=10).text
+    field = re.search(r"<input name=\"name\"[^>]*>", page)
+    assert field is not None and "required" not in field[0], page
+
+
 def test_another_site_cannot_log_a_real_browser_in(
     chromium: None,  # noqa: F811 (the fixture)
     base: str,

@@ -49,8 +49,24 @@ async def transfer_flow(order_id: str) -> Any:
 
 
 @durably.workflow(name="srv-wait")
-async def wait_flow() -> Any:
-    return await durably.wait_for_signal("go")
+async def wait_flow(timeout: float | None = None) -> Any:
+    return await durably.wait_for_signal("go", timeout=timeout)
+
+
+@durably.workflow(name="srv-sleep")
+async def sleep_flow(seconds: float) -> None:
+    await durably.sleep(seconds)
+
+
+@durably.step
+async def declined(order_id: str) -> None:
+    raise ValueError(f"card declined for {order_id}")
+
+
+@durably.workflow(name="srv-fail")
+async def fail_flow(order_id: str) -> Any:
+    """Fails in its step: the step's entry and the workflow hold the ValueError."""
+    return await declined(order_id)
 
 
 @durably.step

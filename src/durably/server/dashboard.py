@@ -119,7 +119,12 @@ async def login_page(request: Request) -> Response:
 def _login_form(request: Request, nonce: str, target: str, message: str, status: int) -> Response:
     """The login page, its form carrying ``nonce``, which its pre-session cookie holds too."""
     env: jinja2.Environment = request.app.state.templates
-    html = env.get_template("login.html").render(next=target, message=message, csrf=nonce)
+    checker: auth.Auth = request.app.state.auth
+    # a name is asked for (and refused when missing) only where a token has none of its own
+    needs_name = any(token.name is None for token in checker.tokens)
+    html = env.get_template("login.html").render(
+        next=target, message=message, csrf=nonce, needs_name=needs_name
+    )
     response = HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
     if request.cookies.get(auth.LOGIN_COOKIE) != nonce:
         response.set_cookie(

@@ -1,0 +1,84 @@
+"""What an operator reads on the dashboard, in a real headless Chromium over a real
+``durably serve``.
+
+The workflows ran on a real engine first (tests.serverkit.flows). One server, one
+browser and one logged-in page serve the whole module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import durably
+from tests.serverkit import flows, harness
+from tests.test_server_browser import _missing, launched
+
+
+def parked(url: str) -> None:
+    """fail-1 (failed in its step), sleep-1 (an hour's sleep), wait-1 (a signal 'go',
+    with a day's timeout) and wait-2 (a signal 'go', no timeout), run by a real engine
+    until each failed or parked."""
+
+    async def main() -> None:
+        async with durably.Engine(url, poll_interval=0.05) as engine:
+            failing = await engine.start(flows.fail_flow, "O-7", workflow_id="fail-1")
+            with pytest.raises(ValueError):
+                await failing.result(timeout=20)
+            await engine.start(flows.sleep_flow, 3600, workflow_id="sleep-1")
+            await engine.start(flows.wait_flow, 86_400, workflow_id="wait-1")
+            await engine.start(flows.wait_flow, workflow_id="wait-2")
+            for wid in ("sleep-1", "wait-1", "wait-2"):
+                while (await engine.get_workflow(wid)).status in ("pending", "running"):
+                    await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+
+
+@dataclasses.dataclass
+class Site:
+    base: str
+    page: Any
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    """A Chromium page logged in to a server over the parked workflows (1280 px wide)."""
+    missing = _missing()
+    if missing:
+        if os.environ.get("DURABLY_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"DURABLY_REQUIRE_BROWSER=1 but {missing}")
+        pytest.skip(missing)
+    url = f"sqlite:///{tmp_path_factory.mktemp('pages') / 'durably.db'}"
+    parked(url)
+    # a bare token, without a name of its own: a person logs in with theirs
+    bare = {"DURABLY_API_TOKEN": harness.SECRET}
+    with harness.server(url, bare) as base, launched() as browser:
+        tab = browser.new_page(viewport={"width": 1280, "height": 900})
+        tab.set_default_timeout(20_000)
+        tab.goto(base + "/login")
+        tab.fill("input[name=token]", harness.SECRET)
+        tab.fill("input[name=name]", "alice")
+        tab.click("button[type=submit]")
+        tab.wait_for_url(base + "/")
+        yield Site(base, tab)
+
+
+def test_the_login_form_requires_a_name(site: Site) -> None:
+    """The server refuses a login without a name; the form says so before it is sent."""
+    context = site.page.context.browser.new_context()
+    try:
+        other = context.new_page()
+        other.goto(site.base + "/login")
+        assert other.evaluate("document.querySelector('input[name=name]').required")
+        other.fill("input[name=token]", harness.SECRET)
+        other.click("button[type=submit]")
+        assert "/login" in other.url  # the browser kept the form: the name is missing
+        assert not other.evaluate("document.querySelector('input[name=name]').validity.valid")
+    finally:
+        context.close()
