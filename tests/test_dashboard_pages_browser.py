@@ -1,5 +1,6 @@
 """What an operator reads on the dashboard, in a real headless Chromium over a real
-``durably serve``.
+``durably serve``: a failed workflow's error, what a parked one waits for, and pages
+that fit a phone's width (420 px) without scrolling sideways.
 
 The workflows ran on a real engine first (tests.serverkit.flows). One server, one
 browser and one logged-in page serve the whole module.
@@ -9,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import durably
 from tests.serverkit import flows, harness
-from tests.test_server_browser import _missing, launched
+from tests.test_server_browser import artifacts, launched, require_browser  # noqa: F401
+
+#: A phone's width: the review found the top bar and the filters overflowing at it.
+NARROW = 420
 
 
 def parked(url: str) -> None:
@@ -49,11 +53,7 @@ class Site:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     """A Chromium page logged in to a server over the parked workflows (1280 px wide)."""
-    missing = _missing()
-    if missing:
-        if os.environ.get("DURABLY_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"DURABLY_REQUIRE_BROWSER=1 but {missing}")
-        pytest.skip(missing)
+    require_browser()
     url = f"sqlite:///{tmp_path_factory.mktemp('pages') / 'durably.db'}"
     parked(url)
     # a bare token, without a name of its own: a person logs in with theirs
@@ -69,6 +69,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         yield Site(base, tab)
 
 
+def _sideways(page: Any) -> int:
+    """How many pixels the page is wider than its window (0: no sideways scroll)."""
+    width: int = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    return width
+
+
 def test_the_login_form_requires_a_name(site: Site) -> None:
     """The server refuses a login without a name; the form says so before it is sent."""
     context = site.page.context.browser.new_context()
@@ -82,3 +88,27 @@ def test_the_login_form_requires_a_name(site: Site) -> None:
         assert not other.evaluate("document.querySelector('input[name=name]').validity.valid")
     finally:
         context.close()
+
+
+def test_no_page_scrolls_sideways_at_420_px(site: Site, artifacts: Path) -> None:  # noqa: F811
+    """At 420 px the top bar, the list's filters and a workflow's page wrap; a wide
+    table scrolls inside its own box, the page body never sideways."""
+    page = site.page
+    page.set_viewport_size({"width": NARROW, "height": 900})
+    try:
+        for path in ("/", "/workflows/fail-1", "/workflows/wait-1", "/approvals", "/workers"):
+            page.goto(site.base + path)
+            shot = "narrow" + (path.replace("/", "-") if path != "/" else "-list") + ".png"
+            page.screenshot(path=str(artifacts / shot), full_page=True)
+            assert _sideways(page) <= 0, (path, _sideways(page))
+            # the top bar holds its links, the name and Log out inside its dark band
+            bar = page.locator("header.top").bounding_box()
+            for part in ("header.top nav a >> nth=-1", "header.top .me button"):
+                box = page.locator(part).bounding_box()
+                assert box["y"] + box["height"] <= bar["y"] + bar["height"] + 0.5, (path, part)
+                assert box["x"] + box["width"] <= NARROW, (path, part)
+        page.goto(site.base + "/")
+        button = page.locator("form.filters button").bounding_box()
+        assert button["x"] + button["width"] <= NARROW
+    finally:
+        page.set_viewport_size({"width": 1280, "height": 900})

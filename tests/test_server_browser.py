@@ -50,6 +50,11 @@ def artifacts() -> Path:
 @pytest.fixture
 def chromium() -> None:
     """Skip (or fail, under DURABLY_REQUIRE_BROWSER=1) without Chromium and Playwright."""
+    require_browser()
+
+
+def require_browser() -> None:
+    """Skip (or fail, under DURABLY_REQUIRE_BROWSER=1) without Chromium and Playwright."""
     missing = _missing()
     if missing:
         if os.environ.get("DURABLY_REQUIRE_BROWSER") == "1":
