@@ -112,3 +112,25 @@ def test_no_page_scrolls_sideways_at_420_px(site: Site, artifacts: Path) -> None
         assert button["x"] + button["width"] <= NARROW
     finally:
         page.set_viewport_size({"width": 1280, "height": 900})
+
+
+def test_a_failed_workflow_shows_its_error_and_whole_traceback(
+    site: Site,
+    artifacts: Path,  # noqa: F811 (the fixture)
+) -> None:
+    """The error's type and message as a headline, the traceback as lines (folded
+    away until asked for), whole; the failed step's cell says the same in one line."""
+    page = site.page
+    page.goto(site.base + "/workflows/fail-1")
+    said = "ValueError: card declined for O-7"
+    assert page.inner_text(".failure .error-head") == said
+    assert page.evaluate("document.querySelector('.failure details').open") is False
+    assert not page.locator(".failure pre.traceback").is_visible()
+    page.click(".failure summary")
+    shown = page.inner_text(".failure pre.traceback")
+    lines = shown.splitlines()
+    assert lines[0] == "Traceback (most recent call last):", lines[:2]
+    assert lines[-1] == said, lines[-3:]  # whole, to its last line
+    assert 'File "' in shown and "\\n" not in shown and '\\"' not in shown
+    assert page.inner_text("table.timeline tr.st-failed td.preview") == said
+    page.screenshot(path=str(artifacts / "failed.png"), full_page=True)

@@ -323,6 +323,7 @@ def _workflow_data(
         "input": views.preview_json(info.input),
         "output": views.preview_json(info.output),
         "error": views.preview_json(info.error),
+        "failure": views.failure(info.error),
         "timeline": views.timeline(
             page.entries,
             claims,

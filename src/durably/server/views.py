@@ -26,6 +26,8 @@ _TAGGED = 200
 _INSTANT = frozenset({"now", "random", "uuid4", "event", "child", "cancel"})
 # Values the engine journals for its own replay: shown quieter than the work itself.
 _QUIET = frozenset({"now", "random", "uuid4", "event", "patch"})
+# Entries whose payload is the error of a failed attempt.
+_ERRORED = frozenset({journal.EntryStatus.FAILED, journal.EntryStatus.RETRYING})
 
 
 #: The deepest nesting of arrays and objects a payload is decoded with. Deeper, the API
@@ -160,7 +162,7 @@ def timeline(
                 "status": row.status,
                 "attempt": row.attempt,
                 "duration": row.duration if row.kind not in _INSTANT else None,
-                "preview": readable_preview(row.payload),
+                "preview": _row_preview(row),
                 "tokens": tokens.tokens if tokens.calls else None,
                 "cost": tokens.cost if tokens.calls else None,
                 "replayed": last_recovery is not None and written < last_recovery,
@@ -201,6 +203,30 @@ def readable_preview(text: str | None, width: int = PREVIEW) -> str:
         if isinstance(shown, str):
             return shown
     return receipts.preview(text, width)
+
+
+def failure(text: str | None) -> dict[str, str] | None:
+    """An error as ``codec.encode_error`` stored it (a failed workflow's, a failed
+    attempt's), as its parts: ``type`` (a builtin's without ``builtins.``), ``message``,
+    ``traceback`` (its text, whole) and ``headline`` (``"ValueError: message"``). None
+    when ``text`` is no such record."""
+    value = payload(text) if text is not None else None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        return None
+    message, trace = value.get("message"), value.get("traceback")
+    if not isinstance(message, str) or not isinstance(trace, str | None):
+        return None
+    kind = value["type"].removeprefix("builtins.")
+    headline = f"{kind}: {message}" if message else kind
+    return {"type": kind, "message": message, "traceback": trace or "", "headline": headline}
+
+
+def _row_preview(row: journal.Entry) -> str:
+    """A timeline row's output: a failed attempt's error as ``Type: message``."""
+    failed = failure(row.payload) if row.status in _ERRORED else None
+    if failed is not None:
+        return receipts.preview(failed["headline"], PREVIEW)
+    return readable_preview(row.payload)
 
 
 def usage_line(entries: Sequence[journal.Entry], claims: Sequence[journal.Claim]) -> str | None:
