@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,24 @@ def test_a_failed_workflow_shows_its_error_and_whole_traceback(
     assert 'File "' in shown and "\\n" not in shown and '\\"' not in shown
     assert page.inner_text("table.timeline tr.st-failed td.preview") == said
     page.screenshot(path=str(artifacts / "failed.png"), full_page=True)
+
+
+WHEN = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+
+
+def test_a_parked_workflow_says_what_it_waits_for(site: Site) -> None:
+    """Under the head, in words: the signal and since when (and its timeout), or the
+    time a sleep ends and how far off it is."""
+    page = site.page
+    page.goto(site.base + "/workflows/wait-1")
+    said = page.inner_text(".waits")
+    assert re.fullmatch(
+        rf"Waiting for signal 'go' since {WHEN}; times out at {WHEN} \(in 24\.0 h\)", said
+    ), said
+    page.goto(site.base + "/workflows/wait-2")
+    assert re.fullmatch(rf"Waiting for signal 'go' since {WHEN}", page.inner_text(".waits"))
+    page.goto(site.base + "/workflows/sleep-1")
+    said = page.inner_text(".waits")
+    assert re.fullmatch(rf"Sleeping until {WHEN} \(in (59|60) min\)", said), said
+    page.goto(site.base + "/workflows/fail-1")
+    assert page.locator(".waits").count() == 0

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from durably import client as client_module
 from durably import errors
 from durably.agents import decisions
-from durably.server import api, auth, journal_pages, signal_pages, views
+from durably.server import api, auth, journal_pages, signal_pages, views, waiting
 from durably.server.routing import SegmentRoute, raw_path
 from durably.storage.base import WorkflowQuery
 
@@ -39,6 +39,7 @@ def templates() -> jinja2.Environment:
     )
     env.filters["when"] = _when
     env.filters["ago"] = _ago
+    env.filters["until"] = _until
     env.filters["seconds"] = _seconds
     env.filters["iso"] = _iso
     # a value as one path segment: urlencode leaves "/" as it is, and a browser resolves the
@@ -324,6 +325,7 @@ def _workflow_data(
         "output": views.preview_json(info.output),
         "error": views.preview_json(info.error),
         "failure": views.failure(info.error),
+        "waits": [] if info.finished else waiting.waits(client, wid, page.mark, page.entries),
         "timeline": views.timeline(
             page.entries,
             claims,
@@ -566,6 +568,14 @@ def _ago(ts: float | None) -> str:
     if ts is None:
         return ""
     return _seconds(max(0.0, time.time() - ts)) + " ago"
+
+
+def _until(ts: float | None) -> str:
+    """How far off a time is: ``in 59 min``, or ``due`` once it has passed."""
+    if ts is None:
+        return ""
+    left = ts - time.time()
+    return "due" if left <= 0 else "in " + _seconds(left)
 
 
 def _seconds(s: float | None) -> str:
