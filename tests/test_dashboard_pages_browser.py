@@ -156,3 +156,21 @@ def test_a_parked_workflow_says_what_it_waits_for(site: Site) -> None:
     assert re.fullmatch(rf"Sleeping until {WHEN} \(in (59|60) min\)", said), said
     page.goto(site.base + "/workflows/fail-1")
     assert page.locator(".waits").count() == 0
+
+
+def test_send_a_signal_from_a_waiting_workflow_s_page(site: Site) -> None:
+    """The form is named for the signal waited for; a payload that is not JSON is
+    refused with words that say so, a good one is listed with the signals (no engine
+    runs here: tests/test_dashboard_waits.py sees one delivered)."""
+    page = site.page
+    page.goto(site.base + "/workflows/wait-2")
+    assert page.input_value("form.send-signal input[name=name]") == "go"
+    page.fill("form.send-signal textarea[name=payload]", "{approved: yes}")
+    page.click("form.send-signal button")
+    page.wait_for_selector("#flash:not([hidden])")
+    assert "the payload is not JSON" in page.inner_text("#flash")
+    page.fill("form.send-signal textarea[name=payload]", '{"approved": true}')
+    page.click("form.send-signal button")
+    page.wait_for_selector("#flash", state="hidden")
+    row = page.locator("section:has(h2:text('Signals')) tbody tr").first
+    assert "go" in row.inner_text() and '"approved": true' in row.inner_text()

@@ -64,6 +64,7 @@ def routes() -> list[Route]:
         SegmentRoute("/workflows/{workflow_id}/reject", decide, methods=["POST"]),
         SegmentRoute("/workflows/{workflow_id}/cancel", cancel, methods=["POST"]),
         SegmentRoute("/workflows/{workflow_id}/resume", resume, methods=["POST"]),
+        SegmentRoute("/workflows/{workflow_id}/signal", send_signal, methods=["POST"]),
         SegmentRoute(
             "/workflows/{workflow_id}/reviews/{seq:int}/resolve", resolve, methods=["POST"]
         ),
@@ -319,13 +320,16 @@ def _workflow_data(
     except ValueError as exc:  # the num: out of range
         raise BadPage(str(exc).replace("before_num", "?signals_before")) from exc
     calls = journal_pages.model_calls(client, wid)
+    waits = [] if info.finished else waiting.waits(client, wid, page.mark, page.entries)
     return {
         "wf": info,
         "input": views.preview_json(info.input),
         "output": views.preview_json(info.output),
         "error": views.preview_json(info.error),
         "failure": views.failure(info.error),
-        "waits": [] if info.finished else waiting.waits(client, wid, page.mark, page.entries),
+        "waits": waits,
+        # the Send signal form, named for the first signal waited for
+        "signal_to": next((w["name"] for w in waits if w["kind"] == "signal"), ""),
         "timeline": views.timeline(
             page.entries,
             claims,
@@ -434,8 +438,9 @@ async def workers_page(request: Request) -> Response:
 # --- actions ------------------------------------------------------------------------------
 
 
-async def _action(request: Request) -> tuple[auth.Identity, dict[str, str]] | Response:
-    """The person and form of a state-changing post, or the response refusing it."""
+async def _action(request: Request) -> tuple[auth.Identity, dict[str, str], str] | Response:
+    """The person, form and workflow id of a state-changing post, or the response
+    refusing it."""
     identity = _who(request)
     if identity is None:
         return PlainTextResponse("log in first", 401)
@@ -444,7 +449,7 @@ async def _action(request: Request) -> tuple[auth.Identity, dict[str, str]] | Re
     presented = fields.get(auth.CSRF_FIELD) or request.headers.get(auth.CSRF_HEADER)
     if not request.app.state.auth.check_csrf(identity, presented):
         return PlainTextResponse("missing or wrong CSRF token", 403)
-    return identity, fields
+    return identity, fields, request.path_params["workflow_id"]
 
 
 def _done(request: Request, fields: dict[str, str], wid: str) -> Response:
@@ -460,8 +465,7 @@ async def decide(request: Request) -> Response:
     checked = await _action(request)
     if isinstance(checked, Response):
         return checked
-    identity, fields = checked
-    wid = request.path_params["workflow_id"]
+    identity, fields, wid = checked
     approving = request.url.path.endswith("/approve")
     expect = fields.get("expect") or None
     if expect is None:
@@ -491,8 +495,7 @@ async def cancel(request: Request) -> Response:
     checked = await _action(request)
     if isinstance(checked, Response):
         return checked
-    identity, fields = checked
-    wid = request.path_params["workflow_id"]
+    identity, fields, wid = checked
     try:
         await run_in_threadpool(api.cancel_as, _client(request), wid, identity.name)
     except errors.DurablyError as exc:
@@ -504,11 +507,34 @@ async def resume(request: Request) -> Response:
     checked = await _action(request)
     if isinstance(checked, Response):
         return checked
-    _, fields = checked
-    wid = request.path_params["workflow_id"]
+    _, fields, wid = checked
     try:
         await run_in_threadpool(_client(request).resume, wid)
     except errors.DurablyError as exc:
+        return _failed(exc)
+    return _done(request, fields, wid)
+
+
+async def send_signal(request: Request) -> Response:
+    """The Send signal form: a name and a JSON payload (empty: null), checked here."""
+    checked = await _action(request)
+    if isinstance(checked, Response):
+        return checked
+    _, fields, wid = checked
+    name = (fields.get("name") or "").strip()
+    if not name:
+        return PlainTextResponse("give the signal's name", 422)
+    text = (fields.get("payload") or "").strip() or "null"
+    try:
+        value = views.decode(text)
+    except errors.PayloadTooDeep as exc:
+        return PlainTextResponse(f"the payload is refused: {exc}", 422)
+    except ValueError as exc:
+        said = f'the payload is not JSON ({exc}): text goes in double quotes, as "yes"'
+        return PlainTextResponse(said, 422)
+    try:
+        await run_in_threadpool(_client(request).send_signal, wid, name, value)
+    except (errors.DurablyError, ValueError) as exc:
         return _failed(exc)
     return _done(request, fields, wid)
 
@@ -517,8 +543,7 @@ async def resolve(request: Request) -> Response:
     checked = await _action(request)
     if isinstance(checked, Response):
         return checked
-    identity, fields = checked
-    wid = request.path_params["workflow_id"]
+    identity, fields, wid = checked
     seq: int = request.path_params["seq"]
     body: dict[str, Any] = {}
     choice = fields.get("decision")
