@@ -412,6 +412,25 @@ async def test_delete_of_a_parent_with_an_unfinished_child_is_refused_by_name(
     assert out.output.split() == ["d", "d-kid"]
 
 
+def while_held(store_url: str, change: Any, bulk: Any) -> Any:
+    """``bulk(client)`` run while a real store holds ``change(store)`` in a transaction not
+    yet committed (its rows locked), committed once the bulk call has started and waits
+    for it; the bulk call's answer."""
+    holder: Any = create_store(store_url)
+    holder.open()
+    try:
+        holder._begin(True)
+        change(holder)
+        with durably.Client(store_url) as client, ThreadPoolExecutor(1) as pool:
+            running = pool.submit(bulk, client)
+            time.sleep(1.0)  # the bulk call starts, and waits for the change's lock
+            assert not running.done(), running.result()
+            holder._commit()
+            return running.result(timeout=30)
+    finally:
+        holder.close()
+
+
 def test_a_forced_delete_by_filter_decides_on_the_rows_it_deletes(store_url: str) -> None:
     """delete_workflows(status=..., force=True) selected in one transaction and deleted in
     another: a workflow resumed in between, no longer of the status asked for, was deleted
@@ -421,19 +440,58 @@ def test_a_forced_delete_by_filter_decides_on_the_rows_it_deletes(store_url: str
         client.start(waiter, workflow_id="c")
         assert client.cancel("c") == ["c"]  # never started: cancelled at once
         assert client.get_workflow("c").status == "cancelled"
-    holder: Any = create_store(store_url)
-    holder.open()
-    try:
-        holder._begin(True)  # a resume under way: the row locked, not yet committed
-        assert holder.reopen("c", time.time()).status == "pending"
-        with durably.Client(store_url) as client, ThreadPoolExecutor(1) as pool:
-            deleting = pool.submit(client.delete_workflows, status="cancelled", force=True)
-            time.sleep(1.0)  # the delete starts, and waits for the resume's lock
-            assert not deleting.done(), deleting.result()
-            holder._commit()
-            deleted = deleting.result(timeout=30)
-    finally:
-        holder.close()
+
+    def resume(db: Any) -> None:  # a resume under way: the row locked, not yet committed
+        assert db.reopen("c", time.time()).status == "pending"
+
+    deleted = while_held(
+        store_url, resume, lambda c: c.delete_workflows(status="cancelled", force=True)
+    )
     assert deleted == []
     with durably.Client(store_url) as client:
         assert client.get_workflow("c").status == "pending"
+
+
+def _claim_a(db: Any) -> None:
+    """An executor claims "a" (the only ld.waiter): pending no longer, running."""
+    now = time.time()
+    assert ids(db.claim_next("ex-other", [("ld.waiter", None)], now + 60, now, 10)) == ["a"]
+
+
+def _delete_a(db: Any) -> None:
+    assert db.delete_workflows(["a"], True) == ["a"]
+
+
+def _resume_a(db: Any) -> None:
+    assert db.reopen("a", time.time()).status == "pending"
+
+
+@pytest.mark.parametrize(
+    ("cancelled_first", "change", "bulk"),
+    [
+        (False, _claim_a, lambda c: c.cancel_workflows(status="pending")),
+        (False, _delete_a, lambda c: c.cancel_workflows(status="pending")),
+        (True, _resume_a, lambda c: c.resume_workflows(status="cancelled")),
+    ],
+    ids=["cancel-one-claimed", "cancel-one-deleted", "resume-one-resumed"],
+)
+def test_a_cancel_or_resume_by_filter_decides_on_the_rows_it_changes(
+    store_url: str, cancelled_first: bool, change: Any, bulk: Any
+) -> None:
+    """cancel_workflows and resume_workflows by filter selected in one transaction and
+    acted in another: a workflow changed in between was acted on as read. One claimed
+    meanwhile (running, no longer pending) was asked to stop by a cancel of the pending
+    ones; one deleted, or resumed by someone else, failed the whole call (WorkflowNotFound,
+    NotResumable), the others untouched. Now each chooses and acts in one transaction, the
+    rows locked and read again: only "b", which still matches, is acted on."""
+    with durably.Client(store_url) as client:
+        client.start(waiter, workflow_id="a")  # never run here: pending, epoch 0
+        client.start(item, "b", workflow_id="b")
+        if cancelled_first:
+            assert client.cancel_workflows(ids=["a", "b"]) == ["a", "b"]
+    assert while_held(store_url, change, bulk) == ["b"]
+    with durably.Client(store_url) as client:
+        rows = {w.workflow_id: w for w in client.list_workflows()}
+    assert rows["b"].status == ("pending" if cancelled_first else "cancelled")
+    if "a" in rows:  # claimed, or resumed: as its own change left it, not asked to stop
+        assert (rows["a"].status, rows["a"].cancel_requested) in [("running", 0), ("pending", 0)]

@@ -107,8 +107,8 @@ def test_verbs_that_lock_many_workflows_run_alone(runner: Any) -> None:
     each other. Such verbs wait for the batches in flight and hold new ones back."""
     store = runner.store
     lone = ["heartbeat", "keep_leases", "release_owned", "remove_executor", "request_cancel",
-            "send_signals", "prune", "delete_workflows", "delete_selected",
-            "import_workflows"]  # fmt: skip
+            "send_signals", "prune", "delete_workflows", "delete_selected", "cancel_selected",
+            "resume_selected", "import_workflows"]  # fmt: skip
     assert [v for v in lone if not base.runs_alone(getattr(store, v))] == []
     assert not base.runs_alone(store.append_entries)
 

@@ -232,19 +232,6 @@ class Operations:
         )
         return query
 
-    def select_ids(self, filters: dict[str, Any]) -> Plan[list[str]]:
-        """Every id the filters select (paged through, oldest first), for a bulk call."""
-        query = yield from self.selection(filters)
-        found: list[str] = []
-        while True:
-            page = yield from self.search_workflows(query)
-            found.extend(w.workflow_id for w in page)
-            if len(page) < BULK_PAGE:
-                return found
-            query = dataclasses.replace(
-                query, after=(page[-1].created_at, page[-1].workflow_id), offset=0
-            )
-
     def count_by_status(self, cap: int | None = None) -> Plan[dict[str, int]]:
         if cap is not None:
             cap = validate.count(cap, "count_by_status(cap)", high=validate.BIGINT[1])
@@ -427,23 +414,23 @@ class Operations:
         return asked
 
     def cancel_many(self, filters: dict[str, Any]) -> Plan[list[str]]:
-        """Ask every workflow the filters select (and their children) to stop, in one
-        transaction; the ids asked (those already finished are left as they are)."""
-        chosen = yield from self.select_ids(filters)
-        asked: list[list[str]] = yield Call(
-            _each, (self.store.request_cancel, chosen, self.clock()), True
-        )
-        return list(dict.fromkeys(wid for ids in asked for wid in ids))
+        """Ask every workflow the filters select (and their children) to stop, chosen and
+        asked in one transaction (``Store.cancel_selected``); the ids asked (those already
+        finished are left as they are)."""
+        query = yield from self.selection(filters)
+        asked: list[str] = yield Call(self.store.cancel_selected, (query, self.clock()), True)
+        return asked
 
     def resume_many(self, filters: dict[str, Any]) -> Plan[list[str]]:
-        """Resume every workflow the filters select, all or none (one transaction); the ids.
+        """Resume every workflow the filters select, all or none, chosen and resumed in one
+        transaction (``Store.resume_selected``); the ids.
 
         Each must be resumable (pending on a queue, failed, cancelled or diverged):
         filter by status to select only those.
         """
-        chosen = yield from self.select_ids(filters)
-        yield Call(_each, (self.store.reopen, chosen, self.clock()), True)
-        return chosen
+        query = yield from self.selection(filters)
+        resumed: list[str] = yield Call(self.store.resume_selected, (query, self.clock()), True)
+        return resumed
 
     def delete(self, workflow_ids: Iterable[str], force: bool) -> Plan[list[str]]:
         """Remove the workflows with their children and every row naming them (all or
@@ -598,12 +585,6 @@ def _take_woken_verbs(store: base.Store, workflow_id: str, now: float, claim: Cl
     if final.status == journal.EntryStatus.STARTED:  # nothing received here: the run will
         return Woken(True, taken, history)
     return Woken(True, taken, [*history[:-1], final], final)
-
-
-def _each(verb: Callable[..., T], workflow_ids: list[str], now: float) -> list[T]:
-    """Run a store verb on each workflow inside one verb (one savepoint: all or none),
-    in id order: two bulk calls lock their rows in the same order, never in a cycle."""
-    return [verb(wid, now) for wid in sorted(workflow_ids)]
 
 
 def _epoch(when: float | datetime.datetime | None, what: str) -> float | None:

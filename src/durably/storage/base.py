@@ -715,6 +715,12 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    def cancel_selected(self, query: WorkflowQuery, now: float) -> list[str]:
+        """``request_cancel`` of every workflow ``query`` selects, chosen and asked in one
+        transaction: what is asked is what matches as it is asked, never a workflow
+        changed since an earlier read; the ids asked (children too)."""
+
+    @abc.abstractmethod
     def expire_deadlines(self, now: float, limit: int) -> list[str]:
         """Ask up to ``limit`` unfinished workflows past their deadline (and their children)
         to stop, as ``request_cancel`` does, in one transaction; the ids asked."""
@@ -733,6 +739,12 @@ class Store(abc.ABC):
         with its code, whatever the queue's limits (as DBOS does); any other
         raises NotResumable. Decided under the workflow's row lock.
         """
+
+    @abc.abstractmethod
+    def resume_selected(self, query: WorkflowQuery, now: float) -> list[str]:
+        """``reopen`` of every workflow ``query`` selects, chosen and reopened in one
+        transaction (all or none: one not resumable refuses the call): what is resumed
+        is what matches as it goes, never a workflow changed since an earlier read."""
 
     @abc.abstractmethod
     def fork(

@@ -33,6 +33,15 @@ class CancelVerbs(reviews.ReviewVerbs):
             todo.extend(str(r[0]) for r in self._q("unfinished_children", workflow_id=wid))
         return cancelled
 
+    @base.alone
+    def cancel_selected(self, query: base.WorkflowQuery, now: float) -> list[str]:
+        """``request_cancel`` of what ``query`` selects as it goes (``_select_locked``), in
+        id order, in this one transaction; the ids asked, children too, once each."""
+        asked: list[str] = []
+        for wid in sorted(self._select_locked(query)):
+            asked += self.request_cancel(wid, now)
+        return list(dict.fromkeys(asked))
+
     def _cancel_unstarted(self, workflow_id: str, now: float) -> bool:
         """End a workflow never claimed as cancelled (its code never runs); False if it
         was claimed (then the run receives the cancel at its next durable call)."""

@@ -208,15 +208,13 @@ class ClaimVerbs(bulk.BulkVerbs):
         found.sort(key=lambda w: w.created_at, reverse=query.order != "asc")
         return found[query.offset : query.offset + query.limit]
 
-    @base.alone
-    def delete_selected(self, query: base.WorkflowQuery, force: bool) -> list[str]:
-        """``delete_workflows`` of every workflow ``query`` selects (every page of it), in
-        this one transaction; the ids removed.
+    def _select_locked(self, query: base.WorkflowQuery) -> list[str]:
+        """The ids of every workflow ``query`` selects (every page of it, in its order) as
+        they are now, for a verb deciding on them in this transaction.
 
         The rows read are locked (in id order, where the dialect needs row locks) and
-        read again under the lock, so what is deleted is what matches now: a workflow
-        resumed or changed meanwhile is deleted only if it still matches (``force``
-        skips the status check, not the filters).
+        read again under the lock, so a workflow changed meanwhile is chosen only if it
+        still matches; a rival deciding on one of them waits for this transaction.
         """
         found: list[str] = []
         page_query = query
@@ -234,7 +232,15 @@ class ClaimVerbs(bulk.BulkVerbs):
         if self.lock_row:
             self._each_listed("lock_listed", sorted(found), suffix=self.lock_row)
         again = dataclasses.replace(query, ids=tuple(found), limit=len(found), offset=0)
-        still = [w.workflow_id for w in self.search_workflows(again)]
+        return [w.workflow_id for w in self.search_workflows(again)]
+
+    @base.alone
+    def delete_selected(self, query: base.WorkflowQuery, force: bool) -> list[str]:
+        """``delete_workflows`` of what ``query`` selects as it goes (``_select_locked``),
+        in this one transaction; the ids removed. A workflow resumed or changed meanwhile
+        is deleted only if it still matches (``force`` skips the status check, not the
+        filters)."""
+        still = self._select_locked(query)
         return self.delete_workflows(still, force) if still else []
 
     def _id_range(self, prefix: str, wanted: int) -> dict[str, str]:

@@ -40,6 +40,16 @@ class ReviewVerbs(signals.SignalVerbs):
         assert reopened is not None
         return reopened
 
+    @base.alone
+    def resume_selected(self, query: base.WorkflowQuery, now: float) -> list[str]:
+        """``reopen`` of what ``query`` selects as it goes (``_select_locked``), in id
+        order, in this one transaction (one not resumable refuses all); the ids, in the
+        query's order."""
+        chosen = self._select_locked(query)
+        for wid in sorted(chosen):
+            self.reopen(wid, now)
+        return chosen
+
     def _restore_intent(self, workflow_id: str, seq: int, now: float) -> None:
         """Put back the intent a cancel overwrote at ``seq`` while its step awaited review.
 
