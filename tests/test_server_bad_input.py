@@ -205,3 +205,52 @@ def test_a_result_typed_nested_too_deep_to_decode_is_a_422_that_resolves_nothing
     assert r.status_code == 422 and "nested too deep" in r.text, r.text[:300]
     [review] = client.reviews("deep-review")
     assert review.decision is None
+
+
+def test_an_approval_nested_too_deep_is_listed_with_a_note_beside_the_others(
+    base: str, url: str
+) -> None:
+    """A tool call awaiting approval with arguments nested past what the server shows
+    (600 lists, and 970: as deep as the codec writes) never makes a 500 of the approvals
+    list, of the API's or of its workflow's page, nor fails ``durably approvals``: it is
+    listed, to be decided, its arguments replaced by a note, beside the others as they
+    are."""
+    client = durably.Client(url)
+    client.start("srv-refund", "ORD-NEAR", 100, workflow_id="appr-near")
+    deep = {f"appr-deep-{depth}": depth for depth in (600, 970)}
+    for wid, depth in deep.items():
+        client.start("srv-deep-approval", depth, workflow_id=wid)
+    with harness.engine_thread(url):
+        harness.until(
+            lambda: all(client.get_workflow(w).status == "waiting" for w in ["appr-near", *deep]),
+            "the approvals to park",
+        )
+    note = views.TOO_DEEP.split("{")[0]
+
+    r = httpx.get(base + "/api/approvals", headers=BEARER, timeout=10)
+    assert r.status_code == 200, r.text[:300]
+    listed = {a["workflow_id"]: a for a in r.json()["approvals"]}
+    assert listed["appr-near"]["arguments"] == {"order_id": "ORD-NEAR", "cents": 100}
+    for wid in deep:
+        assert listed[wid]["arguments"].startswith(note), listed[wid]
+        assert listed[wid]["call"] == "ship(…)" and len(listed[wid]["args_sha256"]) == 64
+
+    cookie = {auth.COOKIE: _session(base)}
+    r = httpx.get(base + "/approvals", cookies=cookie, timeout=10)
+    assert r.status_code == 200, r.text[:300]
+    for wid in ["appr-near", *deep]:
+        assert f'href="/workflows/{wid}"' in r.text, wid
+    assert "ORD-NEAR" in r.text and r.text.count(note) >= 2
+    for wid in deep:
+        r = httpx.get(base + "/workflows/" + wid, cookies=cookie, timeout=10)
+        assert r.status_code == 200 and note in r.text, (wid, r.text[:300])
+
+    from click.testing import CliRunner
+
+    from durably import cli
+
+    for args, shown in ((["approvals"], "ship(…)"), (["approvals", "--json"], note)):
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a fresh stack, a shell's
+            out = pool.submit(CliRunner().invoke, cli.main, ["--database", url, *args]).result()
+        assert out.exit_code == 0, (args, out.output[-300:], out.exception)
+        assert "ORD-NEAR" in out.output and out.output.count(shown) == 2, out.output[-300:]

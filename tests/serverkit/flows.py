@@ -13,6 +13,7 @@ from typing import Any
 
 import durably
 from durably import agents
+from durably.agents import approvals
 
 HANG: dict[str, asyncio.Event] = {}
 RAN: list[str] = []
@@ -116,3 +117,13 @@ async def nest(depth: int) -> Any:
 async def deep_flow(depth: int) -> Any:
     """A step result and an output nested ``depth`` deep (as deep as the codec writes)."""
     return await nest(depth)
+
+
+@durably.workflow(name="srv-deep-approval")
+async def deep_approval_flow(depth: int) -> Any:
+    """A tool call awaiting approval whose arguments nest ``depth`` lists deep, published
+    as a gated call publishes one (a decorated tool's arguments, validated, nest less
+    deep: another writer's, or a workflow's own, may nest as deep as the codec writes)."""
+    request = approvals.Request("ship", {"items": nested(depth)}, "call-deep", None, "reject")
+    (gate,) = approvals.open_gates([request])
+    return await durably.wait_for_signal(gate.signal)

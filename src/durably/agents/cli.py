@@ -51,11 +51,12 @@ def approvals_cmd(database: str, workflow_id: str | None, as_json: bool) -> None
     from durably.server import views  # late: `durably --help` does not load the server
 
     for p in pending:
+        shown = views.approval(p)  # arguments nested too deep to show: a note, not a traceback
         if as_json:
-            click.echo(json.dumps(views.approval(p), sort_keys=True, default=str))
+            click.echo(json.dumps(shown, sort_keys=True, default=str))
         else:
             deadline = f"  (until {p.deadline})" if p.deadline else ""
-            click.echo(f"{p.workflow_id}  {p.approval_id}  {p.describe()}{deadline}")
+            click.echo(f"{p.workflow_id}  {p.approval_id}  {shown['call']}{deadline}")
     if not pending and not as_json:
         click.echo("no pending approvals")
 

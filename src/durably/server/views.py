@@ -36,6 +36,8 @@ _ERRORED = frozenset({journal.EntryStatus.FAILED, journal.EntryStatus.RETRYING})
 MAX_DEPTH = 500
 #: What a page shows instead of a payload nested deeper than MAX_DEPTH.
 TOO_DEEP = "(not shown: JSON nested more than {depth} levels deep, {size:,} characters)"
+#: The same, for a value read already decoded (an approval's arguments): no text to measure.
+TOO_DEEP_VALUE = TOO_DEEP.split(",")[0] + ")"
 
 
 def decode(text: str) -> Any:
@@ -112,8 +114,18 @@ def review(r: journal.Review) -> dict[str, Any]:
 
 
 def approval(p: approvals_module.PendingApproval) -> dict[str, Any]:
-    """A pending approval, with the signal it waits on."""
-    return {**dataclasses.asdict(p), "signal": p.signal, "call": p.describe()}
+    """A pending approval, with the signal it waits on and its call as one line.
+
+    Arguments nested deeper than MAX_DEPTH (decoded, as deep as the codec writes) are
+    replaced by a note, and its call by ``tool(…)``: shown, copied or encoded again they
+    would take the whole list down with them (a RecursionError, a 500). The approval is
+    listed all the same, with its ``args_sha256``, to be decided.
+    """
+    data = {field.name: getattr(p, field.name) for field in dataclasses.fields(p)}
+    if _deeper_than(p.arguments, MAX_DEPTH):
+        data["arguments"] = TOO_DEEP_VALUE.format(depth=MAX_DEPTH)
+        return {**data, "signal": p.signal, "call": f"{p.tool}(…)"}
+    return {**data, "signal": p.signal, "call": p.describe()}
 
 
 def executor(e: journal.ExecutorInfo, now: float) -> dict[str, Any]:
