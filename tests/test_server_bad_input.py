@@ -8,16 +8,23 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import logging
 import re
 import sys
+import time
 import urllib.parse
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 import durably
+from durably import cli
+from durably.agents.approvals import INDEX_EVENT
 from durably.server import auth, views
+from durably.storage import create_store
 from durably.storage.base import NewWorkflow
 from tests.serverkit import flows, harness
 
@@ -245,12 +252,54 @@ def test_an_approval_nested_too_deep_is_listed_with_a_note_beside_the_others(
         r = httpx.get(base + "/workflows/" + wid, cookies=cookie, timeout=10)
         assert r.status_code == 200 and note in r.text, (wid, r.text[:300])
 
-    from click.testing import CliRunner
-
-    from durably import cli
-
     for args, shown in ((["approvals"], "ship(…)"), (["approvals", "--json"], note)):
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a fresh stack, a shell's
             out = pool.submit(CliRunner().invoke, cli.main, ["--database", url, *args]).result()
         assert out.exit_code == 0, (args, out.output[-300:], out.exception)
         assert "ORD-NEAR" in out.output and out.output.count(shown) == 2, out.output[-300:]
+
+
+def test_approvals_that_cannot_be_decoded_leave_the_others_listed(
+    base: str, url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A workflow's pending approvals stored as JSON nested deeper than the decoder
+    follows (as another writer, or an import, may leave them: the codec writes none)
+    failed every listing of approvals with its DecodeError: a 500 of the approvals page
+    and of its workflow's page, a 422 of GET /api/approvals, `durably approvals` exit 1.
+    Now that workflow's approvals are left out of a listing, with a warning naming it,
+    and the others are listed."""
+    client = durably.Client(url)
+    client.start("srv-refund", "ORD-BESIDE", 100, workflow_id="appr-beside")
+    client.start("srv-wait", workflow_id="appr-unread")
+    with harness.engine_thread(url):
+        harness.until(
+            lambda: all(
+                client.get_workflow(w).status == "waiting" for w in ("appr-beside", "appr-unread")
+            ),
+            "the workflows to park",
+        )
+    store: Any = create_store(url)
+    store.open()
+    try:  # the event row as another writer left it
+        store._begin(True)
+        store._q("publish_event", workflow_id="appr-unread", key=INDEX_EVENT,
+                 value="[" * 100_000 + "]" * 100_000, seq=1_000, now=time.time())  # fmt: skip
+        store._commit()
+    finally:
+        store.close()
+
+    r = httpx.get(base + "/api/approvals", headers=BEARER, timeout=10)
+    assert r.status_code == 200, r.text[:300]
+    listed = [a["workflow_id"] for a in r.json()["approvals"]]
+    assert "appr-beside" in listed and "appr-unread" not in listed
+    r = httpx.get(base + "/api/approvals?workflow_id=appr-unread", headers=BEARER, timeout=10)
+    assert r.status_code == 200 and r.json()["approvals"] == [], r.text[:300]
+    cookie = {auth.COOKIE: _session(base)}
+    for page in ("/approvals", "/workflows/appr-unread"):
+        r = httpx.get(base + page, cookies=cookie, timeout=10)
+        assert r.status_code == 200, (page, r.text[:300])
+    with caplog.at_level(logging.WARNING, "durably.agents"):
+        out = CliRunner().invoke(cli.main, ["--database", url, "approvals"])
+    assert out.exit_code == 0, out.output[-300:]
+    assert "ORD-BESIDE" in out.output and "appr-unread" not in out.output
+    assert "approvals of workflow 'appr-unread' not listed: cannot decode" in caplog.text

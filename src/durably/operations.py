@@ -334,15 +334,14 @@ class Operations:
             yield Pause(min(delay, left))
         raise AssertionError("unreachable: delays() never ends")
 
-    def live_events(self, key: str, limit: int) -> Plan[list[tuple[str, Any]]]:
+    def live_events(self, key: str, limit: int) -> Plan[list[tuple[str, str]]]:
         """``(workflow_id, value)`` of event ``key`` in the waiting and running workflows
-        that published it (``Store.live_events``), each value decoded."""
+        that published it (``Store.live_events``), each value as stored: its reader
+        decodes each (``codec.decode``), so that one it cannot decode hides no other."""
         validate.name(key, "event key")
         limit = validate.count(limit, "limit")
         found: list[tuple[str, str]] = yield Call(self.store.live_events, (key, limit))
-        return [
-            (wid, codec.decode(value, where=f"event {key!r} of {wid!r}")) for wid, value in found
-        ]
+        return found
 
     # --- changing -----------------------------------------------------------------------
 

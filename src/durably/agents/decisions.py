@@ -15,11 +15,14 @@ ordinary operation plans of :mod:`durably.operations`.
 from __future__ import annotations
 
 import datetime
+import logging
 from typing import TYPE_CHECKING, Any, overload
 
-from durably import operations
+from durably import codec, errors, operations
 from durably.agents import exceptions
 from durably.agents.approvals import INDEX_EVENT, JSON, PendingApproval
+
+log = logging.getLogger("durably.agents")
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine
@@ -48,16 +51,33 @@ def _pending_in(index: Any) -> list[PendingApproval]:
     ]
 
 
+def _unreadable(workflow_id: str, exc: errors.DecodeError) -> list[PendingApproval]:
+    """None listed for a workflow whose pending approvals cannot be decoded (JSON nested
+    deeper than the decoder follows here, a corrupt value), with a warning naming it: one
+    such workflow does not take every other's approvals out of a listing with it."""
+    log.warning("approvals of workflow %r not listed: %s", workflow_id, exc)
+    return []
+
+
 def list_plan(
     ops: operations.Operations, workflow_id: str | None, limit: int
 ) -> operations.Plan[list[PendingApproval]]:
     """The pending approvals of one workflow, or of every waiting or running workflow
-    (up to ``limit`` of each status that published approvals, newest first, in one read)."""
+    (up to ``limit`` of each status that published approvals, newest first, in one read).
+    A workflow whose approvals cannot be decoded is left out (``_unreadable``)."""
     if workflow_id:
-        pending: list[PendingApproval] = yield from _pending_of(ops, workflow_id)
+        try:
+            pending: list[PendingApproval] = yield from _pending_of(ops, workflow_id)
+        except errors.DecodeError as exc:
+            return _unreadable(workflow_id, exc)
         return pending
     found: list[PendingApproval] = []
-    for _, index in (yield from ops.live_events(INDEX_EVENT, limit)):
+    for wid, text in (yield from ops.live_events(INDEX_EVENT, limit)):
+        try:
+            index = codec.decode(text, where=f"event {INDEX_EVENT!r} of {wid!r}")
+        except errors.DecodeError as exc:
+            found += _unreadable(wid, exc)
+            continue
         found += _pending_in(index)
     return found
 
