@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 import durably
-from durably import cli
+from durably import cli, journal
 from durably.agents.approvals import INDEX_EVENT
 from durably.server import auth, views
 from durably.storage import create_store
@@ -303,3 +303,36 @@ def test_approvals_that_cannot_be_decoded_leave_the_others_listed(
     assert out.exit_code == 0, out.output[-300:]
     assert "ORD-BESIDE" in out.output and "appr-unread" not in out.output
     assert "approvals of workflow 'appr-unread' not listed: cannot decode" in caplog.text
+
+
+def test_a_model_call_that_cannot_be_decoded_is_shown_without_its_usage(
+    base: str, url: str
+) -> None:
+    """A model call's answer stored as JSON nested deeper than the decoder follows (as
+    another writer, or an import, may leave it: the codec writes none) failed the usage
+    its workflow's timeline sums with a DecodeError: a 500 of its page, a 422 of its
+    history, `durably show` exit 1. Now its row shows without tokens, and the usage
+    line says why it is not shown."""
+    durably.Client(url).start("srv-wait", workflow_id="llm-unread")
+    answer = journal.Entry(0, journal.Kind.STEP, "llm:model", journal.EntryStatus.COMPLETED,
+                           1, "[" * 100_000 + "]" * 100_000, time.time())  # fmt: skip
+    store: Any = create_store(url)
+    store.open()
+    try:  # the journal entry as another writer left it
+        store._begin(True)
+        store._upsert("llm-unread", [answer], time.time(), None)
+        store._commit()
+    finally:
+        store.close()
+
+    r = httpx.get(base + "/api/workflows/llm-unread/history", headers=BEARER, timeout=10)
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["usage"].startswith("model usage: not shown (cannot decode model call")
+    assert r.json()["timeline"][0]["tokens"] is None
+    cookie = {auth.COOKIE: _session(base)}
+    r = httpx.get(base + "/workflows/llm-unread", cookies=cookie, timeout=10)
+    assert r.status_code == 200 and "model usage: not shown" in r.text, r.text[:300]
+    for args in (["show", "llm-unread"], ["show", "llm-unread", "--json"]):
+        out = CliRunner().invoke(cli.main, ["--database", url, *args])
+        assert out.exit_code == 0, (args, out.output[-300:])
+        assert "model usage: not shown" in out.output, (args, out.output[-300:])

@@ -15,7 +15,6 @@ from rich.text import Text
 import durably
 from durably import receipts, serving
 from durably import workflows as workflow_registry
-from durably.agents import usage as agent_usage
 from durably.cli import selection
 from durably.cli.base import (
     _client,
@@ -234,8 +233,9 @@ def print_receipts(
             f"{row.seq:>4}  {names[row.seq]:<{width}} {row.attempt:>7} {duration:>9}  "
             f"{receipts.preview(row.payload, 60)}"
         )
-    recovered = [c.claimed_at for c in claims if c.reason == "recovery"]
-    cost = agent_usage.recovery_summary(entries, recovered)
+    from durably.server import views  # late: `durably --help` does not load the server
+
+    cost = views.usage_line(entries, claims)  # as the dashboard says it
     if cost is not None:
         _say(cost)
     if info.output is not None:

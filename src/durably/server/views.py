@@ -164,7 +164,7 @@ def timeline(
             )
             continue
         written = row.finished_at or row.started_at or 0.0
-        tokens = agent_usage.usage_from_history([row])
+        tokens = _usage_of(row)
         rows.append(
             {
                 "gap": False,
@@ -175,8 +175,8 @@ def timeline(
                 "attempt": row.attempt,
                 "duration": row.duration if row.kind not in _INSTANT else None,
                 "preview": _row_preview(row),
-                "tokens": tokens.tokens if tokens.calls else None,
-                "cost": tokens.cost if tokens.calls else None,
+                "tokens": tokens.tokens if tokens else None,
+                "cost": tokens.cost if tokens else None,
                 "replayed": last_recovery is not None and written < last_recovery,
                 "quiet": row.kind in _QUIET,
             }
@@ -241,10 +241,25 @@ def _row_preview(row: journal.Entry) -> str:
     return readable_preview(row.payload)
 
 
+def _usage_of(row: journal.Entry) -> agent_usage.Tokens | None:
+    """The model usage of a timeline row; None for a row that is no model call, or one
+    whose answer cannot be decoded (its preview shows its text)."""
+    try:
+        tokens = agent_usage.usage_from_history([row])
+    except errors.DecodeError:
+        return None
+    return tokens if tokens.calls else None
+
+
 def usage_line(entries: Sequence[journal.Entry], claims: Sequence[journal.Claim]) -> str | None:
-    """What the model calls cost and what recoveries replayed (as ``durably show`` says)."""
+    """What the model calls cost and what recoveries replayed (as ``durably show`` says);
+    why not, when an answer cannot be decoded (nested deeper than the decoder follows,
+    corrupt): one such call takes no page down with it."""
     recovered = [c.claimed_at for c in claims if c.reason == "recovery"]
-    return agent_usage.recovery_summary(entries, recovered)
+    try:
+        return agent_usage.recovery_summary(entries, recovered)
+    except errors.DecodeError as exc:
+        return f"model usage: not shown ({exc})"
 
 
 def encode_cursor(info: journal.WorkflowInfo) -> str:
