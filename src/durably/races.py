@@ -221,6 +221,7 @@ async def _commit(run: Run, seq: int, name: str, count: int, done: list[int]) ->
     if name == ALL_COMPLETED:  # nothing raced: a replay finds the same; no commit
         run.stage(entry)
         return
+    faults.reached("before_wait", name)
     await run.commit(entry)
     faults.reached("after_wait", name)
 
