@@ -78,6 +78,37 @@ def test_kill_after_wait_first_returned_recovers_the_same_winner(
     }
 
 
+@pytest.mark.parametrize("point", ["before_wait", "after_wait"])
+def test_kill_around_a_race_of_two_signal_waits_loses_neither_signal(
+    store_url: str, tmp_path: Path, point: str
+) -> None:
+    # Both signals are there before the race: both waits take theirs at once, "a" wins.
+    with durably.Client(store_url) as client:
+        client.start(flows.signal_race, workflow_id="sig-race")
+        client.send_signal("sig-race", "a", "A")
+        client.send_signal("sig-race", "b", "B")
+    killed(run_child(store_url, tmp_path, "signal_race", "sig-race", [], f"{point}:wait_first"))
+    with durably.Client(store_url) as client:
+        taken = {s["payload"]: s["consumed_seq"] for s in client.signals("sig-race")}
+        kept = {e.seq: e.kind for e in client.history("sig-race")}
+    if point == "before_wait":  # killed with the race decided but not journaled
+        assert (taken, kept) == ({'"A"': 1, '"B"': 2}, {1: "signal", 2: "signal"})
+    else:  # the loser's signal was given back with the race's outcome; its seq holds nothing
+        assert (taken, kept) == ({'"A"': 1, '"B"': None}, {1: "signal", 3: "wait"})
+
+    assert output(run_child(store_url, tmp_path, "signal_race", "sig-race", [], None)) == [
+        0,
+        "A",
+        "B",
+    ]
+    with durably.Client(store_url) as client:
+        taken = {s["payload"]: s["consumed_seq"] for s in client.signals("sig-race")}
+        received = [(e.seq, e.payload) for e in client.history("sig-race") if e.kind == "signal"]
+    # each signal went to exactly one wait: "b" to the wait after the race (seq 4)
+    assert taken == {'"A"': 1, '"B"': 4}
+    assert received == [(1, '"A"'), (4, '"B"')]
+
+
 def test_kill_right_after_a_send_committed_delivers_exactly_one_signal(
     store_url: str, tmp_path: Path
 ) -> None:

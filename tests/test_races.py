@@ -199,6 +199,83 @@ async def test_wait_first_between_a_signal_and_a_timer_keeps_its_winner(store_ur
     assert sorted(SEEN) == [0, 0, 1, 1]
 
 
+# --- what a losing signal wait took -----------------------------------------------------
+
+
+@durably.workflow(name="races.two_signals")
+async def two_signals() -> list[Any]:
+    index, value = await durably.wait_first(
+        durably.wait_for_signal("a"), durably.wait_for_signal("b")
+    )
+    SEEN.append((index, value))
+    await park()
+    return [index, value, await durably.wait_for_signal("b", timeout=1.0)]
+
+
+@durably.workflow(name="races.timer_first")
+async def timer_first() -> list[Any]:
+    index, value = await durably.wait_first(durably.sleep(0), durably.wait_for_signal("go"))
+    SEEN.append((index, value))
+    await park()
+    return [index, value, await durably.wait_for_signal("go", timeout=1.0)]
+
+
+@pytest.mark.parametrize(
+    ("workflow", "sent", "expected"),
+    [
+        (two_signals, {"a": "A", "b": "B"}, [0, "A", "B"]),
+        (timer_first, {"go": "GO"}, [0, None, "GO"]),
+    ],
+    ids=["two-signals", "zero-sleep-first"],
+)
+async def test_a_signal_a_losing_wait_took_in_the_winners_instant_goes_to_the_next_wait(
+    store_url: str, workflow: Any, sent: dict[str, str], expected: list[Any]
+) -> None:
+    # Both awaitables finish at once (their signals were sent before the race), so the
+    # losing wait has taken its signal by the time the lower index wins: it must give it
+    # back, for the later wait of that name, not drop it with its result.
+    with durably.Client(store_url) as client:
+        client.start(workflow, workflow_id="given-back")
+        for name, payload in sent.items():
+            client.send_signal("given-back", name, payload)
+    async with engine(store_url) as e:
+        assert await e.handle("given-back").result(timeout=10) == expected
+        history = await e.history("given-back")
+        assert len(await e.claims("given-back")) == 2  # it parked and was replayed
+    with durably.Client(store_url) as client:
+        signals = client.signals("given-back")
+    assert len(SEEN) == 2 and SEEN[0] == SEEN[1] == tuple(expected[:2])  # first run, replay
+    # each signal went to exactly one wait, which holds its payload; the loser's seq
+    # holds nothing (a replay never starts it)
+    received = {x.seq: x.payload for x in history if x.kind == "signal"}
+    assert sorted(received.values()) == sorted(json.dumps(p) for p in sent.values())
+    assert {s["consumed_seq"]: s["payload"] for s in signals} == received
+
+
+@durably.workflow(name="races.wait_signals")
+async def wait_signals() -> list[Any]:
+    a = asyncio.ensure_future(durably.wait_for_signal("a"))
+    b = asyncio.ensure_future(durably.wait_for_signal("b"))
+    done, _ = await durably.wait([a, b], return_when=asyncio.FIRST_COMPLETED)
+    SEEN.append(len(done))
+    await park()
+    return [await a, await b]
+
+
+async def test_wait_first_completed_hands_every_signal_received_to_the_code(
+    store_url: str,
+) -> None:
+    # durably.wait drops nothing: its done set holds every awaitable that finished, and
+    # the pending ones keep running.
+    with durably.Client(store_url) as client:
+        client.start(wait_signals, workflow_id="wait-signals")
+        client.send_signal("wait-signals", "a", "A")
+        client.send_signal("wait-signals", "b", "B")
+    async with engine(store_url) as e:
+        assert await e.handle("wait-signals").result(timeout=10) == ["A", "B"]
+    assert SEEN[0] == SEEN[1]
+
+
 # --- wait with asyncio's shape -------------------------------------------------------------
 
 

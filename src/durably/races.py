@@ -31,7 +31,9 @@ runs.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import types
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -86,7 +88,11 @@ def wait_first(*aws: Awaitable[Any]) -> Coroutine[Any, Any, tuple[int, Any]]:
     coroutine that makes several may be cut at a different call on a replay.
     Losers that finished in the same instant as the winner are dropped with
     their results (the lowest index wins): to keep every result, use
-    ``durably.wait``.
+    ``durably.wait``. A losing ``wait_for_signal`` gives back the signal it
+    took, in the transaction that journals the winner: the next wait for that
+    name receives it, as if the loser had never looked (signals keep their
+    order). That holds for the coroutine given here; a task given is the
+    caller's, and what it received stays its result.
     """
     run = context.require_run("wait_first")
     given = _check(aws, FIRST_COMPLETED, "wait_first")
@@ -133,6 +139,7 @@ async def _wait_first(run: Run, seq: int, given: list[Awaitable[Any]]) -> tuple[
         future = asyncio.ensure_future(given[winner])
         await _settled([future], [future])
     else:
+        waits = [_signal_wait(aw) for aw in given]  # read before they run
         futures = [asyncio.ensure_future(aw) for aw in given]
         await _settled(futures, None, FIRST_COMPLETED)
         winner = min(i for i, f in enumerate(futures) if f.done())
@@ -140,8 +147,9 @@ async def _wait_first(run: Run, seq: int, given: list[Awaitable[Any]]) -> tuple[
         losers = [f for f in futures if f is not future]
         for loser in losers:
             loser.cancel()
+        taken = [w for i, w in enumerate(waits) if w is not None and i != winner]
         try:
-            await _commit(run, seq, FIRST, len(futures), [winner])
+            await _commit(run, seq, FIRST, len(futures), [winner], taken)
         finally:
             await asyncio.gather(*losers, return_exceptions=True)
     return winner, future.result()
@@ -207,10 +215,18 @@ def _recorded(run: Run, entry: journal.Entry, given: list[Awaitable[Any]]) -> li
     return done
 
 
-async def _commit(run: Run, seq: int, name: str, count: int, done: list[int]) -> None:
+async def _commit(
+    run: Run,
+    seq: int,
+    name: str,
+    count: int,
+    done: list[int],
+    taken: Sequence[tuple[int, str]] = (),
+) -> None:
     """Journal which awaitables were done: committed before the code can act on a race's
     outcome; staged (committed with the next write) for ALL_COMPLETED, which a replay
-    repeats anyway."""
+    repeats anyway. ``taken``: the losing signal waits of a ``wait_first``, (seq, name),
+    whose signals the commit gives back (``Run.commit``)."""
     if run.diverged is not None:
         raise run.diverged
     now = run.clock()
@@ -222,8 +238,18 @@ async def _commit(run: Run, seq: int, name: str, count: int, done: list[int]) ->
         run.stage(entry)
         return
     faults.reached("before_wait", name)
-    await run.commit(entry)
+    await run.commit(entry, given_back=taken)
     faults.reached("after_wait", name)
+
+
+def _signal_wait(aw: Awaitable[Any]) -> tuple[int, str] | None:
+    """The seq and signal name of ``aw`` when it is the coroutine of a signal wait
+    (``receives``), read from its arguments; None for anything else. A task is not read:
+    the caller started it and holds it, and what it received is its result."""
+    if isinstance(aw, types.CoroutineType) and aw.cr_code in _RECEIVES:
+        args = inspect.getcoroutinelocals(aw)
+        return int(args["seq"]), str(args["name"])
+    return None
 
 
 def _discard(aw: Awaitable[Any]) -> None:
@@ -276,6 +302,18 @@ def durable_call(fn: F) -> F:
     workflow code recognises its coroutines and tasks. Returns ``fn`` itself."""
     _DURABLE_CALLS.add(fn.__code__)
     return fn
+
+
+#: The code of the durable calls that take a signal from the workflow's queue (``receives``).
+_RECEIVES: set[Any] = set()
+
+
+def receives(fn: F) -> F:
+    """``durable_call`` for a signal wait: a coroutine function whose ``seq`` and ``name``
+    arguments are its entry's seq and the signal's name. A ``wait_first`` gives back the
+    signal such a wait took when it loses (``_signal_wait``). Returns ``fn`` itself."""
+    _RECEIVES.add(fn.__code__)
+    return durable_call(fn)
 
 
 durable_call(_wait)

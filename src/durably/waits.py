@@ -91,7 +91,7 @@ def wait_for_signal(
     return _wait_for_signal(run, run.take_seq(kind=journal.Kind.SIGNAL, name=name), name, seconds)
 
 
-@races.durable_call
+@races.receives
 async def _wait_for_signal(run: Run, seq: int, name: str, timeout: float | None) -> Any:
     entry = run.lookup(seq, journal.Kind.SIGNAL, name)
     if entry is None:

@@ -62,6 +62,7 @@ Verb = Literal[
     "post_signal",
     "read_event",
     "commit_receipt",
+    "decide_race",
 ]
 
 #: Where each verb takes the batch of entries, counted in the arguments after the epoch.
@@ -76,6 +77,7 @@ _BATCH_AT: dict[str, int] = {
     "post_signal": 1,  # send, entries, target, name, payload
     "read_event": 1,  # wait, entries, source, key
     "commit_receipt": 0,  # entries, events
+    "decide_race": 0,  # entries, losers
 }
 
 log = logging.getLogger("durably")
@@ -345,14 +347,26 @@ class Run(parking.Parking):
             faults.committed(self.workflow_id, batch)
         return result
 
-    async def commit(self, *entries: journal.Entry, events: Sequence[tuple[str, str]] = ()) -> None:
+    async def commit(
+        self,
+        *entries: journal.Entry,
+        events: Sequence[tuple[str, str]] = (),
+        given_back: Sequence[tuple[int, str]] = (),
+    ) -> None:
         """Commit entries (and any staged ones) fenced by this run's epoch.
 
         ``events`` (``(key, value JSON)`` pairs a step set) are published in the
         same transaction, at the seq of the last entry (the step's receipt).
+        ``given_back`` (``(seq, name)`` of the signal waits a race's outcome drops) gives
+        back, in the same transaction, the signals those waits took, and drops their
+        entries (``decide_race``); this run's waits for those signals look again.
         """
         if events:
             requested = await self.write("commit_receipt", events, entries=entries)
+        elif given_back:
+            requested = await self.write("decide_race", given_back, entries=entries)
+            for _, name in given_back:
+                self.poke(journal.Kind.SIGNAL, name)
         else:
             requested = await self.write("append_entries", entries=entries)
         if requested:
@@ -780,8 +794,9 @@ class Run(parking.Parking):
         self.poke()
 
 
-#: The verbs that only append entries (what the fault observer hears as a commit).
-_COMMITS = frozenset({"append_entries", "commit_receipt"})
+#: The verbs that append entries, a step's or a race's outcome (what the fault observer
+#: hears as a commit).
+_COMMITS = frozenset({"append_entries", "commit_receipt", "decide_race"})
 
 _STEP = journal.Kind.STEP
 _EVENT = journal.Kind.EVENT

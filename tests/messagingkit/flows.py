@@ -42,6 +42,14 @@ async def race() -> list[Any]:
     return [index, value]
 
 
+@durably.workflow(name="mk.signal_race")
+async def signal_race() -> list[Any]:
+    index, value = await durably.wait_first(
+        durably.wait_for_signal("a"), durably.wait_for_signal("b")
+    )
+    return [index, value, await durably.wait_for_signal("b", timeout=2.0)]
+
+
 @durably.workflow(name="mk.target")
 async def target() -> list[Any]:
     first = await durably.wait_for_signal("go")

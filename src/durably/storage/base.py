@@ -670,6 +670,21 @@ class Store(abc.ABC):
         seq of the last entry (its receipt), in the same transaction."""
 
     @abc.abstractmethod
+    def decide_race(
+        self,
+        workflow_id: str,
+        epoch: int,
+        entries: Sequence[journal.Entry],
+        losers: Sequence[tuple[int, str]],
+        now: float,
+    ) -> bool:
+        """``append_entries`` of a ``wait_first``'s outcome, and, in the same transaction,
+        for each losing signal wait ``(seq, name)``: the signal it took (if any) back in
+        the workflow's queue, where it was (the oldest of its name again, unless a later
+        one was taken meanwhile), and its entry dropped (a replay never starts a loser).
+        Idempotent, as a commit repeated must be."""
+
+    @abc.abstractmethod
     def add_warning(self, workflow_id: str, text: str) -> None:
         """Note ``text`` (one line) on the workflow's row, unless it is noted already.
 

@@ -769,6 +769,18 @@ LIMIT 1
 -- Mark a signal received by the wait at seq.
 UPDATE signals SET consumed_seq = :seq WHERE workflow_id = :workflow_id AND num = :num
 
+-- name: give_back_signal
+-- Put back in the workflow's queue the signal of :name that the wait at :seq took, a
+-- wait_first's loser (decide_race): next_signal finds it where it was, by its num.
+UPDATE signals SET consumed_seq = NULL
+WHERE workflow_id = :workflow_id AND name = :name AND consumed_seq = :seq
+
+-- name: drop_signal_wait
+-- Drop the entry of a wait_first's losing signal wait (decide_race): a replay never starts
+-- it, and its seq holds nothing, as a loser's cut before its commit.
+DELETE FROM journal
+WHERE workflow_id = :workflow_id AND seq = :seq AND kind = 'signal' AND name = :name
+
 -- name: fence_and_next_signal
 -- PostgreSQL only: the fence (as fence, its row locked), whether the wait at :seq is final
 -- already, and the oldest signal of :name it has not received, in one statement (no row:

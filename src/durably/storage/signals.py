@@ -265,6 +265,20 @@ class SignalVerbs(entries.EntryVerbs):
             self._publish_event(workflow_id, key, value, seq, now)
         return fence.asked(now)
 
+    def decide_race(
+        self,
+        workflow_id: str,
+        epoch: int,
+        entries: Sequence[journal.Entry],
+        losers: Sequence[tuple[int, str]],
+        now: float,
+    ) -> bool:
+        fence = self._fenced_upsert(workflow_id, epoch, entries, now)
+        for seq, name in losers:
+            self._q("give_back_signal", workflow_id=workflow_id, seq=seq, name=name)
+            self._q("drop_signal_wait", workflow_id=workflow_id, seq=seq, name=name)
+        return fence.asked(now)
+
     def start_child(
         self,
         workflow_id: str,
