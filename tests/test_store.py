@@ -568,6 +568,27 @@ def test_a_repeated_commit_of_the_same_entries_is_accepted(db):
     assert [s["consumed_seq"] for s in db.list_signals("wf-1")] == [2, None]
 
 
+def test_a_race_gives_back_the_signal_its_losing_wait_took_once_and_fenced(db):
+    """decide_race: the signal a losing wait took is the oldest of its name again and the
+    loser's entry is gone; the commit sent again changes nothing; another epoch's is fenced."""
+    info = owned(db)
+    db.send_signal("wf-1", "go", '"one"', None, NOW)
+    db.send_signal("wf-1", "go", '"two"', None, NOW)
+    for seq, payload in ((1, '"one"'), (2, '"two"')):  # the winner's, then the loser's
+        wait = journal.Entry(seq, "signal", "go", "started", 1, None, NOW)
+        assert db.receive_signal("wf-1", info.epoch, wait, [], NOW).payload == payload
+    race = journal.Entry(3, "wait", "wait_first", "completed", 1, '{"count":2,"done":[0]}', NOW)
+    for _ in range(2):  # the second: a commit sent again, its outcome lost with its connection
+        assert db.decide_race("wf-1", info.epoch, [race], [(2, "go")], NOW) is False
+        assert [e.seq for e in db.load_history("wf-1")] == [1, 3]
+        assert [s["consumed_seq"] for s in db.list_signals("wf-1")] == [1, None]
+    later = journal.Entry(4, "signal", "go", "started", 1, None, NOW)
+    assert db.receive_signal("wf-1", info.epoch, later, [], NOW).payload == '"two"'
+    with pytest.raises(errors.FencedError):
+        db.decide_race("wf-1", info.epoch - 1, [race], [(4, "go")], NOW)
+    assert [s["consumed_seq"] for s in db.list_signals("wf-1")] == [1, 4]
+
+
 # --- wake-ups ----------------------------------------------------------------------------------
 
 
