@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from durably import errors
-from durably.storage import base, create_store, thread
+from durably.storage import base, create_store, marks, thread
 from tests.test_pg_round_trips import lock_waiters
 from tests.test_store import LEASE, NOW, new, step
 
@@ -109,8 +109,8 @@ def test_verbs_that_lock_many_workflows_run_alone(runner: Any) -> None:
     lone = ["heartbeat", "keep_leases", "release_owned", "remove_executor", "request_cancel",
             "send_signals", "prune", "delete_workflows", "delete_selected", "cancel_selected",
             "resume_selected", "import_workflows"]  # fmt: skip
-    assert [v for v in lone if not base.runs_alone(getattr(store, v))] == []
-    assert not base.runs_alone(store.append_entries)
+    assert [v for v in lone if not marks.runs_alone(getattr(store, v))] == []
+    assert not marks.runs_alone(store.append_entries)
 
     started, release = threading.Event(), threading.Event()
     order: list[str] = []
@@ -121,7 +121,7 @@ def test_verbs_that_lock_many_workflows_run_alone(runner: Any) -> None:
         order.append("batch")
         return released
 
-    @base.alone
+    @marks.alone
     def alone_verb() -> None:
         release.set()
         order.append("alone")

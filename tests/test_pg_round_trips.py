@@ -24,7 +24,16 @@ from psycopg import sql as pgsql
 
 import durably
 from durably import errors, journal
-from durably.storage import base, create_store, pg_ahead, pg_direct, pg_statements, postgres, rows
+from durably.storage import (
+    base,
+    create_store,
+    marks,
+    pg_ahead,
+    pg_direct,
+    pg_statements,
+    postgres,
+    rows,
+)
 from tests.test_store import (
     LEASE,
     NOW,
@@ -1020,7 +1029,7 @@ def test_a_one_statement_read_alone_is_one_round_trip(pg_store: Any) -> None:
     marked = {
         name
         for name in dir(pg_store)
-        if not name.startswith("_") and base.is_one_read(getattr(pg_store, name))
+        if not name.startswith("_") and marks.is_one_read(getattr(pg_store, name))
     }
     assert marked == {fn.__name__ for fn, _ in reads}  # a new mark gets a check here
     for fn, args in reads:
@@ -1683,7 +1692,7 @@ def test_a_statement_after_the_promised_last_one_is_refused(pg_store: Any) -> No
     wait = journal.Entry(1, "signal", "go", "started", 1, None, NOW, None, None)
     db.send_signal("wf-1", "go", '"x"', None, NOW)
 
-    @base.ends_with("receive_parked_signal")
+    @marks.ends_with("receive_parked_signal")
     def receive_then_read() -> Any:
         pg_store.append_entries("wf-1", info.epoch, [step(0)], NOW)
         got = pg_store.receive_parked_signal("wf-1", info.epoch, wait, NOW)

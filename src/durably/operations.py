@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, TypeVar
 
 from durably import cancellation, codec, errors, journal, replay, step_call, validate, workflows
-from durably.storage import base, thread
+from durably.storage import base, marks, thread
 
 T = TypeVar("T")
 
@@ -527,7 +527,7 @@ def _at_once_args(
             claim.same_code)  # fmt: skip
 
 
-@base.ends_with("receive_parked_signal")
+@marks.ends_with("receive_parked_signal")
 def _send_and_claim(
     store: base.Store,
     workflow_id: str,
@@ -554,7 +554,7 @@ def _send_and_claim(
     return woken
 
 
-@base.ends_with("receive_parked_signal")
+@marks.ends_with("receive_parked_signal")
 def take_woken(store: base.Store, workflow_id: str, now: float, claim: Claimer) -> Woken:
     """``claim_woken`` and, if it took the workflow, its journal: one op, one transaction.
 

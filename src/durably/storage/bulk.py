@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from durably import errors, journal
-from durably.storage import base, rows, sqlbase
+from durably.storage import marks, rows, sqlbase
 
 #: Every table holding a workflow's rows, with its columns in the order the export and
 #: import queries list them. ``workflows`` first: the side rows come with their workflow.
@@ -121,7 +121,7 @@ class BulkVerbs(sqlbase.SqlBase):
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 
-    @base.alone
+    @marks.alone
     def import_workflows(self, workflows: Sequence[ArchivedWorkflow]) -> list[str]:
         """Insert the workflows, all or none (one transaction), without owners.
 
@@ -148,7 +148,7 @@ class BulkVerbs(sqlbase.SqlBase):
             self._wake("work")
         return [wf.workflow_id for wf in workflows]
 
-    @base.alone
+    @marks.alone
     def prune(self, before: float, status: str | None, limit: int) -> list[str]:
         """Remove up to ``limit`` finished workflows last changed before ``before`` (one
         transaction: one bounded batch), with every row that names them.
@@ -184,7 +184,7 @@ class BulkVerbs(sqlbase.SqlBase):
                 self._each_listed(f"prune_{table}", workflow_ids)
         self._reclaim_space()
 
-    @base.alone
+    @marks.alone
     def delete_workflows(self, workflow_ids: Sequence[str], force: bool) -> list[str]:
         """Remove the workflows with their children, recursively, and every row naming
         them (the prune queries), all or none; the ids removed, parents first.

@@ -9,14 +9,14 @@ deadline decides is in :mod:`durably.cancellation`; the SQL in ``queries.sql``
 from __future__ import annotations
 
 from durably import cancellation, codec, errors, journal
-from durably.storage import base, reviews
+from durably.storage import base, marks, reviews
 
 
 class CancelVerbs(reviews.ReviewVerbs):
     """``request_cancel``, ``expire_deadlines`` and ``cancels_asked``, for
     :class:`~durably.storage.sql.SqlStore`."""
 
-    @base.alone
+    @marks.alone
     def request_cancel(self, workflow_id: str, now: float) -> list[str]:
         if self.get_workflow(workflow_id) is None:
             raise errors.WorkflowNotFound(f"no workflow with id {workflow_id!r} in {self.url}")
@@ -33,7 +33,7 @@ class CancelVerbs(reviews.ReviewVerbs):
             todo.extend(str(r[0]) for r in self._q("unfinished_children", workflow_id=wid))
         return cancelled
 
-    @base.alone
+    @marks.alone
     def cancel_selected(self, query: base.WorkflowQuery, now: float) -> list[str]:
         """``request_cancel`` of what ``query`` selects as it goes (``_select_locked``), in
         id order, in this one transaction; the ids asked, children too, once each."""
@@ -63,7 +63,7 @@ class CancelVerbs(reviews.ReviewVerbs):
             self._wake("join", str(parent_id), name=workflow_id)
         return True
 
-    @base.alone
+    @marks.alone
     def expire_deadlines(self, now: float, limit: int) -> list[str]:
         due = [str(r[0]) for r in self._pick("due_deadlines", now=now, limit=limit)]
         asked: list[str] = []

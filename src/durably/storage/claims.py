@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from durably import cancellation, codec, errors, journal, validate
-from durably.storage import base, bulk, rows, sqlbase
+from durably.storage import base, bulk, marks, rows, sqlbase
 
 #: The filters written, beside a list of ids, on an expression no index serves
 #: (search_terms' *_listed terms), so that the ids are read through the primary key.
@@ -166,12 +166,12 @@ class ClaimVerbs(bulk.BulkVerbs):
             workflow_id=new.workflow_id,
         )
 
-    @base.one_read
+    @marks.one_read
     def get_workflow(self, workflow_id: str) -> journal.WorkflowInfo | None:
         row = rows.first(self._q("get_workflow", workflow_id=workflow_id))
         return rows.workflow(row) if row else None
 
-    @base.one_read
+    @marks.one_read
     def list_workflows(
         self, status: str | None, name: str | None, limit: int
     ) -> list[journal.WorkflowInfo]:
@@ -234,7 +234,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         again = dataclasses.replace(query, ids=tuple(found), limit=len(found), offset=0)
         return [w.workflow_id for w in self.search_workflows(again)]
 
-    @base.alone
+    @marks.alone
     def delete_selected(self, query: base.WorkflowQuery, force: bool) -> list[str]:
         """``delete_workflows`` of what ``query`` selects as it goes (``_select_locked``),
         in this one transaction; the ids removed. A workflow resumed or changed meanwhile
@@ -287,7 +287,7 @@ class ClaimVerbs(bulk.BulkVerbs):
 
         return self._execute(self._composed(("search", newest, given, ids), compose), params)
 
-    @base.one_read
+    @marks.one_read
     def count_by_status(self, cap: int | None = None) -> dict[str, int]:
         if cap is None:
             return {str(status): int(n) for status, n in self._q("count_by_status").fetchall()}
@@ -295,7 +295,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         found = self._execute(sql_text, {"cap": cap}).fetchall()
         return {str(status): int(n) for status, n in found if n}
 
-    @base.one_read
+    @marks.one_read
     def count_unfinished(self) -> dict[str, int]:
         return {str(status): int(n) for status, n in self._q("count_unfinished").fetchall()}
 
@@ -455,12 +455,12 @@ class ClaimVerbs(bulk.BulkVerbs):
         self._q("insert_claim", **{**params, "epoch": params["epoch"] + 1})
         return self.get_workflow(params["workflow_id"])
 
-    @base.one_read
+    @marks.one_read
     def unclaimed(self, now: float, limit: int) -> list[base.Unclaimed]:
         found = self._q("unclaimed", now=now, limit=limit).fetchall()
         return [base.Unclaimed(str(r[0]), str(r[1]), r[2], r[3], r[4]) for r in found]
 
-    @base.one_read
+    @marks.one_read
     def load_claims(self, workflow_id: str) -> list[journal.Claim]:
         return [
             journal.Claim(**r) for r in rows.every(self._q("load_claims", workflow_id=workflow_id))
@@ -471,7 +471,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         if self._q(query, workflow_id=workflow_id, epoch=epoch, now=now).rowcount:
             self._wake("work")
 
-    @base.alone
+    @marks.alone
     def release_owned(self, owner: str, now: float) -> int:
         released = int(self._q("release_owned", owner=owner, now=now).rowcount)
         if released:
@@ -495,7 +495,7 @@ class ClaimVerbs(bulk.BulkVerbs):
             ),
         )
 
-    @base.alone
+    @marks.alone
     def heartbeat(
         self, executor: journal.ExecutorInfo, now: float, lease_expires_at: float
     ) -> list[tuple[str, int]]:
@@ -505,7 +505,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         self.register_executor(dataclasses.replace(executor, heartbeat_at=now))
         return [(str(r[0]), int(r[1])) for r in held]
 
-    @base.alone
+    @marks.alone
     def keep_leases(
         self,
         executor: journal.ExecutorInfo,
@@ -527,7 +527,7 @@ class ClaimVerbs(bulk.BulkVerbs):
         self.register_executor(dataclasses.replace(executor, heartbeat_at=now))
         return kept
 
-    @base.one_read
+    @marks.one_read
     def list_executors(self) -> list[journal.ExecutorInfo]:
         out = []
         for row in rows.every(self._q("list_executors")):
@@ -535,7 +535,7 @@ class ClaimVerbs(bulk.BulkVerbs):
             out.append(journal.ExecutorInfo(**row, workflows=workflows, queues=queues))
         return out
 
-    @base.alone
+    @marks.alone
     def remove_executor(self, executor_id: str, expire_leases: bool) -> None:
         if expire_leases:
             self._q("expire_leases", owner=executor_id)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from durably import cancellation, codec, errors, journal, validate
-from durably.storage import base, claims, rows
+from durably.storage import claims, marks, rows
 
 
 @dataclasses.dataclass(slots=True)
@@ -62,11 +62,11 @@ _STEP = journal.Kind.STEP
 class EntryVerbs(claims.ClaimVerbs):
     """The journal and the fenced writes, for :class:`~durably.storage.sql.SqlStore`."""
 
-    @base.one_read
+    @marks.one_read
     def load_history(self, workflow_id: str) -> list[journal.Entry]:
         return [rows.entry(r) for r in rows.every(self._q("load_history", workflow_id=workflow_id))]
 
-    @base.one_read
+    @marks.one_read
     def history_page(
         self, workflow_id: str, after_seq: int | None, before_seq: int | None, limit: int
     ) -> list[journal.Entry]:
@@ -80,12 +80,12 @@ class EntryVerbs(claims.ClaimVerbs):
         found = self._q("history_page", workflow_id=workflow_id, seq=seq, limit=limit)
         return [rows.entry(r) for r in reversed(rows.every(found))]
 
-    @base.one_read
+    @marks.one_read
     def history_steps(self, workflow_id: str, name_prefix: str) -> list[journal.Entry]:
         found = self._q("history_steps", workflow_id=workflow_id, name_prefix=name_prefix)
         return [rows.entry(r) for r in rows.every(found)]
 
-    @base.one_read
+    @marks.one_read
     def history_mark(self, workflow_id: str) -> journal.HistoryMark:
         found = self._q("history_mark", workflow_id=workflow_id).fetchall()
         (_, entries, last_seq, _), (_, signals, _, _) = found[:2]
@@ -329,7 +329,7 @@ class EntryVerbs(claims.ClaimVerbs):
             self._wake("work")  # a place in its queue is free
         return True
 
-    @base.one_read
+    @marks.one_read
     def next_wake(self) -> float | None:
         row = self._q("next_wake").fetchone()
         return None if row is None or row[0] is None else float(row[0])

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from durably.storage import base, pg_direct, pg_statements
+from durably.storage import base, marks, pg_direct, pg_statements
 
 
 class Session(pg_statements.Session, Protocol):
@@ -61,7 +61,7 @@ class AheadBatches(pg_statements.OneStatementVerbs):
         session = self._session
         # An op alone may promise its last verb, whose statement then goes with COMMIT.
         session.one_op = len(ops) == 1
-        session.ends_with = base.ending_verb(ops[0].fn) if session.one_op else None
+        session.ends_with = marks.ending_verb(ops[0].fn) if session.one_op else None
         try:
             planned = self._plan_ahead(ops)
             if planned is not None and self._run_ahead(ops, planned):

@@ -49,7 +49,7 @@ class Session(Protocol):
     solo: bool
     skip_begin: bool
     ahead: Any  # the op's statements sent ahead of its batch (pg_ahead.AheadBatches._run_ahead)
-    #: The verb the batch's one op promises to call last (``base.ending_verb``), if any.
+    #: The verb the batch's one op promises to call last (``marks.ending_verb``), if any.
     ends_with: str | None
     #: The next statement is the op's last: it goes with COMMIT (``_ending``).
     commit_with: bool
@@ -77,7 +77,7 @@ class OneStatementVerbs(sql.SqlStore):
     @contextlib.contextmanager
     def _ending(self, verb: str) -> Iterator[None]:
         """Around the one statement of ``verb``, where the batch's one op promised to call
-        it last (``base.ends_with``): the statement is sent with COMMIT,
+        it last (``marks.ends_with``): the statement is sent with COMMIT,
         pipelined, and the transaction ends with it: a round trip less. If it fails, the
         COMMIT is not applied and the batch is rolled back as usual."""
         session = self._session

@@ -30,7 +30,7 @@ two calls that were not awaited one after the other may commit in either order
 (with one they commit in the order they were made, or together). A batch's calls
 take their workflows' rows in id order (``base.lock_order``), and verbs that lock
 many workflows' rows at once (the heartbeat, ``request_cancel``, ...) run
-alone (``base.alone``), so two batches seldom wait for each other in a cycle; a
+alone (``marks.alone``), so two batches seldom wait for each other in a cycle; a
 call the server still undoes to end a deadlock runs again, alone
 (``StoreThread``). When a connection is lost (a server restart, a failover, a
 network cut) the batch that was running on it fails with DatabaseUnavailable --
@@ -85,6 +85,7 @@ from psycopg import sql as pgsql
 from durably import errors
 from durably.storage import (
     base,
+    marks,
     pg_direct,
     pg_listener,
     pg_statements,
@@ -678,7 +679,7 @@ class PostgresStore(pg_wakeup.WakeupVerbs):
         session.solo = getattr(op.fn, "__self__", None) is self
         # A one-statement read is its own transaction: one round trip, not BEGIN with it
         # and a COMMIT after.
-        session.skip_begin = session.solo and not op.write and base.is_one_read(op.fn)
+        session.skip_begin = session.solo and not op.write and marks.is_one_read(op.fn)
         try:
             super()._run_alone(op)
         finally:
@@ -851,7 +852,7 @@ class _Session:
         #: The running op's planned statements, sent ahead of its batch, each with the
         #: cursor holding its answer, until the op sends it (``_run_ahead``).
         self.ahead: list[tuple[pg_statements.Ahead, Any]] = []
-        #: The verb the batch's one op promises to call last (``base.ending_verb``).
+        #: The verb the batch's one op promises to call last (``marks.ending_verb``).
         self.ends_with: str | None = None
         self.commit_with = False  # the next statement is the op's last: sent with COMMIT
         self.ended = False  # that statement and its COMMIT succeeded: the op's transaction ended

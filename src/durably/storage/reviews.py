@@ -12,7 +12,7 @@ import datetime
 from collections.abc import Sequence
 
 from durably import errors, journal, replay
-from durably.storage import base, rows, signals
+from durably.storage import base, marks, rows, signals
 
 
 class ReviewVerbs(signals.SignalVerbs):
@@ -40,7 +40,7 @@ class ReviewVerbs(signals.SignalVerbs):
         assert reopened is not None
         return reopened
 
-    @base.alone
+    @marks.alone
     def resume_selected(self, query: base.WorkflowQuery, now: float) -> list[str]:
         """``reopen`` of what ``query`` selects as it goes (``_select_locked``), in id
         order, in this one transaction (one not resumable refuses all); the ids, in the

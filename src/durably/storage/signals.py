@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from durably import cancellation, codec, errors, journal, replay, validate
-from durably.storage import base, entries
+from durably.storage import base, entries, marks
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -193,12 +193,12 @@ class SignalVerbs(entries.EntryVerbs):
             self.tell_signal(workflow_id, name)
         return KeptSignal(target.status, kept=True)
 
-    @base.one_read
+    @marks.one_read
     def get_event(self, workflow_id: str, key: str) -> str | None:
         row = self._q("get_event", workflow_id=workflow_id, key=key).fetchone()
         return None if row is None else str(row[0])
 
-    @base.one_read
+    @marks.one_read
     def live_events(self, key: str, limit: int) -> list[tuple[str, str]]:
         found = self._q("live_events", key=key, limit=limit).fetchall()
         return [(str(workflow_id), str(value)) for _, workflow_id, value, _ in found]
@@ -340,7 +340,7 @@ class SignalVerbs(entries.EntryVerbs):
         rows = self._q("list_signals", workflow_id=workflow_id).fetchall()
         return [dict(zip(_SIGNAL_KEYS, r, strict=True)) for r in rows]
 
-    @base.one_read
+    @marks.one_read
     def signals_page(
         self, workflow_id: str, before_num: int | None, limit: int
     ) -> list[dict[str, Any]]:

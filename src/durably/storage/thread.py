@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from durably import errors
-from durably.storage import base
+from durably.storage import base, marks
 
 T = TypeVar("T")
 
@@ -209,13 +209,13 @@ class StoreThread:
         caller. It runs before the caller resumes, and what it schedules runs after.
         """
         if inline and not self._pending and not loop_is_quiet():
-            if self.store.gathers_inline and not base.runs_alone(fn):
+            if self.store.gathers_inline and not marks.runs_alone(fn):
                 gathered = self._gather(base.Op(fn, args, write))
                 if gathered is not None:
                     return await _answer(gathered, then)
         elif inline and not self._pending and not self._gathered:  # (another loop's)
             op = base.Op(fn, args, write)
-            if not base.runs_alone(fn) and self._run_inline(op):
+            if not marks.runs_alone(fn) and self._run_inline(op):
                 if then is not None or time.monotonic() - self._breathed >= _BREATHE_EVERY:
                     await self._breathe(None if op.error else then, op.result)
                 if op.error is not None:
@@ -339,7 +339,7 @@ class StoreThread:
         changed nothing, if not. With one store thread this thread takes that thread's
         turn (``_exec``), so nothing else runs meanwhile; with several it counts as one
         more batch in flight (PostgreSQL runs it on a connection of its own), which a
-        verb running alone (``base.alone``) keeps out as it keeps out other batches."""
+        verb running alone (``marks.alone``) keeps out as it keeps out other batches."""
         if not self._take_turn(0):
             return False
         try:
@@ -422,14 +422,14 @@ class StoreThread:
                 self._run_locked(batch)
             return
         # A connection per thread (an inline call has one of its own and counts as a batch
-        # in flight). A verb marked base.alone runs in a transaction of its own while no
+        # in flight). A verb marked marks.alone runs in a transaction of its own while no
         # other batch is in flight (see _Gate).
-        shared = [item for item in batch if not base.runs_alone(item[0].fn)]
+        shared = [item for item in batch if not marks.runs_alone(item[0].fn)]
         if shared:
             with self._gate.shared():
                 self._run_locked(shared)
         for item in batch:
-            if base.runs_alone(item[0].fn):
+            if marks.runs_alone(item[0].fn):
                 with self._gate.alone():
                     self._run_locked([item])
 
@@ -507,7 +507,7 @@ def _deliver(pairs: list[tuple[base.Op, Any]]) -> None:
 
 
 class _Gate:
-    """Batches run side by side (``shared``); a verb marked ``base.alone`` waits for the
+    """Batches run side by side (``shared``); a verb marked ``marks.alone`` waits for the
     batches in flight to end, and holds new ones back until it is done (``alone``)."""
 
     def __init__(self) -> None:
