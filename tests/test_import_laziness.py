@@ -97,13 +97,16 @@ def test_completing_a_command_name_loads_no_command_module() -> None:
         "os.environ.update(_DURABLY_COMPLETE='zsh_complete', COMP_WORDS='durably w',"
         " COMP_CWORD='1')\n"
         "sys.argv = ['durably']\n"
-        "out = io.StringIO()\n"
+        # a text stream over bytes, as a terminal's: click 8.5 writes the completions as bytes
+        "out = io.TextIOWrapper(io.BytesIO(), encoding='utf-8')\n"
         "with contextlib.redirect_stdout(out):\n"
         "    try:\n"
         "        cli.main(prog_name='durably')\n"
         "    except SystemExit as exit_:\n"
         "        assert exit_.code in (0, None), exit_.code\n"
-        "assert 'workers' in out.getvalue().split(), out.getvalue()\n"
+        "out.flush()\n"
+        "text = out.buffer.getvalue().decode()\n"
+        "assert 'workers' in text.split(), text\n"
     )
     commands = {module for module, _, _ in group.COMMANDS.values()}
     assert not commands & set(loaded), f"completion loaded {commands & set(loaded)}"
