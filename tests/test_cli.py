@@ -245,6 +245,7 @@ READERS = [
     ["fork", "wf-1", "--from-seq", "1", "--no-wait"],
     ["review", "resolve", "wf-1", "1", "--retry"],
     ["approve", "wf-1", "--by", "me"],
+    ["budget", "wf-1", "--by", "me", "--max-cost", "1"],
 ]
 
 
@@ -285,6 +286,80 @@ def test_a_reader_of_an_existing_database_works(sqlite_url: str) -> None:
     durably.run(two_args, 1, 2, workflow_id="w", database=sqlite_url)
     result = invoke(sqlite_url, "list")
     assert result.exit_code == 0 and "w " in result.output and "completed" in result.output
+
+
+BAD_VALUES = [
+    (["list", "--limit", "0"], "--limit"),
+    (["list", "--limit", "-1"], "--limit"),
+    (["list", "--offset", "-1"], "--offset"),
+    (["fork", "wf-1", "--from-seq", "-1", "--no-wait"], "--from-seq"),
+    (["worker", "tests.test_cli", "--lease", "0"], "--lease"),
+    (["worker", "tests.test_cli", "--poll", "-1"], "--poll"),
+    (["worker", "tests.test_cli", "--max-recoveries", "-1"], "--max-recoveries"),
+    (["serve", "--port", "70000"], "--port"),
+    (["test-crashes", "tests.test_cli:echo", "--timeout", "0"], "--timeout"),
+]
+
+
+@pytest.mark.parametrize(("args", "option"), BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
+def test_an_option_out_of_range_is_a_usage_error_naming_it(
+    sqlite_url: str, args: list[str], option: str
+) -> None:
+    """Refused by the option before anything runs (before: the engine's ValueError, or
+    bind()'s OverflowError, as a traceback; a crash test ran with a timeout of 0)."""
+    durably.run(two_args, 1, 2, workflow_id="wf-1", database=sqlite_url)
+    result = invoke(sqlite_url, *args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert f"Invalid value for '{option}'" in result.output, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["approve", "wf-1", "--by", "me", "--args", "{bad"], "--args is not JSON"),
+        (["approve", "wf-1", "--by", ""], "a decision needs by="),
+        (["reject", "wf-1", "--by", ""], "a decision needs by="),
+    ],
+    ids=["args-not-json", "approve-by-nobody", "reject-by-nobody"],
+)
+def test_a_bad_decision_is_one_line_not_a_traceback(
+    sqlite_url: str, args: list[str], said: str
+) -> None:
+    durably.run(two_args, 1, 2, workflow_id="wf-1", database=sqlite_url)
+    result = invoke(sqlite_url, *args)
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert said in result.output and len(result.output.splitlines()) == 1, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+
+
+def test_budget_on_a_locked_database_is_one_line(sqlite_url: str) -> None:
+    """Every store error is the one line of the others (before: DatabaseLocked and
+    DatabaseNotFound ended `durably budget` in a traceback)."""
+    durably.run(sleeper, 0, workflow_id="wf-1", database=sqlite_url)
+    path = sqlite_url.removeprefix("sqlite:///")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(60)",
+            path,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        locked = f"{sqlite_url}?busy_timeout=100"
+        result = invoke(locked, "budget", "wf-1", "--by", "me", "--max-cost", "1")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.exit_code == 1, (result.output, result.exception)
+    assert "error: " in result.output and "stayed locked" in result.output, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
 
 
 # --- 3. arguments are checked against the signature before anything is committed --------

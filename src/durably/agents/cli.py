@@ -68,7 +68,11 @@ def _decide(action: str, database: str, workflow_id: str, **kw: Any) -> None:
                 decided = decisions.approve(client, workflow_id, **kw)
             else:
                 decided = decisions.reject(client, workflow_id, **kw)
-    except (exceptions.ApprovalError, errors.DurablyError) as exc:
+    except (
+        exceptions.ApprovalError,
+        errors.DurablyError,
+        ValueError,
+    ) as exc:  # ValueError: no --by
         _fail(exc)
         return
     done = {"approve": "approved", "reject": "rejected"}[action]
@@ -101,7 +105,11 @@ def approve_cmd(
     note: str,
 ) -> None:
     """Approve the pending tool call of WORKFLOW_ID."""
-    override_args = json.loads(override) if override else None
+    try:
+        override_args = json.loads(override) if override else None
+    except json.JSONDecodeError as exc:
+        _fail(ValueError(f"--args is not JSON: {exc}"))
+        return
     _decide(
         "approve",
         database,
@@ -162,14 +170,9 @@ def budget_cmd(
             budget.set_budget(
                 client, workflow_id, by=by, max_cost=max_cost, max_tokens=max_tokens, stop=stop
             )
-    except (
-        ValueError,
-        errors.DefinitionError,
-        errors.WorkflowNotFound,
-        errors.WorkflowFinished,
-    ) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    except (ValueError, errors.DurablyError) as exc:  # any store error too: one line
+        _fail(exc)
+        return
     if stop:
         click.echo(f"stopping {workflow_id} at its model budget")
         return

@@ -22,6 +22,9 @@ from durably.cli.group import main as main  # where the commands register
 
 console = Console(highlight=False)
 
+#: A duration in seconds that must be more than zero (a lease, a poll, a timeout).
+SECONDS = click.FloatRange(min=0, min_open=True)
+
 
 _STATUS_STYLE = {
     "completed": "green",

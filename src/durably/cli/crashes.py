@@ -27,7 +27,9 @@ from durably.testing import crashes
 @click.option(
     "--workdir", type=click.Path(file_okay=False), default=None, help="Keep scenarios here."
 )
-@click.option("--timeout", default=60.0, show_default=True, help="Seconds per process.")
+@click.option(
+    "--timeout", type=base.SECONDS, default=60.0, show_default=True, help="Seconds per process."
+)
 @click.option(
     "--only",
     multiple=True,

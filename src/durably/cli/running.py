@@ -14,6 +14,7 @@ import durably
 from durably import queues as queues_module
 from durably import workflows as workflow_registry
 from durably.cli.base import (
+    SECONDS,
     _age,
     _client,
     _fail,
@@ -28,7 +29,7 @@ from durably.cli.base import (
 
 @main.command()
 @click.argument("modules", nargs=-1, required=True)
-@click.option("--lease", default=30.0, show_default=True, help="Lease seconds.")
+@click.option("--lease", type=SECONDS, default=30.0, show_default=True, help="Lease seconds.")
 @click.option(
     "--queue",
     "queue_names",
@@ -37,12 +38,19 @@ from durably.cli.base import (
 )
 @click.option(
     "--poll",
+    type=SECONDS,
     default=1.0,
     show_default=True,
     help="Seconds between looks for work when nothing announces it (SQLite; a fallback on "
     "PostgreSQL, which announces it).",
 )
-@click.option("--max-recoveries", default=5, show_default=True, help="Crashes before failing.")
+@click.option(
+    "--max-recoveries",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="Crashes before failing.",
+)
 @click.option(
     "--strict-code",
     is_flag=True,
@@ -140,7 +148,13 @@ def workers(database: str, as_json: bool) -> None:
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=8000,
+    show_default=True,
+    help="Port to listen on.",
+)
 @click.option(
     "--token-file",
     type=click.Path(dir_okay=False),

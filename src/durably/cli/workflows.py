@@ -33,10 +33,16 @@ from durably.cli.base import (
 
 @main.command("list")
 @selection.filter_options
-@click.option("--offset", default=0, show_default=True, help="Skip this many rows first.")
+@click.option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Skip this many rows first.",
+)
 @click.option("--after", default=None, help="Start after this workflow id (the last one seen).")
 @click.option("--order", type=click.Choice(["desc", "asc"]), default="desc", show_default=True)
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option(
     "--stranded",
@@ -427,7 +433,12 @@ Prints the new id. {_IN_PLACE}"""
 )
 @click.argument("workflow_id")
 @click.argument("modules", nargs=-1)
-@click.option("--from-seq", type=int, required=True, help="Copy journal entries up to this seq.")
+@click.option(
+    "--from-seq",
+    type=click.IntRange(min=0),
+    required=True,
+    help="Copy journal entries up to this seq.",
+)
 @click.option("--id", "new_id", default=None, help="Id of the new workflow.")
 @click.option(
     "--wait/--no-wait", default=True, help="Run it here to the end, or leave it to a worker."
