@@ -119,17 +119,17 @@ def test_an_unknown_row_is_refused_naming_the_rows() -> None:
 def test_a_missing_directory_or_a_memory_database_is_a_clear_error(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such"
     done = _bench(f"sqlite:///{missing / 'x.db'}", "--quick")
-    assert done.returncode == 1
-    assert f"no directory {str(missing)!r}" in done.stdout
+    assert done.returncode == 1 and done.stdout == ""  # the error is on stderr
+    assert f"no directory {str(missing)!r}" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert not missing.parent.exists()
     done = _bench("sqlite:///:memory:", "--quick")
-    assert done.returncode == 1
-    assert "measures a database on disk" in done.stdout
+    assert done.returncode == 1 and done.stdout == ""  # the error is on stderr
+    assert "measures a database on disk" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     done = _bench(f"sqlite:///{tmp_path / 'x.db'}?busy_timeout=soon", "--quick")
-    assert done.returncode == 1
-    assert "bad database URL" in done.stdout and "soon" in done.stdout
+    assert done.returncode == 1 and done.stdout == ""  # the error is on stderr
+    assert "bad database URL" in done.stderr and "soon" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 

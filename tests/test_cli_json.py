@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from click.testing import CliRunner
 
 import durably
 from durably import cli
+from tests import children
 from tests.serverkit import harness
 
 
@@ -96,3 +100,34 @@ def test_approvals_json_prints_the_api_shape_keys_sorted(store_url: str) -> None
     assert served == [approval]  # the same shape as GET /api/approvals
     assert run(store_url, "approvals", "w1", "--json") == ""  # nothing pending: no line
     assert lines(run(store_url, "approvals", "r1", "--json")) == [approval]
+
+
+def test_errors_go_to_stderr_and_leave_stdout_to_the_json(tmp_path: Path) -> None:
+    """In a real pipe: a script reading stdout gets JSON or nothing, never the error line
+    (before: `error: ...` of list, show, workers, review list and delete was on stdout)."""
+    good = f"sqlite:///{tmp_path / 'good.db'}"
+    assert CliRunner().invoke(cli.main, ["--database", good, "migrate"]).exit_code == 0
+    missing = f"sqlite:///{tmp_path / 'missing.db'}"
+    for url, args, said in [
+        (missing, ["list", "--json"], "no SQLite database"),
+        (missing, ["workers", "--json"], "no SQLite database"),
+        (missing, ["review", "list", "--json"], "no SQLite database"),
+        (missing, ["approvals", "--json"], "no SQLite database"),
+        (good, ["show", "nope", "--json"], "no workflow with id 'nope'"),
+        (good, ["list", "--json", "--after", "nope"], "no workflow with id 'nope'"),
+        (good, ["delete", "nope"], "no workflow with id 'nope'"),
+        (good, ["cancel", "nope"], "no workflow with id 'nope'"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "durably.cli", "--database", url, *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=children.child_env(),
+            timeout=60,
+        )
+        assert done.returncode == 1, (args, done)
+        assert done.stdout == "", (args, done.stdout)
+        assert done.stderr.startswith("error: ") and said in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "missing.db").exists()

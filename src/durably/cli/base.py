@@ -21,6 +21,8 @@ import durably
 from durably.cli.group import main as main  # where the commands register
 
 console = Console(highlight=False)
+#: Where errors go: stderr, so that stdout holds only what a command prints (its JSON).
+errors = Console(highlight=False, stderr=True)
 
 #: A duration in seconds that must be more than zero (a lease, a poll, a timeout).
 SECONDS = click.FloatRange(min=0, min_open=True)
@@ -69,7 +71,7 @@ def _status(status: str) -> Text:
 
 def _fail(exc: Exception) -> NoReturn:
     # Messages name ids, steps and values: user text, printed as it is (never as markup).
-    console.print(Text.assemble(("error:", "red"), " ", str(exc)), soft_wrap=True)
+    errors.print(Text.assemble(("error:", "red"), " ", str(exc)), soft_wrap=True)
     sys.exit(1)
 
 

@@ -8,7 +8,6 @@ the command line selects exactly what the API does.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -66,11 +65,6 @@ def selected(chosen: dict[str, Any]) -> bool:
     return any(v is not None for v in chosen.values())
 
 
-def _fail(exc: Exception) -> None:
-    click.echo(f"error: {exc}")
-    sys.exit(1)
-
-
 @click.command("delete")
 @click.argument("workflow_ids", nargs=-1)
 @filter_options
@@ -95,8 +89,8 @@ def delete_cmd(
             else:
                 deleted = client.delete_workflows(force=force, **chosen)
     except durably.WorkflowNotFinished as exc:
-        _fail(durably.WorkflowNotFinished(f"{exc} (--force deletes it anyway)"))
+        admin._fail(durably.WorkflowNotFinished(f"{exc} (--force deletes it anyway)"))
     except durably.DurablyError as exc:
-        _fail(exc)
+        admin._fail(exc)
     for wid in deleted:
         click.echo(wid)
