@@ -25,6 +25,7 @@ from click.testing import CliRunner, Result
 
 import durably
 from durably import cli, errors, journal, operations
+from durably.agents import budget
 from durably.storage import base, create_store
 from durably.testing import crashes
 from tests import children
@@ -331,6 +332,45 @@ def test_a_bad_decision_is_one_line_not_a_traceback(
     assert result.exit_code == 1, (result.output, result.exception)
     assert said in result.output and len(result.output.splitlines()) == 1, result.output
     assert isinstance(result.exception, SystemExit), result.exception
+
+
+@durably.workflow(name="cli_budget_parked")
+async def budget_parked() -> Any:
+    """Parks as a run at its model budget does: waiting for the budget signal."""
+    return await durably.wait_for_signal(budget.SIGNAL)
+
+
+def test_budget_is_refused_unless_the_run_waits_for_a_decision(sqlite_url: str) -> None:
+    """A decision sent to a run not parked at its budget (or parked with one already sent)
+    is not read now: it waits for the run's next time at its limit and applies then,
+    unasked (before: `budget of ... raised`, exit 0, the signal committed)."""
+
+    async def park() -> None:
+        async with durably.Engine(sqlite_url, poll_interval=0.05) as engine:
+            handle = await engine.start(budget_parked, workflow_id="parked")
+            for _ in range(1000):
+                if (status := await handle.status()) not in ("pending", "running"):
+                    break
+                await asyncio.sleep(0.02)
+            assert status == "waiting", status
+
+    asyncio.run(park())
+    with durably.Client(sqlite_url) as client:
+        client.start(two_args, 1, 2, workflow_id="not-parked")
+    result = invoke(sqlite_url, "budget", "not-parked", "--by", "me", "--max-cost", "5")
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(
+        "error: workflow 'not-parked' is not waiting at its model budget (it is pending)"
+    ), result.output
+    result = invoke(sqlite_url, "budget", "parked", "--by", "me", "--max-cost", "5")
+    assert result.exit_code == 0 and "budget of parked raised" in result.output, result.output
+    result = invoke(sqlite_url, "budget", "parked", "--by", "me", "--stop")
+    assert result.exit_code == 1, result.output
+    assert "a budget decision for 'parked' is already sent" in result.output, result.output
+    with durably.Client(sqlite_url) as client:
+        assert client.signals("not-parked") == []
+        [sent] = client.signals("parked")
+        assert json.loads(sent["payload"])["max_cost"] == 5
 
 
 def test_budget_on_a_locked_database_is_one_line(sqlite_url: str) -> None:
