@@ -263,6 +263,21 @@ def test_a_mistyped_sqlite_path_is_an_error_not_a_new_database(
     assert not list(tmp_path.iterdir())  # no -wal, no -shm either
 
 
+@pytest.mark.parametrize("command", [["list"], ["migrate"]])
+def test_a_path_given_for_a_url_is_refused_with_the_url_it_meant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """`-d app.db` is what a newcomer types (before: "unsupported database URL scheme
+    'app.db'", which has no scheme)."""
+    monkeypatch.chdir(tmp_path)
+    for typed, meant in (("app.db", "sqlite:///app.db"), (f"{tmp_path}/a.db", "sqlite:////")):
+        result = invoke(typed, *command)
+        assert result.exit_code == 1, result.output
+        assert f"error: {typed!r} is not a database URL" in result.output, result.output
+        assert meant in result.output, result.output
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_reader_refuses_a_database_without_durably_schema(empty_store_url: str) -> None:
     """Both backends: an empty database (a wrong PostgreSQL db name, an empty file) is
     reported, and nothing is created in it."""

@@ -42,6 +42,11 @@ def _store_for(url: str) -> base.Store:
                 "a postgresql:// database needs psycopg: pip install 'durably[postgres]'"
             ) from None
         return postgres.PostgresStore(url)
+    if "://" not in url:  # a path: `-d app.db`, the first thing a newcomer types
+        raise errors.DatabaseURLError(
+            f"{url!r} is not a database URL: for a SQLite file write sqlite:///{url} "
+            "(three slashes, then the path), or postgresql://user@host/dbname"
+        )
     raise errors.DatabaseURLError(
         f"unsupported database URL scheme {scheme!r}: use sqlite:///path/to/file.db "
         "or postgresql://user@host/dbname"
