@@ -393,25 +393,20 @@ def test_budget_on_a_locked_database_is_one_line(sqlite_url: str) -> None:
     DatabaseNotFound ended `durably budget` in a traceback)."""
     durably.run(sleeper, 0, workflow_id="wf-1", database=sqlite_url)
     path = sqlite_url.removeprefix("sqlite:///")
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sqlite3, sys, time\n"
-            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-            "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(60)",
-            path,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
+    script = (
+        "import sqlite3, sys, time\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(60)"
     )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        locked = f"{sqlite_url}?busy_timeout=100"
-        result = invoke(locked, "budget", "wf-1", "--by", "me", "--max-cost", "1")
-    finally:
-        holder.kill()
-        holder.wait()
+    with subprocess.Popen(
+        [sys.executable, "-c", script, path], stdout=subprocess.PIPE, text=True
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            locked = f"{sqlite_url}?busy_timeout=100"
+            result = invoke(locked, "budget", "wf-1", "--by", "me", "--max-cost", "1")
+        finally:
+            holder.kill()
     assert result.exit_code == 1, (result.output, result.exception)
     assert "error: " in result.output and "stayed locked" in result.output, result.output
     assert isinstance(result.exception, SystemExit), result.exception
