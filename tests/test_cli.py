@@ -412,6 +412,39 @@ def test_budget_on_a_locked_database_is_one_line(sqlite_url: str) -> None:
     assert isinstance(result.exception, SystemExit), result.exception
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["show", "order-"],
+        ["signal", "order-", "go"],
+        ["cancel", "order-"],
+        ["resume", "order-", "--no-wait"],
+        ["fork", "order-", "--from-seq", "0", "--no-wait"],
+        ["review", "resolve", "order-", "1", "--retry"],
+        ["approve", "order-", "--by", "me"],
+        ["budget", "order-", "--by", "me", "--stop"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_an_id_that_only_begins_real_ones_names_them(sqlite_url: str, args: list[str]) -> None:
+    """An id typed short is refused (never taken for the one it begins: cancel and fork
+    act on what they are given) and the error names the ids it begins."""
+    with durably.Client(sqlite_url) as client:
+        for wid in ("order-17", "order-18", "other"):
+            client.start(two_args, 1, 2, workflow_id=wid)
+    result = invoke(sqlite_url, *args)
+    assert result.exit_code == 1, result.output
+    assert result.output == (
+        f"error: no workflow with id 'order-' in {sqlite_url}; "
+        "ids that begin with it: order-17, order-18\n"
+    ), result.output
+    result = invoke(sqlite_url, *[a.replace("order-", "zzz") for a in args])
+    assert result.output == f"error: no workflow with id 'zzz' in {sqlite_url}\n", result.output
+    with durably.Client(sqlite_url) as client:
+        assert {w.status for w in client.list_workflows()} == {"pending"}
+        assert client.signals("order-17") == [] and len(client.list_workflows()) == 3
+
+
 # --- 3. arguments are checked against the signature before anything is committed --------
 
 

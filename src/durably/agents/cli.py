@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from typing import Any
 
 import click
@@ -17,16 +16,12 @@ import click
 from durably import client as client_module
 from durably import errors
 from durably.agents import budget, decisions, exceptions
+from durably.cli.base import _fail
 
 
 def _client(database: str) -> client_module.Client:
     # Every command here needs a workflow that exists: never create a database.
     return client_module.Client(database, create=False)
-
-
-def _fail(exc: Exception) -> None:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(1)
 
 
 @click.command("approvals")
@@ -47,7 +42,6 @@ def approvals_cmd(database: str, workflow_id: str | None, as_json: bool) -> None
             pending = decisions.list_approvals(client, workflow_id)
     except errors.DurablyError as exc:
         _fail(exc)
-        return
     from durably.server import views  # late: `durably --help` does not load the server
 
     for p in pending:
@@ -74,7 +68,6 @@ def _decide(action: str, database: str, workflow_id: str, **kw: Any) -> None:
         ValueError,
     ) as exc:  # ValueError: no --by
         _fail(exc)
-        return
     done = {"approve": "approved", "reject": "rejected"}[action]
     override = kw.get("override_args")
     if override is not None:
@@ -109,7 +102,6 @@ def approve_cmd(
         override_args = json.loads(override) if override else None
     except json.JSONDecodeError as exc:
         _fail(ValueError(f"--args is not JSON: {exc}"))
-        return
     _decide(
         "approve",
         database,
@@ -198,7 +190,6 @@ def budget_cmd(
             )
     except (ValueError, errors.DurablyError) as exc:  # any store error too: one line
         _fail(exc)
-        return
     if stop:
         click.echo(f"stopping {workflow_id} at its model budget")
         return

@@ -71,8 +71,28 @@ def _status(status: str) -> Text:
 
 def _fail(exc: Exception) -> NoReturn:
     # Messages name ids, steps and values: user text, printed as it is (never as markup).
-    errors.print(Text.assemble(("error:", "red"), " ", str(exc)), soft_wrap=True)
+    errors.print(Text.assemble(("error:", "red"), " ", str(exc), _begun(exc)), soft_wrap=True)
     sys.exit(1)
+
+
+def _begun(exc: Exception) -> str:
+    """For a WORKFLOW_ID not found, the ids that begin with it (a newcomer types an id
+    short, as git takes it): named, never taken in its place."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or not isinstance(exc, durably.WorkflowNotFound):
+        return ""
+    typed = ctx.params.get("workflow_id")
+    if not isinstance(typed, str) or not typed:
+        return ""
+    try:
+        with durably.Client(ctx.obj, create=False) as client:
+            found = client.list_workflows(id_prefix=typed, order="asc", limit=6)
+    except durably.DurablyError:
+        return ""
+    ids = [info.workflow_id for info in found]
+    if not ids:
+        return ""
+    return f"; ids that begin with it: {', '.join(ids[:5])}{', ...' if len(ids) > 5 else ''}"
 
 
 def _say(text: str) -> None:
