@@ -535,6 +535,40 @@ def test_tables_fit_80_columns_with_ids_and_keys_whole(sqlite_url: str) -> None:
         assert any(wid in line and ":" in line.split(wid)[1] for line in listed), listed
 
 
+@durably.workflow(name="cli_a_workflow_with_a_rather_long_name_for_a_table_of_80")
+async def long_named(n: int) -> int:
+    return n
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_a_narrow_list_keeps_every_column_and_whole_times(sqlite_url: str, columns: int) -> None:
+    """Long ids and names fold; the status, the queue and the time of creation stay whole
+    (before: at 80 columns the created column was dropped and the queue's header cut to
+    'qu'; at 100 each time was cut to '22:47', a time that looks right and is not)."""
+    long_id = "order-2026-11-30-customer-4417-waiting-for-the-warehouse-signal"
+    with durably.Client(sqlite_url) as client:
+        client.start(long_named, 1, workflow_id=long_id)
+        client.start(long_named, 2, workflow_id="short-1")
+        durably.Queue("cli_q").enqueue_sync(client, two_args, 1, 2, workflow_id="queued-1")
+        created = {w.workflow_id: w.created_at for w in client.list_workflows()}
+    result = invoke(sqlite_url, "list", columns=columns)
+    assert result.exit_code == 0, result.output
+    lines = _lines(result)
+    assert all(len(line) <= columns for line in lines), result.output
+    assert lines[0].split() == ["id", "workflow", "status", "queue", "created"], result.output
+    for wid in ("short-1", "queued-1", long_id):
+        [row] = [line for line in lines if line.startswith(wid[:36])]
+        assert "pending !" in row, result.output
+        when = time.strftime("%H:%M:%S", time.localtime(created[wid]))
+        assert row.rstrip().endswith(when), (when, result.output)
+    assert any("cli_q" in line for line in lines if line.startswith("queued-1")), result.output
+    # the id folds whole: its pieces, read down the column, are the id
+    start = next(i for i, line in enumerate(lines) if line.startswith(long_id[:36]))
+    width = len(lines[0]) - len(lines[0].lstrip("id").lstrip())
+    pieces = [line[:width].strip() for line in lines[start : start + 3]]
+    assert "".join(pieces).startswith(long_id), (pieces, result.output)
+
+
 def test_workers_fit_80_columns(sqlite_url: str) -> None:
     eid = f"a-rather-long-host-name.example.internal:{os.getpid()}:0123abcd"
     me = journal.ExecutorInfo(eid, "host", 1, "t", time.time(), time.time())

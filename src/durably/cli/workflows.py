@@ -101,31 +101,57 @@ def list_cmd(
     if not rows:
         console.print("no workflows")
         return
-    table = Table(box=None, pad_edge=False)
-    # Ids stay whole up to 36 characters (a uuid); beyond that they fold, never cut.
-    longest = max(len(info.workflow_id) for info in rows)
-    table.add_column("id", overflow="fold", min_width=min(36, longest))
-    table.add_column("workflow", overflow="fold")
-    table.add_column("status", no_wrap=True)
-    table.add_column("queue", overflow="fold")
-    table.add_column("created", no_wrap=True)
+    cells: list[tuple[Text, ...]] = []
     for info in rows:
         shown = _status(info.status)
         if found[info.workflow_id]:
             shown.append(" !", "yellow")  # explained below the table
-        table.add_row(
-            Text(info.workflow_id),
-            Text(info.name + (f" v{info.version}" if info.version else "")),
-            shown,
-            Text(info.queue or ""),
-            _short_when(info.created_at, now),
+        cells.append(
+            (
+                Text(info.workflow_id),
+                Text(info.name + (f" v{info.version}" if info.version else "")),
+                shown,
+                Text(info.queue or ""),
+                Text(_short_when(info.created_at, now)),
+            )
         )
+    table = Table(box=None, pad_edge=False)
+    for header, width in zip(_HEADERS, _widths(cells, console.width), strict=True):
+        # status and time whole; the rest fold (never cut) where the terminal is narrow
+        table.add_column(header, width=width, overflow="fold", no_wrap=header in _WHOLE)
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
     for info in rows:  # what the marks mean, in full
         for note in found[info.workflow_id]:
             console.print(
                 Text.assemble(("! ", "yellow"), (info.workflow_id, "bold"), ": ", note.text)
             )
+
+
+_HEADERS = ("id", "workflow", "status", "queue", "created")
+_WHOLE = {"status", "created"}
+
+
+def _widths(cells: list[tuple[Text, ...]], terminal: int) -> list[int | None]:
+    """The widths of the list's columns: each as wide as its widest cell when they all
+    fit; else the status and the time whole, the queue up to 16, an id up to 36 (a uuid)
+    and the workflow's name what is left (at least 8), the id taking what the name leaves.
+
+    Left to rich, a long id or name took the room of the columns after it: the time of
+    creation was cut (to a time that looks right) or dropped.
+    """
+    wanted = [
+        max(len(header), *(len(row[i].plain) for row in cells)) for i, header in enumerate(_HEADERS)
+    ]
+    gaps = 2 * (len(_HEADERS) - 1)
+    if sum(wanted) + gaps <= terminal:
+        return [None] * len(_HEADERS)
+    ident, name, status, queue, created = wanted
+    queue = min(queue, 16)
+    room = terminal - gaps - status - queue - created  # for the id and the name
+    ident = max(min(ident, max(min(36, ident), room - name), room - min(name, 8)), 1)
+    return [ident, max(room - ident, 1), status, queue, created]
 
 
 _PAGE = 500
