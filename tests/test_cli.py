@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 import durably
 from durably import cli, errors, journal, operations
 from durably.agents import budget
+from durably.cli import workflows as cli_workflows
 from durably.storage import base, create_store
 from durably.testing import crashes
 from tests import children
@@ -567,6 +568,38 @@ def test_a_narrow_list_keeps_every_column_and_whole_times(sqlite_url: str, colum
     width = len(lines[0]) - len(lines[0].lstrip("id").lstrip())
     pieces = [line[:width].strip() for line in lines[start : start + 3]]
     assert "".join(pieces).startswith(long_id), (pieces, result.output)
+
+
+@durably.step(name="look_up_the_order_and_its_customer_history")
+async def long_step(n: int) -> dict[str, Any]:
+    return {"order": n, "lines": [{"sku": f"SKU-{i:04d}", "qty": i} for i in range(12)]}
+
+
+@durably.workflow(name="cli_long_receipts")
+async def long_receipts() -> Any:
+    await long_step(1)
+    await durably.sleep(0.01)
+    return await durably.run_step(lambda: "x" * 300, name="a_step_named_wider_than_the_call_column")
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_show_fits_its_receipts_to_the_terminal(sqlite_url: str, columns: int) -> None:
+    """Each receipt row fits the terminal, the output cut to what is left of it (before:
+    rows of 110 to 130 characters, whatever the width: each wrapped on an 80-column
+    terminal into the next row's place)."""
+    durably.run(long_receipts, workflow_id="receipts", database=sqlite_url)
+    result = invoke(sqlite_url, "show", "receipts", columns=columns)
+    assert result.exit_code == 0, result.output
+    rows = [line for line in _lines(result) if line[:4].strip().isdigit()]
+    assert len(rows) == 3, result.output
+    assert all(len(line) <= columns for line in rows), result.output
+    assert "look_up_the_order_and_its_customer_history" in rows[0], result.output
+    assert '{"order":1,' in rows[0], result.output  # as much of it as the room holds
+    assert ('"lines":[{"sku":"SKU-0000"' in rows[0]) == (columns > 100), result.output
+    assert "a_step_named_wider_than_the_call_column" in rows[2], result.output
+    # a call cut to its column keeps its status whole: an open call must read as one
+    cut = cli_workflows._cut("signal() approval:refund-8190e3cf7947 (started)", 30)
+    assert cut == "signal() approval:r… (started)" and len(cut) == 30
 
 
 def test_workers_fit_80_columns(sqlite_url: str) -> None:

@@ -217,6 +217,23 @@ def show(database: str, workflow_id: str, as_json: bool) -> None:
     print_receipts(info, entries, claims, notes)
 
 
+#: The width of a receipt row besides its call and its output: seq, attempt, duration, gaps.
+_RECEIPT = len(f"{0:>4}  {'':<0} {0:>7} {'':>9}  ")
+
+
+def _cut(label: str, most: int) -> str:
+    """A receipt's call in ``most`` characters: its name cut, its status (``(started)``)
+    kept whole."""
+    if len(label) <= most:
+        return label
+    name, gap, status = label.rpartition(" (")
+    if not gap or not status.endswith(")"):
+        name, status = label, ""
+    else:
+        status = gap + status
+    return name[: max(most - len(status) - 1, 1)] + "…" + status
+
+
 def print_receipts(
     info: durably.WorkflowInfo,
     entries: list[durably.Entry],
@@ -252,7 +269,11 @@ def print_receipts(
         console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     rows = receipts.receipts(entries, claims)
     names = {e.seq: receipts.label(e) for e in rows if not isinstance(e, receipts.Gap)}
-    width = min(max([24, *map(len, names.values())]), 44)
+    # The columns besides the call and the output take _RECEIPT; the output has the rest
+    # of the terminal (up to 60, at least 24 beside a call that fits its column, and 10
+    # beside a longer one, which is cut to leave those).
+    room = console.width - _RECEIPT
+    width = min(max([24, *map(len, names.values())]), 44, max(24, room - 24))
     console.print(
         f"[bold]{'seq':>4}  {'call':<{width}} {'attempt':>7} {'duration':>9}  output[/bold]"
     )
@@ -260,10 +281,12 @@ def print_receipts(
         if isinstance(row, receipts.Gap):
             console.print(Text(row.line(), style="yellow"), soft_wrap=True)
             continue
+        name = _cut(names[row.seq], max(width, room - 10))
         duration = f"{row.duration * 1000:.1f}ms" if row.duration is not None else ""
+        shown = min(60, max(10, room - max(width, len(name))))
         _say(
-            f"{row.seq:>4}  {names[row.seq]:<{width}} {row.attempt:>7} {duration:>9}  "
-            f"{receipts.preview(row.payload, 60)}"
+            f"{row.seq:>4}  {name:<{width}} {row.attempt:>7} {duration:>9}  "
+            f"{receipts.preview(row.payload, shown)}"
         )
     from durably.server import views  # late: `durably --help` does not load the server
 
