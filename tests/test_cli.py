@@ -389,6 +389,63 @@ def test_budget_is_refused_unless_the_run_waits_for_a_decision(sqlite_url: str) 
         assert json.loads(sent["payload"])["max_cost"] == 5
 
 
+@durably.workflow(name="cli_long_nap")
+async def long_nap() -> None:
+    await durably.sleep(3600)
+
+
+@durably.workflow(name="cli_waits_for")
+async def waits_for(signal_name: str) -> Any:
+    return await durably.wait_for_signal(signal_name)
+
+
+def test_show_says_what_a_parked_workflow_waits_for_and_the_command_that_moves_it(
+    sqlite_url: str,
+) -> None:
+    """A newcomer reads `sleep() (started)` or `signal() approval:... (started)` and does
+    not know when it wakes or which command moves it (before: nothing said either)."""
+
+    async def park() -> None:
+        async with durably.Engine(sqlite_url, poll_interval=0.05) as engine:
+            handles = [
+                await engine.start(long_nap, workflow_id="nap"),
+                await engine.start(waits_for, "go", workflow_id="signal"),
+                await engine.start(waits_for, "approval:refund-1", workflow_id="approval"),
+                await engine.start(budget_parked, workflow_id="budget"),
+            ]
+            for handle in handles:
+                for _ in range(1000):
+                    if await handle.status() not in ("pending", "running"):
+                        break
+                    await asyncio.sleep(0.02)
+
+    asyncio.run(park())
+    new, _ = operations.new_workflow(two_args, (1, 2), {}, "review")
+    commit(sqlite_url, new, owner="ex-a")
+    intent = journal.Entry(1, "step", "transfer", "started", 1, '{"args": [1]}')
+    run_verb(sqlite_url, "open_review", "review", 1, intent, "k", "why", [intent], 1.0)
+    with durably.Client(sqlite_url) as client:
+        wake_at = client.get_workflow("nap").wake_at
+    assert wake_at is not None
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wake_at))
+    for wid, said in (
+        ("nap", f"sleeping  started {time.strftime('%Y-%m-%d')}"),
+        ("signal", "waits for signal 'go': durably signal signal go PAYLOAD_JSON"),
+        ("approval", "waits for an approval: durably approvals approval"),
+        ("budget", "waits for its model budget: durably budget budget --by NAME --max-cost"),
+        ("review", "waits for a decision on transfer (seq 1): durably review list --id review"),
+    ):
+        result = invoke(sqlite_url, "show", wid)
+        assert result.exit_code == 0, result.output
+        assert said in result.output, (wid, result.output)
+    assert f"wakes {when}" in _lines(invoke(sqlite_url, "show", "nap"))[0]
+    done = invoke(sqlite_url, "show", "signal")
+    assert "wakes" not in done.output, done.output  # a wait without a timeout has no time
+    assert invoke(sqlite_url, "signal", "signal", "go").exit_code == 0
+    sent = invoke(sqlite_url, "show", "signal")  # a worker reads it: it is due now
+    assert "due since" in _lines(sent)[0] and "waits for" not in sent.output, sent.output
+
+
 def test_budget_on_a_locked_database_is_one_line(sqlite_url: str) -> None:
     """Every store error is the one line of the others (before: DatabaseLocked and
     DatabaseNotFound ended `durably budget` in a traceback)."""

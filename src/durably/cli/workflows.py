@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +16,7 @@ from rich.text import Text
 import durably
 from durably import receipts, serving
 from durably import workflows as workflow_registry
+from durably.agents import approvals, budget
 from durably.cli import selection
 from durably.cli.base import (
     _client,
@@ -202,6 +204,8 @@ def show(database: str, workflow_id: str, as_json: bool) -> None:
         entries = client.history(workflow_id)
         claims = client.claims(workflow_id)
         executors = client.executors()
+        reviews = [] if as_json else client.reviews(workflow_id)
+        unread = {s["name"] for s in client.signals(workflow_id) if s["consumed_seq"] is None}
     notes = [note.text for note in serving.notes(info, executors, time.time())]
     if as_json:
         from durably.server import views  # late: `durably --help` does not load the server
@@ -214,7 +218,41 @@ def show(database: str, workflow_id: str, as_json: bool) -> None:
         }
         click.echo(json.dumps(document, sort_keys=True, default=str))
         return
-    print_receipts(info, entries, claims, notes)
+    print_receipts(info, entries, claims, notes, _waits(info, entries, reviews, unread))
+
+
+def _waits(
+    info: durably.WorkflowInfo,
+    entries: list[durably.Entry],
+    reviews: list[durably.Review],
+    unread: set[str],
+) -> list[str]:
+    """What an unfinished workflow waits for, each with the command that moves it on (a
+    signal sent and not read yet is not waited for: a worker reads it)."""
+    if info.finished:
+        return []
+    wid = shlex.quote(info.workflow_id)
+    found = [
+        f"a decision on {r.step} (seq {r.seq}): durably review list --id {wid}" for r in reviews
+    ]
+    for entry in entries:
+        if entry.kind != "signal" or entry.status != "started" or entry.name in unread:
+            continue
+        if entry.name.startswith(approvals.PREFIX):
+            found.append(f"an approval: durably approvals {wid}")
+        elif entry.name == budget.SIGNAL:
+            found.append(
+                f"its model budget: durably budget {wid} --by NAME --max-cost DOLLARS (or --stop)"
+            )
+        else:
+            name = shlex.quote(entry.name)
+            found.append(f"signal {entry.name!r}: durably signal {wid} {name} PAYLOAD_JSON")
+    return list(dict.fromkeys(found))
+
+
+def _wakes(wake_at: float) -> str:
+    """When a parked workflow wakes, or since when it is due (a worker takes it)."""
+    return f"  {'wakes' if wake_at > time.time() else 'due since'} {_when(wake_at)}"
 
 
 #: The width of a receipt row besides its call and its output: seq, attempt, duration, gaps.
@@ -239,8 +277,10 @@ def print_receipts(
     entries: list[durably.Entry],
     claims: list[durably.Claim],
     notes: list[str] | None = None,
+    waits: list[str] | None = None,
 ) -> None:
-    """Print the receipts of one workflow (used by ``show`` and the demo).
+    """Print the receipts of one workflow (used by ``show`` and the demo), after what
+    stands in its way (``notes``) and what it waits for (``waits``).
 
     Every piece of user text (ids, names, payloads, errors) is printed as
     text, never read as rich markup.
@@ -255,6 +295,7 @@ def print_receipts(
             f"  started {_when(info.created_at)}",
             *([f"  queue {info.queue}"] if info.queue else []),
             *([f"  deadline {_when(info.deadline_at)}"] if info.deadline_at is not None else []),
+            *([_wakes(info.wake_at)] if info.wake_at and not info.finished else []),
             *(
                 [f"  forked from {info.forked_from} at seq {info.forked_from_seq}"]
                 if info.forked_from
@@ -265,6 +306,8 @@ def print_receipts(
     )
     for note in notes or []:
         console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
+    for wait in waits or []:
+        console.print(Text(f"waits for {wait}", style="cyan"), soft_wrap=True)
     for warning in (info.warnings or "").splitlines():  # what replays went on past
         console.print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
     rows = receipts.receipts(entries, claims)
