@@ -15,6 +15,7 @@ import click
 
 import durably
 from durably import admin, journal
+from durably.cli.base import _fail
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -89,8 +90,8 @@ def delete_cmd(
             else:
                 deleted = client.delete_workflows(force=force, **chosen)
     except durably.WorkflowNotFinished as exc:
-        admin._fail(durably.WorkflowNotFinished(f"{exc} (--force deletes it anyway)"))
+        _fail(durably.WorkflowNotFinished(f"{exc} (--force deletes it anyway)"))
     except durably.DurablyError as exc:
-        admin._fail(exc)
+        _fail(exc)
     for wid in deleted:
         click.echo(wid)
