@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -20,6 +22,7 @@ from click.testing import CliRunner
 import durably
 from durably import cli
 from durably.cli import group
+from tests import children
 
 
 def _defined(module_name: str) -> dict[str, click.Command]:
@@ -182,3 +185,20 @@ def test_a_database_given_after_the_command_is_the_one_it_reads(tmp_path: Path) 
         .output
     )
     assert CliRunner().invoke(cli.main, ["review", "-d", full, "list"]).exit_code == 0
+
+
+@pytest.mark.parametrize("module", ["durably", "durably.cli", "durably.agents"])
+def test_python_dash_m_runs_the_command_line(module: str, tmp_path: Path) -> None:
+    """`python -m durably` is what a newcomer without the script on PATH types (before:
+    "No module named durably.__main__")."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, "lst"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=children.child_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2, done
+    assert f"Usage: python -m {module} [OPTIONS] COMMAND" in done.stderr, done.stderr
+    assert "No such command 'lst'. Did you mean 'list'?" in done.stderr, done.stderr
