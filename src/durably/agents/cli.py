@@ -141,29 +141,30 @@ def reject_cmd(
     )
 
 
-def _waits_for_budget(client: client_module.Client, workflow_id: str) -> None:
-    """Refuse a decision the run would not read now: one sent while it is not parked at
-    its budget, or while an earlier decision waits to be read, would stay unread until the
-    run next reaches its limit, and apply then, unasked."""
+def _budget_refused(client: client_module.Client, workflow_id: str) -> str | None:
+    """Why a decision would not be read now, if it would not: one sent while the run is
+    not parked at its budget, or while an earlier decision waits to be read, would stay
+    unread until the run next reaches its limit, and apply then, unasked."""
     info = client.get_workflow(workflow_id)
     if info.finished:
-        return  # the signal's own refusal says it (WorkflowFinished)
+        return None  # the signal's own refusal says it (WorkflowFinished)
     waiting = any(
         e.kind == "signal" and e.name == budget.SIGNAL and e.status == "started"
         for e in client.history(workflow_id)
     )
     if not waiting:
-        raise errors.DurablyError(
+        return (
             f"workflow {workflow_id!r} is not waiting at its model budget (it is "
             f"{info.status}): a raise or --stop is for a run parked at its limit; nothing "
             "was sent"
         )
     signals = client.signals(workflow_id)
     if any(s["name"] == budget.SIGNAL and s["consumed_seq"] is None for s in signals):
-        raise errors.DurablyError(
+        return (
             f"a budget decision for {workflow_id!r} is already sent and not read yet (a "
             "worker reads it when it resumes the run); nothing was sent"
         )
+    return None
 
 
 @click.command("budget")
@@ -184,7 +185,9 @@ def budget_cmd(
     """Raise the model budget of WORKFLOW_ID, parked at its limit, or stop it."""
     try:
         with _client(database) as client:
-            _waits_for_budget(client, workflow_id)
+            refused = _budget_refused(client, workflow_id)
+            if refused is not None:
+                _fail(ValueError(refused))
             budget.set_budget(
                 client, workflow_id, by=by, max_cost=max_cost, max_tokens=max_tokens, stop=stop
             )
