@@ -58,7 +58,7 @@ def expected_boundaries(policy: str) -> list[str]:
         if step == "issue_refund" and policy != "plain":
             out += [f"before_intent:{step}@1", f"after_intent:{step}@1"]
         out += [f"before_call:{step}@1", f"after_call:{step}@1", f"after_receipt:{step}@1"]
-    return [*out, "before_finish:refund-flow@1"]
+    return [*out, "before_finish:refund-flow@1", "after_finish:refund-flow@1"]
 
 
 def refund_count(s: Scenario) -> KeyCount:

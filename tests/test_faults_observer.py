@@ -87,7 +87,7 @@ async def test_the_observer_hears_every_boundary_call_and_receipt(
     points = [(e[1], e[2]) for e in heard.events if e[0] == "reached"]
     assert ("engine_start", "") in points
     assert points.count(("before_call", "flaky")) == 2
-    assert points[-1] == ("before_finish", "observed")
+    assert points[-2:] == [("before_finish", "observed"), ("after_finish", "observed")]
     # each call is heard before it is made, each receipt after the call
     first_receipt = heard.events.index(receipts[0])
     assert heard.events.index(calls[1]) < first_receipt
@@ -124,4 +124,4 @@ def test_the_crash_child_records_without_replacing_engine_functions(
     assert calls[0]["policy"] == "plain" and calls[0]["key"] == "child:1"
     trace_text = (tmp_path / crash_child.TRACE_FILE).read_text()
     trace = [json.loads(line) for line in trace_text.splitlines()]
-    assert trace[0]["point"] == "engine_start" and trace[-1]["point"] == "before_finish"
+    assert trace[0]["point"] == "engine_start" and trace[-1]["point"] == "after_finish"

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import durably
+from durably import faults
 
 LOG: list[tuple[str, Any]] = []
 GATE: dict[str, asyncio.Event] = {}
@@ -282,6 +286,47 @@ async def test_a_workflow_that_ends_closes_the_reviews_it_left_open(sqlite_url: 
         await until_status(e.handle("t-ends"), "failed")
         assert [r.step for r in await e.reviews()] == []  # ended again, closed again
     assert [x[0] for x in LOG] == ["transfer"]  # never repeated
+
+
+class ReviewsAtTheEnd:
+    """A fault observer that reads, the moment a workflow's final status is committed
+    (``after_finish``), the reviews its database still holds open, on a connection of its
+    own: what a crash at that moment would leave."""
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self.seen: list[list[str]] = []
+
+    def reached(self, point: str, step: str) -> None:
+        if point == "after_finish":
+            with contextlib.closing(sqlite3.connect(self.db)) as conn:
+                rows = conn.execute("SELECT step FROM reviews WHERE decision IS NULL")
+                self.seen.append([str(r[0]) for r in rows])
+
+    def step_called(self, step: Any, ctx: Any) -> None:
+        pass
+
+    def committed(self, workflow_id: str, entries: Any) -> None:
+        pass
+
+
+async def test_a_workflow_ends_and_closes_its_reviews_in_one_transaction(
+    tmp_path: Path,
+) -> None:
+    """The end that closes a branch's review commits with the final status: never a
+    `failed` workflow whose review still waits for a person (a crash right after the
+    final commit left it there for good, and a reader could see both)."""
+    url = f"sqlite:///{tmp_path / 'durably.db'}"
+    await stop_in_step(url, "t-once", transfer_and_fail, "ORD-2")
+    observer = ReviewsAtTheEnd(tmp_path / "durably.db")
+    faults.observe(observer)
+    try:
+        async with durably.Engine(url, poll_interval=0.1) as e:
+            with pytest.raises(RuntimeError, match="other branch failed"):
+                await e.handle("t-once").result(timeout=10)
+    finally:
+        faults.observe(None)
+    assert observer.seen == [[]]
 
 
 @durably.step

@@ -8,10 +8,11 @@ path rather than a simulated one:
   engine reaches POINT (for STEP, when given). Points: ``engine_start``,
   ``before_intent``, ``after_intent`` (steps with reconcile= or at_most_once=),
   ``before_call``, ``after_call``, ``after_receipt``, ``in_backoff``,
-  ``before_finish``, ``after_send`` (a workflow's ``send_signal`` committed; STEP
-  is the signal's name), ``before_wait`` and ``after_wait`` (the outcome of a
-  ``durably.wait`` or ``wait_first`` race decided, before and after its commit; STEP
-  is its ``return_when``, or ``wait_first``).
+  ``before_finish``, ``after_finish`` (the final status committed), ``after_send``
+  (a workflow's ``send_signal`` committed; STEP is the signal's name),
+  ``before_wait`` and ``after_wait`` (the outcome of a ``durably.wait`` or
+  ``wait_first`` race decided, before and after its commit; STEP is its
+  ``return_when``, or ``wait_first``).
 - ``DURABLY_CRASH_AT=#N``: die at the Nth boundary of any kind.
 - ``DURABLY_CRASH_ONCE=PATH``: only if PATH does not exist; it is created just
   before dying, so a restarted process goes through.
@@ -45,6 +46,7 @@ POINTS = (
     "after_receipt",
     "in_backoff",
     "before_finish",
+    "after_finish",
     "after_send",
     "before_wait",
     "after_wait",

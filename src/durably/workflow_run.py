@@ -54,6 +54,7 @@ T = TypeVar("T")
 Verb = Literal[
     "append_entries",
     "finish_workflow",
+    "finish_closing_reviews",
     "park",
     "open_review",
     "start_child",
@@ -69,6 +70,7 @@ Verb = Literal[
 _BATCH_AT: dict[str, int] = {
     "append_entries": 0,
     "finish_workflow": 3,  # status, output, error, entries
+    "finish_closing_reviews": 3,  # as finish_workflow
     "park": 2,  # status, wake_at, entries, signals, children
     "open_review": 3,  # intent, idempotency_key, reason, entries
     "start_child": 0,  # entries, child
@@ -130,6 +132,7 @@ class Run(parking.Parking):
         #: The engine's clock (seconds since the epoch), lent to workflow-side modules.
         self.clock: Callable[[], float] = services.clock
         self.workflow_id = info.workflow_id
+        self._name = info.name
         self._epoch = info.epoch
         self._replayer = replay.Replayer(
             info.workflow_id,
@@ -376,11 +379,12 @@ class Run(parking.Parking):
         """Commit the final status with any staged entries; ``ended`` then holds it (the
         status and error as recorded: a late cancel records ``cancelled``)."""
         await self.settle()
-        status, error = await self.write("finish_workflow", status, output, error, internal=True)
+        # a branch's review left undecided is closed in the same transaction
+        undecided = self.reviewing or self._replayer.holds_intents()
+        verb: Verb = "finish_closing_reviews" if undecided else "finish_workflow"
+        status, error = await self.write(verb, status, output, error, internal=True)
+        faults.reached("after_finish", self._name)
         self.ended = Outcome(status, output, error)
-        if self.reviewing or self._replayer.holds_intents():  # a branch's, left undecided
-            store = self._services.store
-            await store.call(store.store.close_reviews, self.workflow_id, "ended", self.clock())
 
     def _with_follows(self, entry: journal.Entry) -> journal.Entry:
         """``entry`` with the seq of the call its task made before it, where not seq - 1."""

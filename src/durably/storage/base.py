@@ -728,6 +728,20 @@ class Store(abc.ABC):
         """Put an interrupted intent in the review queue (fenced)."""
 
     @abc.abstractmethod
+    def finish_closing_reviews(
+        self,
+        workflow_id: str,
+        epoch: int,
+        status: str,
+        output: str | None,
+        error: str | None,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> tuple[str, str | None]:
+        """``finish_workflow``, and in the same transaction ``close_reviews`` (decided by
+        ``ended``): the end of a workflow that leaves a review undecided."""
+
+    @abc.abstractmethod
     def close_reviews(self, workflow_id: str, decided_by: str, now: float) -> int:
         """Close the undecided reviews of a workflow that has ended (nobody could decide
         them any more); how many. A resume that meets the step again opens it again."""

@@ -146,6 +146,20 @@ class ReviewVerbs(signals.SignalVerbs):
             now=now,
         )
 
+    def finish_closing_reviews(
+        self,
+        workflow_id: str,
+        epoch: int,
+        status: str,
+        output: str | None,
+        error: str | None,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> tuple[str, str | None]:
+        ended = self.finish_workflow(workflow_id, epoch, status, output, error, entries, now)
+        self.close_reviews(workflow_id, "ended", now)
+        return ended
+
     def close_reviews(self, workflow_id: str, decided_by: str, now: float) -> int:
         closed = self._q(
             "close_open_reviews", workflow_id=workflow_id, decided_by=decided_by, now=now

@@ -34,7 +34,8 @@ UNKNOWN_OUTCOME_POINTS = frozenset({"after_intent", "before_call", "after_call"}
 class Boundary:
     """One boundary of the uninterrupted run: the ``nth`` time ``point`` was reached for ``step``.
 
-    ``step`` is the step name (the workflow name for ``before_finish``, empty for
+    ``step`` is the step name (the workflow name for ``before_finish`` and
+    ``after_finish``, empty for
     ``engine_start``).
     """
 

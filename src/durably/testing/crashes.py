@@ -7,8 +7,8 @@ happens to my side effects?" It
 1. runs the workflow once, uninterrupted, in a child process, recording every
    boundary the engine reaches (``durably.faults`` points: ``engine_start``,
    ``before_intent``, ``after_intent``, ``before_call``, ``after_call``,
-   ``after_receipt``, ``in_backoff``, ``before_finish``) and every call of a step
-   function with its idempotency key;
+   ``after_receipt``, ``in_backoff``, ``before_finish``, ``after_finish``) and every
+   call of a step function with its idempotency key;
 2. for each boundary of that trace, runs a fresh scenario (a new directory, a new
    SQLite file, a new workflow id) whose first process is SIGKILLed exactly
    there (``DURABLY_CRASH_AT=point:step@n`` with ``DURABLY_CRASH_ONCE``), then
