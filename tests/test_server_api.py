@@ -165,7 +165,8 @@ def test_serving_off_loopback_without_a_token_refuses_to_start(sqlite_url: str) 
         env=env,
     )
     assert done.returncode == 1
-    assert "not a loopback address" in done.stdout and "DURABLY_API_TOKEN" in done.stdout
+    assert "not a loopback address" in done.stderr and "DURABLY_API_TOKEN" in done.stderr
+    assert done.stdout == ""  # errors go to stderr
     assert auth.is_loopback("127.0.0.1") and auth.is_loopback("::1")
     assert auth.is_loopback("localhost") and not auth.is_loopback("0.0.0.0")
 
