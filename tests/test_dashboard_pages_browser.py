@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,55 @@ def test_send_a_signal_from_a_waiting_workflow_s_page(site: Site) -> None:
     page.wait_for_selector("#flash", state="hidden")
     row = page.locator("section:has(h2:text('Signals')) tbody tr").first
     assert "go" in row.inner_text() and '"approved": true' in row.inner_text()
+
+
+def _signal_through_the_api(site: Site, workflow_id: str, name: str) -> None:
+    import httpx
+
+    sent = httpx.post(
+        f"{site.base}/api/workflows/{workflow_id}/signals",
+        json={"name": name, "payload": 1},
+        headers={"Authorization": f"Bearer {harness.SECRET}"},
+    )
+    assert sent.status_code == 200, sent.text
+
+
+def _until(page: Any, expression: str, seconds: float = 20.0) -> None:
+    """Wait until ``expression`` is true in the page (wait_for_function evaluates a string,
+    which the dashboard's Content-Security-Policy refuses)."""
+    deadline = time.monotonic() + seconds
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"not true within {seconds} s: {expression}"
+        page.wait_for_timeout(50)
+
+
+def _until_swapped(page: Any, seen: int) -> None:
+    _until(page, f"Number(document.body.dataset.refreshed || 0) > {seen}")
+
+
+def _swaps(page: Any) -> int:
+    count: int = page.evaluate("Number(document.body.dataset.refreshed || 0)")
+    return count
+
+
+def test_what_is_typed_survives_a_live_update(site: Site) -> None:
+    """The page swaps in fresh HTML whenever its workflow changes (here: a signal sent to
+    it through the API while a person types a payload): the half-typed payload and its
+    focus stay as they were. A payload refused stays to be mended; one sent clears."""
+    page = site.page
+    page.goto(site.base + "/workflows/wait-1")
+    _until(page, "document.body.dataset.live !== undefined")
+    page.fill("form.send-signal textarea[name=payload]", '{"half": ')
+    seen = _swaps(page)
+    _signal_through_the_api(site, "wait-1", "other")
+    _until_swapped(page, seen)
+    assert "other" in page.inner_text("section:has(h2:text('Signals'))")  # swapped in
+    assert page.input_value("form.send-signal textarea[name=payload]") == '{"half": '
+    assert page.evaluate("document.activeElement.name") == "payload"
+    page.click("form.send-signal button")  # not JSON: refused, and kept to be mended
+    page.wait_for_selector("#flash:not([hidden])")
+    assert page.input_value("form.send-signal textarea[name=payload]") == '{"half": '
+    page.fill("form.send-signal textarea[name=payload]", '{"half": 2}')
+    page.click("form.send-signal button")
+    page.wait_for_selector("#flash", state="hidden")
+    _until(page, "document.querySelector('form.send-signal textarea[name=payload]').value === ''")

@@ -3,6 +3,7 @@
 // changes, fetches this page's HTML again (X-Partial: 1 returns only the main
 // part) and swaps it in. Without EventSource, or when the stream is refused,
 // polls /api/poll every second instead. body[data-live] says which is in use.
+// What a person typed in a form survives the swap.
 (function () {
   "use strict";
   let version = null;
@@ -16,11 +17,40 @@
 
   function pollUrl() { return "/api/poll" + query(); }
 
+  // What a person has typed in the part swapped, keyed by where it is: a field by its
+  // form's action and its name.
+  function fieldKey(field) {
+    return field.form ? field.form.getAttribute("action") + "|" + field.name : null;
+  }
+
+  function keep(main) {
+    const typed = new Map();
+    for (const field of main.querySelectorAll("form input[name], form textarea[name]")) {
+      const key = fieldKey(field);
+      if (key && field.type !== "hidden" && field.value !== field.defaultValue) {
+        typed.set(key, field.value);
+      }
+    }
+    const active = document.activeElement && main.contains(document.activeElement)
+      ? fieldKey(document.activeElement) : null;
+    return { typed, active };
+  }
+
+  function restore(main, kept) {
+    for (const field of main.querySelectorAll("form input[name], form textarea[name]")) {
+      const key = fieldKey(field);
+      if (key && kept.typed.has(key)) { field.value = kept.typed.get(key); }
+      if (key && key === kept.active) { field.focus(); }
+    }
+  }
+
   async function refresh() {
     const response = await fetch(location.href, { headers: { "X-Partial": "1" }, credentials: "same-origin" });
     if (response.redirected || !response.ok) { return; }
     const main = document.getElementById("live");
+    const kept = keep(main);
     main.innerHTML = await response.text();
+    restore(main, kept);
     document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
   }
 
@@ -77,7 +107,8 @@
     for (const b of form.querySelectorAll("button")) { b.disabled = true; }
     try {
       const response = await fetch(form.action, { method: "POST", body: new FormData(form), credentials: "same-origin" });
-      if (!response.ok) { flash(await response.text()); } else { flash(""); }
+      // refused: what was typed stays to be mended; done: the form starts afresh
+      if (!response.ok) { flash(await response.text()); } else { flash(""); form.reset(); }
     } finally {
       await refresh();
     }
