@@ -57,3 +57,39 @@ async def test_a_signal_another_task_consumed_after_the_cancel_refuses_resume(
             (1, "cancel"),
             (2, "signal"),
         ]  # nothing dropped
+
+
+@durably.workflow(name="resume-cleanup-signal")
+async def cleanup_takes_a_signal() -> str:
+    try:
+        await durably.wait_for_signal("go")  # seq 1: cancelled here
+        return "went on"
+    finally:
+        ack = await durably.wait_for_signal("ack", timeout=1.0)  # seq 2: consumes "ack"
+        RECEIVED.append(ack)
+
+
+RECEIVED: list[object] = []
+
+
+async def test_a_resume_gives_back_the_signals_its_dropped_entries_took(
+    sqlite_url: str,
+) -> None:
+    """A workflow of one task: its cleanup took a signal after the cancel's marker. Resume
+    drops the entries from the marker on, so the cleanup runs again; the signal it took
+    is given back with them, and its wait receives it again (it was lost: the wait timed
+    out, the signal marked taken by an entry no longer there)."""
+    RECEIVED.clear()
+    async with durably.Engine(sqlite_url, poll_interval=0.05) as engine:
+        handle = await engine.start(cleanup_takes_a_signal, workflow_id="c")
+        await until(handle, "waiting")
+        await engine.send_signal("c", "ack", "first ack")
+        await engine.cancel("c")
+        with pytest.raises(durably.Cancelled):
+            await handle.result(timeout=10)
+        assert RECEIVED == ["first ack"]
+        await engine.resume("c")
+        await until(handle, "waiting")
+        await engine.send_signal("c", "go", None)
+        assert await handle.result(timeout=10) == "went on"
+    assert RECEIVED == ["first ack", "first ack"]

@@ -775,6 +775,12 @@ UPDATE signals SET consumed_seq = :seq WHERE workflow_id = :workflow_id AND num 
 UPDATE signals SET consumed_seq = NULL
 WHERE workflow_id = :workflow_id AND name = :name AND consumed_seq = :seq
 
+-- name: give_back_signals_from
+-- Put back in the workflow's queue the signals its entries from :seq on took, as a resume
+-- drops those entries (reopen): the run's waits receive them again, in the order sent.
+UPDATE signals SET consumed_seq = NULL
+WHERE workflow_id = :workflow_id AND consumed_seq >= :seq
+
 -- name: drop_signal_wait
 -- Drop the entry of a wait_first's losing signal wait (decide_race): a replay never starts
 -- it, and its seq holds nothing, as a loser's cut before its commit.

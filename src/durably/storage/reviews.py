@@ -31,6 +31,7 @@ class ReviewVerbs(signals.SignalVerbs):
         edit = replay.plan_reopen(workflow_id, info.status, self.load_history(workflow_id))
         if edit.delete_from is not None:
             self._q("delete_entries_from", workflow_id=workflow_id, seq=edit.delete_from)
+            self._q("give_back_signals_from", workflow_id=workflow_id, seq=edit.delete_from)
             self._restore_intent(workflow_id, edit.delete_from, now)
         if edit.retry_seq is not None:
             self._q("retry_entry", workflow_id=workflow_id, seq=edit.retry_seq, now=now)
