@@ -602,17 +602,16 @@ def _followed(seq: int, entry: journal.Entry) -> int:
 
 def _check_tasks_after(workflow_id: str, cancel: int, history: Sequence[journal.Entry]) -> None:
     """Refuse to resume a workflow whose tasks ran at once when, after its cancellation,
-    another task's entry records what dropping it would lose or repeat: a signal it
-    consumed (gone from the mailbox), a step it tried, a child it started or a signal it
-    sent (made again under another seq, so another id and key). In a workflow of one
-    task every entry after the marker is its cleanup's, which a resume does not run."""
+    another task's entry records what dropping it would repeat: a step it tried, a child
+    it started or a signal it sent (made again under another seq, so another id and
+    key). A signal it received goes back to the queue with the dropped entries
+    (``reopen``), to be received again. In a workflow of one task every entry after the
+    marker is its cleanup's."""
     if not tasks_ran_at_once(history):
         return
     for e in history:
         if e.seq <= cancel or e.kind not in _KEPT_AFTER:
             continue
-        if e.kind == journal.Kind.SIGNAL and e.status != _S.COMPLETED:
-            continue  # a wait that received nothing yet
         raise errors.NotResumable(
             f"workflow {workflow_id!r} ran tasks at once, and after its cancellation (seq "
             f"{cancel}) one of them recorded {e.describe()} at seq {e.seq} ({e.status}): "
@@ -622,9 +621,7 @@ def _check_tasks_after(workflow_id: str, cancel: int, history: Sequence[journal.
 
 #: What a task run at once may have recorded after another's cancellation that a resume
 #: must not drop (``_check_tasks_after``).
-_KEPT_AFTER = frozenset(
-    {journal.Kind.STEP, journal.Kind.SIGNAL, journal.Kind.CHILD, journal.Kind.SEND}
-)
+_KEPT_AFTER = frozenset({journal.Kind.STEP, journal.Kind.CHILD, journal.Kind.SEND})
 
 
 #: The entry status each decision of a review writes at the step's seq.
