@@ -910,3 +910,34 @@ def test_an_op_undone_by_a_conflict_runs_again_before_its_workflows_later_ops(st
         assert [(x["num"], x["payload"]) for x in sent] == [(1, '"first"'), (2, '"second"')]
     finally:
         runner.stop()
+
+
+def test_an_end_that_closes_reviews_commits_with_them_or_not_at_all(db, store_url):
+    """finish_closing_reviews is one transaction: while closing the review waits for a
+    lock another transaction holds, nobody sees the workflow ended (PostgreSQL's usual end
+    is one statement sent without BEGIN: it must not commit on its own here)."""
+    info = owned(db)
+    intent = journal.Entry(1, "step", "transfer", "started", 1, '{"args": []}', NOW)
+    db.open_review("wf-1", info.epoch, intent, "wf-1:1", "outcome unknown", [intent], NOW)
+    if not store_url.startswith("postgres"):
+        pytest.skip("the lock held by another transaction is PostgreSQL's row lock")
+    import psycopg
+
+    with psycopg.connect(store_url) as rival, psycopg.connect(store_url, autocommit=True) as look:
+        for conn in (rival, look):
+            conn.execute("SET search_path TO durably")
+        rival.execute("SELECT * FROM reviews FOR UPDATE")  # holds the review's row
+        ended: list[Any] = []
+        closing = threading.Thread(
+            target=lambda: ended.append(
+                db.finish_closing_reviews("wf-1", info.epoch, "failed", None, '"x"', [], NOW)
+            )
+        )
+        closing.start()
+        time.sleep(1.0)
+        seen = look.execute("SELECT status FROM workflows WHERE workflow_id = 'wf-1'").fetchone()
+        rival.commit()
+        closing.join(10)
+    assert ended and ended[0][0] == "failed"
+    assert seen == ("running",), seen
+    assert db.reviews(None) == []

@@ -206,6 +206,27 @@ class OneStatementVerbs(sql.SqlStore):
         self._begin_again()
         return None
 
+    def finish_closing_reviews(
+        self,
+        workflow_id: str,
+        epoch: int,
+        status: str,
+        output: str | None,
+        error: str | None,
+        entries: Sequence[journal.Entry],
+        now: float,
+    ) -> tuple[str, str | None]:
+        # Two verbs' statements in one transaction: the finish is never the one statement
+        # sent alone (_finish_at_once), which would commit the end before the reviews close.
+        session = self._session
+        solo, session.solo = session.solo, False
+        try:
+            return super().finish_closing_reviews(
+                workflow_id, epoch, status, output, error, entries, now
+            )
+        finally:
+            session.solo = solo
+
     def _finish_and_wake_params(
         self, status: str, error: str | None, **params: Any
     ) -> dict[str, Any]:
