@@ -485,3 +485,24 @@ async def test_a_failing_branch_fails_the_workflow_while_its_sibling_goes_on(
         info = await engine.get_workflow("wf")
     assert info.status == "failed" and info.owner is None
     assert sorted(LOG) == ["first a", "first b"]  # b's second call never ran
+
+
+@durably.workflow
+async def raced_then_gathered() -> list[Any]:
+    index, _ = await durably.wait_first(durably.wait_for_signal("stop"), durably.sleep(0.2))
+    done = await asyncio.gather(branch("a", 0.3, 0.0), branch("b", 0.0, 0.4))
+    await durably.wait_for_signal("go")
+    return [index, *done, await call("after", "all", 0.0)]
+
+
+async def test_a_journal_whose_first_call_lost_a_race_replays_each_branch_its_own(
+    store_url: str,
+) -> None:
+    """The workflow's first call is a signal wait that loses a wait_first: its entry is
+    dropped (decide_race), so the journal's first entry is seq 2, which followed seq 1
+    and journals no ``follows``. That must not read as a journal begun before 0013
+    (replayed in seq order): the gather after it is matched by task, each branch its own."""
+    expected = [1, ["fetch:a", "charge:a"], ["fetch:b", "charge:b"], "after:all"]
+    live = await _run_parked(store_url, raced_then_gathered, expected)
+    assert live == ["fetch b", "fetch a", "charge a", "charge b"]
+    assert LOG[len(live) :] == ["after all"]

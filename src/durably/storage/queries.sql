@@ -781,6 +781,19 @@ WHERE workflow_id = :workflow_id AND name = :name AND consumed_seq = :seq
 UPDATE signals SET consumed_seq = NULL
 WHERE workflow_id = :workflow_id AND consumed_seq >= :seq
 
+-- name: keep_journal_mark
+-- Before drop_signal_wait drops the journal's first entry, written since 0013 (its follows
+-- set): the entry after it says whom it followed (seq - 1, as none said), else the journal
+-- would read as begun before 0013, its first entry following nothing (Replayer).
+UPDATE journal SET follows = seq - 1
+WHERE workflow_id = :workflow_id AND follows IS NULL
+  AND seq = (SELECT MIN(seq) FROM journal WHERE workflow_id = :workflow_id AND seq > :seq)
+  AND EXISTS (
+    SELECT 1 FROM journal WHERE workflow_id = :workflow_id AND seq = :seq
+      AND kind = 'signal' AND name = :name AND follows IS NOT NULL
+  )
+  AND NOT EXISTS (SELECT 1 FROM journal WHERE workflow_id = :workflow_id AND seq < :seq)
+
 -- name: drop_signal_wait
 -- Drop the entry of a wait_first's losing signal wait (decide_race): a replay never starts
 -- it, and its seq holds nothing, as a loser's cut before its commit.

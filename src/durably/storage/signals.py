@@ -276,6 +276,7 @@ class SignalVerbs(entries.EntryVerbs):
         fence = self._fenced_upsert(workflow_id, epoch, entries, now)
         for seq, name in losers:
             self._q("give_back_signal", workflow_id=workflow_id, seq=seq, name=name)
+            self._q("keep_journal_mark", workflow_id=workflow_id, seq=seq, name=name)
             self._q("drop_signal_wait", workflow_id=workflow_id, seq=seq, name=name)
         return fence.asked(now)
 
