@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -65,14 +66,19 @@ async def test_an_unfinished_workflow_of_the_first_schema_resumes_after_migratio
         assert client.schema_version() == sql.load_migrations()[-1][0]
 
 
+def _dump(path: Path) -> str:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return "\n".join(conn.iterdump())
+
+
 def test_migrating_twice_changes_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     with durably.Client(url) as client:
         first = client.schema_version()
-    dump1 = "\n".join(sqlite3.connect(tmp_path / "db.sqlite").iterdump())
+    dump1 = _dump(tmp_path / "db.sqlite")
     with durably.Client(url) as client:
         assert client.schema_version() == first
-    dump2 = "\n".join(sqlite3.connect(tmp_path / "db.sqlite").iterdump())
+    dump2 = _dump(tmp_path / "db.sqlite")
     assert [line for line in dump1.splitlines() if "durably_migrations" not in line] == [
         line for line in dump2.splitlines() if "durably_migrations" not in line
     ]

@@ -150,7 +150,8 @@ def test_sqlite_gives_the_space_of_pruned_workflows_back(tmp_path: Path) -> None
                 await h.result(timeout=60)
 
     asyncio.run(fill())
-    pages = sqlite3.connect(path).execute("PRAGMA page_count").fetchone()[0]
+    with contextlib.closing(sqlite3.connect(path)) as counting:
+        pages = counting.execute("PRAGMA page_count").fetchone()[0]
     prune_all(url)
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental

@@ -3,6 +3,7 @@ SQLite's cursor, psycopg's and the pipeline's answers, however often a set is re
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from typing import Any
 
@@ -30,9 +31,9 @@ def _read_all(execute: Any) -> None:
 
 
 def test_sqlite_rows_are_named_by_each_querys_columns() -> None:
-    conn = sqlite3.connect(":memory:")
-    _tables(conn.execute)
-    _read_all(conn.execute)
+    with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        _tables(conn.execute)
+        _read_all(conn.execute)
 
 
 def test_postgresql_rows_are_named_by_each_querys_columns(postgres_url: str) -> None:
@@ -46,7 +47,7 @@ def test_postgresql_rows_are_named_by_each_querys_columns(postgres_url: str) -> 
 
 def test_the_kept_names_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rows, "_NAMES", {})
-    conn = sqlite3.connect(":memory:")
-    for i in range(rows._NAMES_KEPT + 10):
-        assert rows.names(conn.execute(f"SELECT 1 AS c{i}")) == (f"c{i}",)
-        assert len(rows._NAMES) <= rows._NAMES_KEPT
+    with contextlib.closing(sqlite3.connect(":memory:")) as conn:
+        for i in range(rows._NAMES_KEPT + 10):
+            assert rows.names(conn.execute(f"SELECT 1 AS c{i}")) == (f"c{i}",)
+            assert len(rows._NAMES) <= rows._NAMES_KEPT
