@@ -3,10 +3,11 @@
 A pass (:meth:`Recovery.recover`) runs on every wake-up the store reports, on the
 one timer kept for the earliest wake-up known in this process, and every
 ``poll_interval`` seconds; it claims what is due in one ``claim_next``
-transaction and launches a run for each. Where the store tells no other
-process's commits (SQLite), it also delivers the cancels asked elsewhere of the
-runs live here. A part of :class:`~durably.engine.Engine`, kept here so that the
-engine's module holds its lifecycle and the run of one workflow.
+transaction and launches a run for each. It also delivers the cancels asked
+elsewhere of the runs live here: SQLite tells nothing of another process's
+commits, and a NOTIFY on PostgreSQL is lost while the listener is away. A part
+of :class:`~durably.engine.Engine`, kept here so that the engine's module holds
+its lifecycle and the run of one workflow.
 """
 
 from __future__ import annotations
